@@ -1,0 +1,223 @@
+package fanout
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// Config configures a fanout. The zero value is usable.
+type Config struct {
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+	// Buckets says how buckets are created if they are missing.
+	Buckets presence.BucketOptions
+	// CacheSize bounds how many users' last published versions are
+	// remembered to suppress duplicates; zero means 1,000,000. When full the
+	// memory is cleared, which costs at most one duplicate event per user.
+	CacheSize int
+	// AckWait is how long a revision may stay unacknowledged before it is
+	// delivered to another instance; zero means 10s.
+	AckWait time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.CacheSize == 0 {
+		c.CacheSize = 1_000_000
+	}
+	if c.AckWait == 0 {
+		c.AckWait = 10 * time.Second
+	}
+	return c
+}
+
+// Validate reports whether c is usable.
+func (c Config) Validate() error {
+	if c.CacheSize < 0 {
+		return fmt.Errorf("%w: cache size %d", ErrInvalidConfig, c.CacheSize)
+	}
+	if c.AckWait < 0 {
+		return fmt.Errorf("%w: ack wait %v", ErrInvalidConfig, c.AckWait)
+	}
+	return c.Buckets.Validate()
+}
+
+// ErrInvalidConfig wraps every configuration error.
+var ErrInvalidConfig = errors.New("fanout: invalid config")
+
+// Service is a fanout instance.
+type Service struct {
+	nc  *nats.Conn
+	cfg Config
+	log *slog.Logger
+
+	// sent holds, per user, the versions last published by this instance.
+	// It is touched only by the consume callback, which runs on one
+	// goroutine.
+	sent map[string]versions
+}
+
+type versions struct{ pub, self uint64 }
+
+// New validates cfg and returns a fanout that will use nc. It starts no
+// goroutines and does no I/O. The caller owns nc.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	return &Service{
+		nc:   nc,
+		cfg:  cfg,
+		log:  cfg.Logger.With("svc", "fanout"),
+		sent: make(map[string]versions),
+	}, nil
+}
+
+// Run consumes status revisions until ctx is canceled, then stops consuming
+// and returns nil.
+func (s *Service) Run(ctx context.Context) error {
+	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
+	if err != nil {
+		return err
+	}
+	js := store.JetStream()
+	cons, err := js.CreateOrUpdateConsumer(ctx, presence.StreamName(presence.StatusBucket), jetstream.ConsumerConfig{
+		Durable:       presence.FanoutConsumer,
+		Description:   "greendot fanout: status revisions to presence events",
+		FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.cfg.AckWait,
+		MaxAckPending: 10_000,
+	})
+	if err != nil {
+		return fmt.Errorf("fanout consumer: %w", err)
+	}
+	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(1000))
+	if err != nil {
+		return fmt.Errorf("fanout consume: %w", err)
+	}
+	s.log.Info("fanout running", "bucket", presence.StatusBucket)
+	<-ctx.Done()
+	cc.Drain()
+	<-cc.Closed()
+	return nil
+}
+
+var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
+
+// handle publishes what one status revision means, then acknowledges it.
+// The acknowledgement goes out on the same connection after the events, so
+// if it reaches the server the events did too.
+func (s *Service) handle(msg jetstream.Msg) {
+	if err := s.process(msg); err != nil {
+		s.log.Error("fanout revision", "subject", msg.Subject(), "err", err)
+		// Ask for redelivery later; a malformed record is acknowledged by
+		// process instead, since retrying it cannot help.
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+func (s *Service) process(msg jetstream.Msg) error {
+	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
+	if !presence.ValidUserID(userID) {
+		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
+		return nil
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	rev := meta.Sequence.Stream
+
+	var rec presence.Record
+	deleted := presence.EntryOp(msg.Headers()) != jetstream.KeyValuePut
+	if !deleted {
+		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+			s.log.Warn("ignoring undecodable status record", "user_id", userID, "err", err)
+			return nil
+		}
+	}
+
+	last, known := s.sent[userID]
+	// A deleted record (an operator's `nats kv del`) makes the user offline
+	// to everyone; its versions start over, so forget what was sent.
+	if deleted || !known || rec.PubVer > last.pub || rec.PubVer < last.pub {
+		ev := presence.Event{UserID: userID, Status: presence.Offline, Rev: rev}
+		if !deleted {
+			ev.Status, ev.LastSeen = rec.Public, rec.LastSeen
+			if ev.Status == "" {
+				ev.Status = presence.Offline
+			}
+		}
+		if err := s.publish(presence.EventSubject(userID), &ev); err != nil {
+			return err
+		}
+	}
+	if !deleted && (!known || rec.SelfVer != last.self) {
+		ev := presence.SelfEvent{UserID: userID, Status: rec.Status, Devices: rec.Devices, Rev: rev}
+		for _, gw := range gateways(&rec) {
+			if err := s.publish(presence.SelfSubject(gw), &ev); err != nil {
+				return err
+			}
+		}
+	}
+
+	if len(s.sent) >= s.cfg.CacheSize {
+		clear(s.sent)
+	}
+	if deleted {
+		delete(s.sent, userID)
+	} else {
+		s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer}
+	}
+	return nil
+}
+
+func (s *Service) publish(subject string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := s.nc.Publish(subject, data); err != nil {
+		return fmt.Errorf("publish %s: %w", subject, err)
+	}
+	return nil
+}
+
+// gateways returns the distinct gateways holding a live (not closing)
+// connection of the record's user.
+func gateways(rec *presence.Record) []string {
+	var out []string
+	for _, c := range rec.Conns {
+		if c.Closing || c.Gateway == "" {
+			continue
+		}
+		dup := false
+		for _, g := range out {
+			if g == c.Gateway {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, c.Gateway)
+		}
+	}
+	return out
+}

@@ -1,0 +1,20 @@
+// Package netpoll tells which of many sockets are readable, so that a
+// gateway can hold idle connections without a goroutine or a buffer each.
+//
+// On Linux it is a thin layer over epoll (golang.org/x/sys/unix): one
+// epoll instance per Poller, level-triggered, a 64-bit tag per file
+// descriptor. Elsewhere Supported is false and the gateway falls back to a
+// goroutine per connection.
+package netpoll
+
+import "errors"
+
+// Event is a readiness event: the tag the descriptor was added with, and
+// whether the peer hung up or the socket is in error.
+type Event struct {
+	Tag    uint64
+	Hangup bool
+}
+
+// ErrClosed is returned by Wait after Close.
+var ErrClosed = errors.New("netpoll: closed")

@@ -1,0 +1,110 @@
+//go:build linux
+
+package netpoll
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Supported reports whether this platform has a Poller.
+const Supported = true
+
+// Poller waits for readability on many file descriptors. Add and Remove are
+// safe for concurrent use with each other and with Wait; Wait must be called
+// from one goroutine at a time.
+type Poller struct {
+	epfd   int
+	wakefd int // an eventfd that Close writes to, to end a blocked Wait
+	closed atomic.Bool
+	raw    []unix.EpollEvent
+}
+
+// New creates a Poller.
+func New() (*Poller, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
+		_ = unix.Close(epfd)
+		_ = unix.Close(wakefd)
+		return nil, fmt.Errorf("epoll_ctl add eventfd: %w", err)
+	}
+	return &Poller{epfd: epfd, wakefd: wakefd, raw: make([]unix.EpollEvent, 256)}, nil
+}
+
+// Add starts watching fd for readability, reporting it with tag.
+func (p *Poller) Add(fd int, tag uint64) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP}
+	setTag(&ev, tag)
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl add: %w", err)
+	}
+	return nil
+}
+
+// Remove stops watching fd. Call it before closing fd.
+func (p *Poller) Remove(fd int) error {
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_DEL, fd, nil); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+		return fmt.Errorf("epoll_ctl del: %w", err)
+	}
+	return nil
+}
+
+// Wait blocks until at least one descriptor is readable or msec
+// milliseconds pass (-1 waits forever), and appends the events to dst.
+func (p *Poller) Wait(dst []Event, msec int) ([]Event, error) {
+	for {
+		if p.closed.Load() {
+			return dst, ErrClosed
+		}
+		n, err := unix.EpollWait(p.epfd, p.raw, msec)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return dst, fmt.Errorf("epoll_wait: %w", err)
+		}
+		for _, ev := range p.raw[:n] {
+			if int(ev.Fd) == p.wakefd && tagOf(&ev) == uint64(uint32(p.wakefd)) {
+				continue
+			}
+			dst = append(dst, Event{
+				Tag:    tagOf(&ev),
+				Hangup: ev.Events&(unix.EPOLLHUP|unix.EPOLLRDHUP|unix.EPOLLERR) != 0,
+			})
+		}
+		if p.closed.Load() {
+			return dst, ErrClosed
+		}
+		return dst, nil
+	}
+}
+
+// Close wakes a blocked Wait and releases the epoll instance. Descriptors
+// still added are not closed.
+func (p *Poller) Close() error {
+	if p.closed.Swap(true) {
+		return nil
+	}
+	var one [8]byte
+	one[0] = 1
+	_, _ = unix.Write(p.wakefd, one[:])
+	return nil
+}
+
+// Release frees the poller's own descriptors; call it after the goroutine
+// that called Wait has returned.
+func (p *Poller) Release() error {
+	return errors.Join(unix.Close(p.epfd), unix.Close(p.wakefd))
+}

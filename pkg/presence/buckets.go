@@ -1,0 +1,123 @@
+package presence
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultMarkerTTL is how long ConnsBucket keeps the marker of a connection
+// key that expired or was purged, unless BucketOptions says otherwise. A
+// reaper that was down for less than this still sees every marker when it
+// comes back; after longer, its periodic sweep catches up instead.
+const DefaultMarkerTTL = time.Minute
+
+// StatusHistory is how many revisions StatusBucket keeps per user, so that
+// `nats kv history presence_status <user>` shows recent transitions.
+const StatusHistory = 10
+
+// BucketOptions says how the buckets are created. The zero value is right
+// for a single NATS server.
+type BucketOptions struct {
+	// Replicas is the number of replicas of each bucket; zero means 1. Use 3
+	// (or 5) in a NATS cluster.
+	Replicas int
+	// Storage is the storage type of new buckets; the zero value is file
+	// storage. An existing bucket keeps the storage it was created with.
+	Storage jetstream.StorageType
+	// MarkerTTL is ConnsBucket's LimitMarkerTTL; zero means
+	// DefaultMarkerTTL. At least one second.
+	MarkerTTL time.Duration
+}
+
+func (o BucketOptions) replicas() int {
+	if o.Replicas <= 0 {
+		return 1
+	}
+	return o.Replicas
+}
+
+func (o BucketOptions) markerTTL() time.Duration {
+	if o.MarkerTTL <= 0 {
+		return DefaultMarkerTTL
+	}
+	return o.MarkerTTL
+}
+
+// Validate reports whether o is usable.
+func (o BucketOptions) Validate() error {
+	if o.Replicas < 0 || o.Replicas > 5 {
+		return fmt.Errorf("replicas %d: want 1 to 5", o.Replicas)
+	}
+	if o.MarkerTTL != 0 && o.MarkerTTL < time.Second {
+		return fmt.Errorf("marker TTL %v: want at least 1s", o.MarkerTTL)
+	}
+	return nil
+}
+
+// BucketConfig returns the configuration greendot wants for one of its
+// buckets.
+func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, error) {
+	cfg := jetstream.KeyValueConfig{
+		Bucket:   bucket,
+		History:  1,
+		Storage:  o.Storage,
+		Replicas: o.replicas(),
+	}
+	switch bucket {
+	case ConnsBucket:
+		// History 1: with more, every TTL is raised to LimitMarkerTTL and an
+		// older revision can come back silently when the newest one expires.
+		cfg.Description = "greendot: one key per live connection, <user>.<conn>, kept alive by heartbeats"
+		cfg.LimitMarkerTTL = o.markerTTL()
+	case StatusBucket:
+		cfg.Description = "greendot: one record per user: chosen status, live connections, public view"
+		cfg.History = StatusHistory
+	case GraphBucket:
+		cfg.Description = "greendot: follows.<a>.<b> edges and settings.<user> privacy settings"
+	default:
+		return cfg, fmt.Errorf("unknown bucket %q", bucket)
+	}
+	return cfg, nil
+}
+
+// EnsureBucket binds to a bucket, creating it or updating its configuration
+// when it is missing or differs from what greendot wants. It is idempotent
+// and safe to run from many processes at once.
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, error) {
+	cfg, err := BucketConfig(bucket, o)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	switch {
+	case err == nil:
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %q status: %w", bucket, err)
+		}
+		if bucketMatches(st, cfg) {
+			return kv, nil
+		}
+	case !errors.Is(err, jetstream.ErrBucketNotFound):
+		return nil, fmt.Errorf("bind bucket %q: %w", bucket, err)
+	}
+	kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create bucket %q: %w", bucket, err)
+	}
+	return kv, nil
+}
+
+func bucketMatches(st jetstream.KeyValueStatus, want jetstream.KeyValueConfig) bool {
+	if st.History() != int64(want.History) || st.LimitMarkerTTL() != want.LimitMarkerTTL {
+		return false
+	}
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+		return s.StreamInfo().Config.Replicas == want.Replicas
+	}
+	return true
+}

@@ -1,0 +1,45 @@
+package presence
+
+// MaxUserIDLen is the longest user id accepted.
+const MaxUserIDLen = 64
+
+// MaxDeviceLen is the longest device label accepted.
+const MaxDeviceLen = 32
+
+// ValidUserID reports whether s is a user id: 1 to 64 characters of
+// A-Z a-z 0-9 _ -. User ids are KV key and subject tokens, so nothing else
+// is allowed.
+func ValidUserID(s string) bool {
+	if len(s) == 0 || len(s) > MaxUserIDLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !idByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidDevice reports whether s is a device label: 1 to 32 characters of
+// A-Z a-z 0-9 _ - . and space.
+func ValidDevice(s string) bool {
+	if len(s) == 0 || len(s) > MaxDeviceLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !idByte(c) && c != '.' && c != ' ' {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidToken reports whether s can be used as a NATS subject token and KV key
+// token of greendot's own making (gateway and connection ids): 1 to 64
+// characters of A-Z a-z 0-9 _ -.
+func ValidToken(s string) bool { return ValidUserID(s) }
+
+func idByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+}

@@ -1,0 +1,222 @@
+package presence
+
+import (
+	"maps"
+	"time"
+)
+
+// Record is the value of a user's key in StatusBucket. It is written only by
+// compare-and-set on the key's revision (Store.UpdateStatus): a writer reads
+// the record, changes Chosen or Conns, calls Finish to recompute the derived
+// fields, and writes it back only if nobody wrote in between.
+//
+// The user is online exactly while Conns is not empty.
+type Record struct {
+	// Chosen is the status the user chose; empty means Online. It survives
+	// disconnection: a user who chose busy or invisible is busy or invisible
+	// again when they reconnect.
+	Chosen Status `json:"chosen,omitempty"`
+	// Conns are the user's connections, by connection id: every connection
+	// whose key in ConnsBucket was created, and whose end (expiry, purge, or
+	// the end of the offline grace) was not yet applied.
+	Conns map[string]ConnInfo `json:"conns,omitempty"`
+
+	// The fields below are derived by Finish; writers never set them.
+
+	// Status is the user's true status: offline, online, away, busy or
+	// invisible. It is what the user's own devices see.
+	Status Status `json:"status"`
+	// Public is what everybody else sees: Status, with invisible as offline.
+	Public Status `json:"public"`
+	// Devices counts the connections that are live (not closing).
+	Devices int `json:"devices"`
+	// LastSeen is when Public last changed to or from a visible status, in
+	// unix seconds. It does not move while the user is invisible.
+	LastSeen int64 `json:"last_seen,omitempty"`
+	// Since is when Status last changed, in unix milliseconds.
+	Since int64 `json:"since,omitempty"`
+	// PubVer increases whenever Public or LastSeen changes, so a reader that
+	// skipped revisions still knows whether the public view moved.
+	PubVer uint64 `json:"pv,omitempty"`
+	// SelfVer increases whenever Status or Devices changes.
+	SelfVer uint64 `json:"sv,omitempty"`
+	// Updated is when this revision was written, in unix milliseconds.
+	Updated int64 `json:"updated,omitempty"`
+}
+
+// ConnInfo is what a Record keeps of one connection.
+type ConnInfo struct {
+	// Gateway is the id of the gateway holding the socket.
+	Gateway string `json:"gw"`
+	// Device is the label the client gave (web, ios, ...), if any.
+	Device string `json:"device,omitempty"`
+	// Since is when the connection was established, in unix milliseconds.
+	Since int64 `json:"since"`
+	// Rev is the revision at which the gateway last created the connection's
+	// key. A removal marker with a higher revision ends this connection; one
+	// with a lower revision belongs to an earlier life of the key.
+	Rev uint64 `json:"rev"`
+	// Idle reports that the connection is not in use: the client said idle,
+	// or sent no activity for the gateway's away-after period.
+	Idle bool `json:"idle,omitempty"`
+	// Closing reports that the socket closed cleanly and the connection only
+	// lives out the offline grace, so that a quick reconnect does not flap.
+	Closing bool `json:"closing,omitempty"`
+}
+
+// Clone returns a deep copy of r.
+func (r *Record) Clone() Record {
+	c := *r
+	c.Conns = maps.Clone(r.Conns)
+	return c
+}
+
+// SetConn adds or replaces a connection.
+func (r *Record) SetConn(connID string, c ConnInfo) {
+	if r.Conns == nil {
+		r.Conns = make(map[string]ConnInfo, 1)
+	}
+	r.Conns[connID] = c
+}
+
+// True computes the user's true status and live device count from Chosen
+// and Conns.
+//
+// With no connection the user is offline. Otherwise a chosen away, busy or
+// invisible wins; a user who chose online (or nothing) is away when every
+// connection is idle, and online otherwise. A closing connection keeps the
+// idleness it had, so closing the one active tab keeps the user online for
+// the grace period rather than flapping to away.
+func (r *Record) True() (Status, int) {
+	if len(r.Conns) == 0 {
+		return Offline, 0
+	}
+	devices, allIdle := 0, true
+	for _, c := range r.Conns {
+		if !c.Closing {
+			devices++
+		}
+		if !c.Idle {
+			allIdle = false
+		}
+	}
+	switch chosen := r.ChosenStatus(); {
+	case chosen != Online:
+		return chosen, devices
+	case allIdle:
+		return Away, devices
+	default:
+		return Online, devices
+	}
+}
+
+// ChosenStatus returns Chosen, with empty meaning Online.
+func (r *Record) ChosenStatus() Status {
+	if r.Chosen == "" {
+		return Online
+	}
+	return r.Chosen
+}
+
+// Finish recomputes the derived fields of r, written at now over prev (the
+// revision it was read as; the zero Record for a new key).
+func (r *Record) Finish(prev *Record, now time.Time) {
+	prevPublic := prev.Public
+	if prevPublic == "" {
+		prevPublic = Offline
+	}
+	prevStatus := prev.Status
+	if prevStatus == "" {
+		prevStatus = Offline
+	}
+
+	r.Status, r.Devices = r.True()
+	r.Public = r.Status.Public()
+	r.LastSeen, r.Since = prev.LastSeen, prev.Since
+	r.PubVer, r.SelfVer = prev.PubVer, prev.SelfVer
+
+	if r.Public != prevPublic {
+		r.PubVer++
+		if r.Public.Visible() || prevPublic.Visible() {
+			r.LastSeen = now.Unix()
+		}
+	}
+	if r.Status != prevStatus || r.Devices != prev.Devices {
+		r.SelfVer++
+	}
+	if r.Status != prevStatus {
+		r.Since = now.UnixMilli()
+	}
+	r.Updated = now.UnixMilli()
+}
+
+// Presence returns what others see of the user, with LastSeen included
+// (the caller removes it where the user's privacy setting says so).
+func (r *Record) Presence(userID string) Presence {
+	p := Presence{UserID: userID, Status: r.Public, LastSeen: r.LastSeen}
+	if p.Status == "" {
+		p.Status = Offline
+	}
+	return p
+}
+
+// ConnRecord is the value of a connection's key in ConnsBucket. The gateway
+// holding the socket rewrites it (with a fresh TTL) when heartbeats and
+// activity arrive.
+type ConnRecord struct {
+	// Gateway is the id of the gateway holding the socket.
+	Gateway string `json:"gw"`
+	// Device is the label the client gave, if any.
+	Device string `json:"device,omitempty"`
+	// Since is when the connection was established, in unix milliseconds.
+	Since int64 `json:"since"`
+	// ActiveAt is the last activity the gateway knew of when it wrote this
+	// revision, in unix milliseconds.
+	ActiveAt int64 `json:"active_at"`
+	// AwayAt is when the connection counts as inactive unless a newer
+	// revision moves it, in unix milliseconds; zero while Idle or Closing.
+	// The gateway computes it from its away-after setting with enough margin
+	// for the activity it has not written yet, so the reaper never turns a
+	// user away early.
+	AwayAt int64 `json:"away_at,omitempty"`
+	// Idle reports that the client said idle.
+	Idle bool `json:"idle,omitempty"`
+	// Closing reports that the socket closed cleanly; the key now lives only
+	// until the offline grace ends.
+	Closing bool `json:"closing,omitempty"`
+}
+
+// Presence is the public presence object of the client protocol.
+type Presence struct {
+	UserID string `json:"user_id"`
+	Status Status `json:"status"`
+	// LastSeen is in unix seconds; zero means unknown or not visible to
+	// this watcher, and is left out of the JSON.
+	LastSeen int64 `json:"last_seen,omitempty"`
+}
+
+// Event is published by the fanout on EventSubject(UserID) whenever what
+// others see of the user changes.
+type Event struct {
+	UserID   string `json:"user_id"`
+	Status   Status `json:"status"`
+	LastSeen int64  `json:"last_seen,omitempty"`
+	// Rev is the StatusBucket revision the event was made from; a gateway
+	// drops an event whose Rev is not newer than what it already has.
+	Rev uint64 `json:"rev"`
+}
+
+// Presence returns the event's presence object.
+func (e *Event) Presence() Presence {
+	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen}
+}
+
+// SelfEvent is published by the fanout on SelfSubject(gateway) for each
+// gateway holding a connection of UserID, whenever the user's true status or
+// device count changes.
+type SelfEvent struct {
+	UserID  string `json:"user_id"`
+	Status  Status `json:"status"`
+	Devices int    `json:"devices"`
+	Rev     uint64 `json:"rev"`
+}

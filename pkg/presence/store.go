@@ -1,0 +1,500 @@
+package presence
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// jsAPIPrefix is the JetStream API prefix of the default domain.
+const jsAPIPrefix = "$JS.API."
+
+// maxCASAttempts bounds the read-modify-write loop of UpdateStatus.
+const maxCASAttempts = 64
+
+// Store reads and writes greendot's buckets. It is safe for concurrent use.
+//
+// Reads that a decision depends on (Status, Conn) go to the stream leader, so
+// they see every write acknowledged before they were sent; JetStream's direct
+// gets, which kv.Get uses, may be answered by a lagging replica.
+type Store struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	conns  jetstream.KeyValue
+	status jetstream.KeyValue
+	graph  jetstream.KeyValue
+	opts   BucketOptions
+	now    func() time.Time
+}
+
+// Open ensures greendot's three buckets exist with the configuration opts
+// asks for, and returns a Store over them. The caller owns nc.
+func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
+	for _, b := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{{ConnsBucket, &s.conns}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}} {
+		if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// JetStream returns the JetStream context the store uses.
+func (s *Store) JetStream() jetstream.JetStream { return s.js }
+
+// NATS returns the NATS connection the store uses.
+func (s *Store) NATS() *nats.Conn { return s.nc }
+
+// MarkerTTL returns ConnsBucket's marker TTL.
+func (s *Store) MarkerTTL() time.Duration { return s.opts.markerTTL() }
+
+// Ready reports whether the NATS connection is up and the buckets answer.
+func (s *Store) Ready(ctx context.Context) error {
+	if !s.nc.IsConnected() {
+		return errors.New("nats: not connected")
+	}
+	for _, kv := range []jetstream.KeyValue{s.conns, s.status, s.graph} {
+		if _, err := s.js.Stream(ctx, StreamName(kv.Bucket())); err != nil {
+			return fmt.Errorf("bucket %q: %w", kv.Bucket(), err)
+		}
+	}
+	return nil
+}
+
+// TTLSeconds rounds d up to the whole seconds JetStream TTLs are made of,
+// with a minimum of one second.
+func TTLSeconds(d time.Duration) time.Duration {
+	if d <= time.Second {
+		return time.Second
+	}
+	return time.Duration(math.Ceil(d.Seconds())) * time.Second
+}
+
+// rawEntry is the newest message on a key's subject.
+type rawEntry struct {
+	data []byte
+	rev  uint64
+	op   jetstream.KeyValueOp
+}
+
+// last reads the newest message on a key from the stream leader. A key that
+// was never written gives ErrNotFound with rev 0; a deleted, purged or
+// expired key gives ErrNotFound with the marker's revision.
+func (s *Store) last(ctx context.Context, bucket, key string) (rawEntry, error) {
+	req, err := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{KeySubject(bucket, key)})
+	if err != nil {
+		return rawEntry{}, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, jsAPIPrefix+"STREAM.MSG.GET."+StreamName(bucket), req)
+	if err != nil {
+		return rawEntry{}, fmt.Errorf("get %s %q: %w", bucket, key, err)
+	}
+	var resp struct {
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return rawEntry{}, fmt.Errorf("get %s %q: decode: %w", bucket, key, err)
+	}
+	if resp.Error != nil {
+		if resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
+			return rawEntry{}, ErrNotFound
+		}
+		return rawEntry{}, fmt.Errorf("get %s %q: %s (code %d)", bucket, key, resp.Error.Description, resp.Error.ErrCode)
+	}
+	if resp.Message == nil {
+		return rawEntry{}, fmt.Errorf("get %s %q: empty response", bucket, key)
+	}
+	e := rawEntry{data: resp.Message.Data, rev: resp.Message.Seq, op: jetstream.KeyValuePut}
+	if len(resp.Message.Hdrs) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return rawEntry{}, fmt.Errorf("get %s %q: headers: %w", bucket, key, err)
+		}
+		e.op = EntryOp(h)
+	}
+	if e.op != jetstream.KeyValuePut {
+		return e, ErrNotFound
+	}
+	return e, nil
+}
+
+// EntryOp returns the KV operation a stream message's headers say it is:
+// a put, or a delete or purge marker (expiry markers are purges).
+func EntryOp(h nats.Header) jetstream.KeyValueOp {
+	switch h.Get(kvOpHeader) {
+	case kvOpDel:
+		return jetstream.KeyValueDelete
+	case kvOpPurge:
+		return jetstream.KeyValuePurge
+	}
+	switch h.Get(jetstream.MarkerReasonHeader) {
+	case "":
+		return jetstream.KeyValuePut
+	case "Remove":
+		return jetstream.KeyValueDelete
+	default: // MaxAge (an expired key), Purge
+		return jetstream.KeyValuePurge
+	}
+}
+
+// The KV operation header and its values.
+const (
+	kvOpHeader = "KV-Operation"
+	kvOpDel    = "DEL"
+	kvOpPurge  = "PURGE"
+)
+
+// Status reads a user's Record from the stream leader. It returns ErrNotFound
+// (and a zero Record) when the user has none; rev is then the revision to
+// create it at.
+func (s *Store) Status(ctx context.Context, userID string) (Record, uint64, error) {
+	e, err := s.last(ctx, StatusBucket, StatusKey(userID))
+	if err != nil {
+		return Record{}, e.rev, err
+	}
+	var r Record
+	if err := json.Unmarshal(e.data, &r); err != nil {
+		return Record{}, e.rev, fmt.Errorf("decode status of %q: %w", userID, err)
+	}
+	return r, e.rev, nil
+}
+
+// UpdateStatus changes a user's Record by compare-and-set. It reads the
+// record (a zero Record if there is none), lets mutate change Chosen and
+// Conns on a copy, recomputes the derived fields, and writes the copy only if
+// the revision it read is still the newest; otherwise it starts over.
+//
+// mutate may be called several times, each time right after a fresh read
+// of the record, so a read it makes is at least as fresh as the record it is
+// given. When it returns ErrNoChange nothing is written and UpdateStatus returns the
+// current record with written false; any other error is returned as is.
+func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Record) error) (rec Record, rev uint64, written bool, err error) {
+	for attempt := 0; attempt < maxCASAttempts; attempt++ {
+		cur, curRev, err := s.Status(ctx, userID)
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			return Record{}, 0, false, err
+		}
+		next := cur.Clone()
+		if err := mutate(&next); err != nil {
+			if errors.Is(err, ErrNoChange) {
+				return cur, curRev, false, nil
+			}
+			return Record{}, 0, false, err
+		}
+		next.Finish(&cur, s.now())
+		data, err := json.Marshal(&next)
+		if err != nil {
+			return Record{}, 0, false, err
+		}
+		newRev, err := s.status.Update(ctx, StatusKey(userID), data, curRev)
+		if err == nil {
+			return next, newRev, true, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return Record{}, 0, false, fmt.Errorf("write status of %q: %w", userID, err)
+		}
+		if attempt > 2 {
+			// Several writers are racing on this user: let them spread out.
+			select {
+			case <-ctx.Done():
+				return Record{}, 0, false, ctx.Err()
+			case <-time.After(time.Duration(attempt) * time.Millisecond):
+			}
+		}
+	}
+	return Record{}, 0, false, fmt.Errorf("write status of %q: %w", userID, ErrConflict)
+}
+
+// DeleteStatus removes a user's Record, as `nats kv del` would.
+func (s *Store) DeleteStatus(ctx context.Context, userID string) error {
+	return s.status.Delete(ctx, StatusKey(userID))
+}
+
+// IsWrongLastSequence reports whether err is JetStream refusing a write
+// because the key's newest revision is not the one the write expected.
+func IsWrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// CreateConn creates a connection's key with the given TTL (rounded up to
+// whole seconds). It succeeds over the marker of an earlier life of the key
+// and returns the new revision.
+func (s *Store) CreateConn(ctx context.Context, userID, connID string, rec ConnRecord, ttl time.Duration) (uint64, error) {
+	key := ConnKey(userID, connID)
+	data, err := json.Marshal(&rec)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := s.conns.Create(ctx, key, data, jetstream.KeyTTL(TTLSeconds(ttl)))
+	if err != nil {
+		return 0, fmt.Errorf("create connection %q: %w", key, err)
+	}
+	return rev, nil
+}
+
+// ConnMsg returns the message that writes rec as a connection's key with a
+// fresh TTL, to be published with WriteConnOpts.
+func ConnMsg(userID, connID string, rec *ConnRecord) (*nats.Msg, error) {
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: KeySubject(ConnsBucket, ConnKey(userID, connID)), Data: data}, nil
+}
+
+// WriteConnOpts returns the publish options of a connection key write: a
+// TTL (rounded up to whole seconds), and the revision the key must still
+// have. A write that fails IsWrongLastSequence means the key expired or was
+// removed: the connection must be created again.
+func WriteConnOpts(ttl time.Duration, rev uint64) []jetstream.PublishOpt {
+	return []jetstream.PublishOpt{
+		jetstream.WithMsgTTL(TTLSeconds(ttl)),
+		jetstream.WithExpectLastSequencePerSubject(rev),
+	}
+}
+
+// WriteConn writes a connection's key synchronously, with a TTL, if its
+// newest revision is still rev. It returns the new revision.
+func (s *Store) WriteConn(ctx context.Context, userID, connID string, rec ConnRecord, ttl time.Duration, rev uint64) (uint64, error) {
+	msg, err := ConnMsg(userID, connID, &rec)
+	if err != nil {
+		return 0, err
+	}
+	ack, err := s.js.PublishMsg(ctx, msg, WriteConnOpts(ttl, rev)...)
+	if err != nil {
+		return 0, fmt.Errorf("write connection %q: %w", ConnKey(userID, connID), err)
+	}
+	return ack.Sequence, nil
+}
+
+// PurgeConn removes a connection's key at once. The purge marker stays for
+// the bucket's marker TTL, so watchers and the reaper see it.
+func (s *Store) PurgeConn(ctx context.Context, userID, connID string) error {
+	return s.conns.Purge(ctx, ConnKey(userID, connID), jetstream.PurgeTTL(s.opts.markerTTL()))
+}
+
+// Conn reads a connection's key from the stream leader. It returns
+// ErrNotFound when the key is gone, with the revision of its marker if any.
+func (s *Store) Conn(ctx context.Context, userID, connID string) (ConnRecord, uint64, error) {
+	e, err := s.last(ctx, ConnsBucket, ConnKey(userID, connID))
+	if err != nil {
+		return ConnRecord{}, e.rev, err
+	}
+	var r ConnRecord
+	if err := json.Unmarshal(e.data, &r); err != nil {
+		return ConnRecord{}, e.rev, fmt.Errorf("decode connection %q: %w", ConnKey(userID, connID), err)
+	}
+	return r, e.rev, nil
+}
+
+// Follows reports whether a follows b.
+func (s *Store) Follows(ctx context.Context, a, b string) (bool, error) {
+	_, err := s.graph.Get(ctx, FollowKey(a, b))
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	default:
+		return false, fmt.Errorf("read follow %s -> %s: %w", a, b, err)
+	}
+}
+
+// Following returns everyone a follows.
+func (s *Store) Following(ctx context.Context, a string) ([]string, error) {
+	lister, err := s.graph.ListKeysFiltered(ctx, FollowingFilter(a))
+	if err != nil {
+		return nil, fmt.Errorf("list follows of %s: %w", a, err)
+	}
+	var out []string
+	for key := range lister.Keys() {
+		if _, b, ok := ParseFollowKey(key); ok {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+// Follow records that a follows b.
+func (s *Store) Follow(ctx context.Context, a, b string) error {
+	if !ValidUserID(a) || !ValidUserID(b) {
+		return fmt.Errorf("%w: follow %q -> %q", ErrInvalidUserID, a, b)
+	}
+	_, err := s.graph.Put(ctx, FollowKey(a, b), []byte(s.now().UTC().Format(time.RFC3339)))
+	return err
+}
+
+// Unfollow records that a no longer follows b.
+func (s *Store) Unfollow(ctx context.Context, a, b string) error {
+	if !ValidUserID(a) || !ValidUserID(b) {
+		return fmt.Errorf("%w: unfollow %q -> %q", ErrInvalidUserID, a, b)
+	}
+	return s.graph.Delete(ctx, FollowKey(a, b))
+}
+
+// Settings reads a user's privacy settings; a user with none has the zero
+// Settings (last_seen visible to contacts).
+func (s *Store) Settings(ctx context.Context, userID string) (Settings, error) {
+	e, err := s.graph.Get(ctx, SettingsKey(userID))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return Settings{}, nil
+	}
+	if err != nil {
+		return Settings{}, fmt.Errorf("read settings of %q: %w", userID, err)
+	}
+	return DecodeSettings(e.Value())
+}
+
+// DecodeSettings decodes a settings value. Besides the JSON object, it
+// accepts a bare visibility ("nobody"), which is what an operator typing
+// `nats kv put presence_graph settings.alice nobody` means.
+func DecodeSettings(data []byte) (Settings, error) {
+	trimmed := strings.TrimSpace(string(data))
+	if v, err := ParseVisibility(trimmed); err == nil {
+		return Settings{LastSeen: v}, nil
+	}
+	var st Settings
+	if err := json.Unmarshal(data, &st); err != nil {
+		return Settings{}, fmt.Errorf("decode settings %q: %w", trimmed, err)
+	}
+	if st.LastSeen != "" {
+		if _, err := ParseVisibility(string(st.LastSeen)); err != nil {
+			return Settings{}, err
+		}
+	}
+	return st, nil
+}
+
+// SetSettings writes a user's privacy settings.
+func (s *Store) SetSettings(ctx context.Context, userID string, st Settings) error {
+	if !ValidUserID(userID) {
+		return fmt.Errorf("%w: %q", ErrInvalidUserID, userID)
+	}
+	if _, err := ParseVisibility(string(st.LastSeenVisibility())); err != nil {
+		return err
+	}
+	data, err := json.Marshal(&st)
+	if err != nil {
+		return err
+	}
+	_, err = s.graph.Put(ctx, SettingsKey(userID), data)
+	return err
+}
+
+// WatchGraph watches changes to the graph bucket from now on (no initial
+// values). The caller stops the watcher.
+func (s *Store) WatchGraph(ctx context.Context) (jetstream.KeyWatcher, error) {
+	return s.graph.WatchAll(ctx, jetstream.UpdatesOnly())
+}
+
+// ScanStatus calls fn with every user's Record and revision, as of a
+// consistent moment (the records are read through one consumer on the stream
+// leader). It stops early if fn returns an error, and returns it.
+func (s *Store) ScanStatus(ctx context.Context, fn func(userID string, rec Record, rev uint64) error) error {
+	return scan(ctx, s.status, func(e jetstream.KeyValueEntry) error {
+		var rec Record
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return nil // not a record of ours; the fanout logs these
+		}
+		return fn(e.Key(), rec, e.Revision())
+	})
+}
+
+// ScanConns calls fn with every live connection key and its record, as of a
+// consistent moment. It stops early if fn returns an error, and returns it.
+func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, rec ConnRecord, rev uint64) error) error {
+	return scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
+		userID, connID, ok := SplitConnKey(e.Key())
+		if !ok {
+			return nil
+		}
+		var rec ConnRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return nil
+		}
+		return fn(userID, connID, rec, e.Revision())
+	})
+}
+
+// UserConns returns the live connection keys of one user, as of a
+// consistent moment.
+func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRecord, error) {
+	w, err := s.conns.Watch(ctx, ConnKeyFilter(userID), jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("watch connections of %q: %w", userID, err)
+	}
+	defer func() { _ = w.Stop() }()
+	out := make(map[string]ConnRecord)
+	for e := range w.Updates() {
+		if e == nil {
+			return out, nil
+		}
+		_, connID, ok := SplitConnKey(e.Key())
+		if !ok {
+			continue
+		}
+		var rec ConnRecord
+		if json.Unmarshal(e.Value(), &rec) == nil {
+			out[connID] = rec
+		}
+	}
+	return out, ctx.Err()
+}
+
+// scan calls fn with the newest value of every live key of a bucket.
+func scan(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("scan %s: %w", kv.Bucket(), err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return fmt.Errorf("scan %s: watcher stopped", kv.Bucket())
+			}
+			if e == nil {
+				return nil // every key seen
+			}
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+	}
+}

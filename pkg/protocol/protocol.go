@@ -1,0 +1,222 @@
+// Package protocol holds the messages of greendot's client protocol
+// (docs/protocol.md): what a client sends, what the gateway answers, the
+// error codes, denial reasons and close codes, and their JSON encoding.
+//
+// The gateway, the load generator and the tests all use it, so there is one
+// definition of every message.
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// Client message types.
+const (
+	TypeHeartbeat   = "heartbeat"
+	TypeActivity    = "activity"
+	TypeIdle        = "idle"
+	TypeAuth        = "auth"
+	TypeSetStatus   = "set_status"
+	TypeSubscribe   = "subscribe"
+	TypeUnsubscribe = "unsubscribe"
+)
+
+// Server message types.
+const (
+	TypeHello         = "hello"
+	TypePresenceInit  = "presence_init"
+	TypePresenceBatch = "presence_batch"
+	TypeSelf          = "self"
+	TypeDenied        = "denied"
+	TypeError         = "error"
+)
+
+// Error codes of error frames.
+const (
+	CodeBadRequest    = "bad_request"
+	CodeUnknownType   = "unknown_type"
+	CodeInvalidStatus = "invalid_status"
+	CodeRateLimited   = "rate_limited"
+	CodeUnauthorized  = "unauthorized"
+	CodeUnavailable   = "unavailable" // the gateway could not reach its state store; try again
+)
+
+// Reasons of denied frames.
+const (
+	ReasonNotMutualFollowers   = "not_mutual_followers"
+	ReasonNotFollowing         = "not_following"
+	ReasonTooManySubscriptions = "too_many_subscriptions"
+	ReasonInvalidUserID        = "invalid_user_id"
+	ReasonNotAllowed           = "not_allowed"
+)
+
+// WebSocket close codes the gateway uses.
+const (
+	CloseNormal         = 1000
+	CloseGoingAway      = 1001 // the gateway is draining: reconnect, with jitter
+	CloseProtocolError  = 1002
+	CloseUnsupported    = 1003 // a binary frame was sent
+	ClosePolicy         = 1008 // abuse beyond rate limits, or an expired token
+	CloseTooBig         = 1009 // a frame over the size limit
+	CloseInternalError  = 1011
+	CloseServiceRestart = 1012
+)
+
+// ClientMessage is any message a client sends. Fields a type does not use
+// are ignored, as are unknown fields.
+type ClientMessage struct {
+	Type    string   `json:"type"`
+	ID      string   `json:"id,omitempty"`
+	Status  string   `json:"status,omitempty"`
+	UserIDs []string `json:"user_ids,omitempty"`
+	All     bool     `json:"all,omitempty"`
+	Token   string   `json:"token,omitempty"`
+}
+
+// ErrBadRequest wraps every reason a client message cannot be decoded.
+var ErrBadRequest = errors.New("bad request")
+
+// DecodeClient decodes one client message into m, which it resets first. It
+// wraps ErrBadRequest when data is not a JSON object with a string "type"
+// and correctly typed known fields.
+func DecodeClient(data []byte, m *ClientMessage) error {
+	*m = ClientMessage{}
+	data = bytes.TrimSpace(data)
+	if len(data) == 0 || data[0] != '{' {
+		return fmt.Errorf("%w: a message is a JSON object", ErrBadRequest)
+	}
+	if err := json.Unmarshal(data, m); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return fmt.Errorf("%w: field %q must be %s", ErrBadRequest, te.Field, jsonKind(te.Field))
+		}
+		return fmt.Errorf("%w: invalid JSON", ErrBadRequest)
+	}
+	if m.Type == "" {
+		return fmt.Errorf("%w: missing string field \"type\"", ErrBadRequest)
+	}
+	return nil
+}
+
+func jsonKind(field string) string {
+	switch field {
+	case "user_ids":
+		return "an array of strings"
+	case "all":
+		return "a boolean"
+	default:
+		return "a string"
+	}
+}
+
+// Hello is the first frame after the upgrade.
+type Hello struct {
+	Type                string          `json:"type"`
+	UserID              string          `json:"user_id"`
+	ConnID              string          `json:"conn_id"`
+	HeartbeatIntervalMS int64           `json:"heartbeat_interval_ms"`
+	TTLMS               int64           `json:"ttl_ms"`
+	Status              presence.Status `json:"status"`
+}
+
+// PresenceInit answers subscribe with the current state of every allowed
+// target.
+type PresenceInit struct {
+	Type        string              `json:"type"`
+	ID          string              `json:"id,omitempty"`
+	Users       []presence.Presence `json:"users"`
+	OnlineCount *int                `json:"online_count,omitempty"`
+}
+
+// PresenceBatch carries coalesced changes of watched users.
+type PresenceBatch struct {
+	Type    string              `json:"type"`
+	Updates []presence.Presence `json:"updates"`
+}
+
+// Self tells all of a user's connections their own true status.
+type Self struct {
+	Type    string          `json:"type"`
+	Status  presence.Status `json:"status"`
+	Devices int             `json:"devices"`
+}
+
+// Denied refuses one subscription.
+type Denied struct {
+	Type   string `json:"type"`
+	ID     string `json:"id,omitempty"`
+	UserID string `json:"user_id"`
+	Reason string `json:"reason"`
+}
+
+// Error answers a bad client message.
+type Error struct {
+	Type    string `json:"type"`
+	ID      string `json:"id,omitempty"`
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// ServerMessage is any message the gateway sends, as a client decodes it.
+type ServerMessage struct {
+	Type                string              `json:"type"`
+	ID                  string              `json:"id,omitempty"`
+	UserID              string              `json:"user_id,omitempty"`
+	ConnID              string              `json:"conn_id,omitempty"`
+	HeartbeatIntervalMS int64               `json:"heartbeat_interval_ms,omitempty"`
+	TTLMS               int64               `json:"ttl_ms,omitempty"`
+	Status              presence.Status     `json:"status,omitempty"`
+	Devices             int                 `json:"devices,omitempty"`
+	Users               []presence.Presence `json:"users,omitempty"`
+	OnlineCount         *int                `json:"online_count,omitempty"`
+	Updates             []presence.Presence `json:"updates,omitempty"`
+	Reason              string              `json:"reason,omitempty"`
+	Code                string              `json:"code,omitempty"`
+	Message             string              `json:"message,omitempty"`
+}
+
+// AppendBatch appends the JSON of a presence_batch frame to dst. It writes
+// the same bytes as encoding/json would for PresenceBatch, without
+// reflection or allocation; user ids and statuses never need escaping (they
+// are validated), which is what makes this safe.
+func AppendBatch(dst []byte, updates []presence.Presence) []byte {
+	dst = append(dst, `{"type":"presence_batch","updates":[`...)
+	for i := range updates {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = AppendPresence(dst, &updates[i])
+	}
+	return append(dst, "]}"...)
+}
+
+// AppendPresence appends the JSON of one presence object to dst, as
+// encoding/json would write it.
+func AppendPresence(dst []byte, p *presence.Presence) []byte {
+	dst = append(dst, `{"user_id":"`...)
+	dst = append(dst, p.UserID...)
+	dst = append(dst, `","status":"`...)
+	dst = append(dst, p.Status...)
+	dst = append(dst, '"')
+	if p.LastSeen != 0 {
+		dst = append(dst, `,"last_seen":`...)
+		dst = strconv.AppendInt(dst, p.LastSeen, 10)
+	}
+	return append(dst, '}')
+}
+
+// AppendSelf appends the JSON of a self frame to dst, as encoding/json
+// would write it.
+func AppendSelf(dst []byte, status presence.Status, devices int) []byte {
+	dst = append(dst, `{"type":"self","status":"`...)
+	dst = append(dst, status...)
+	dst = append(dst, `","devices":`...)
+	dst = strconv.AppendInt(dst, int64(devices), 10)
+	return append(dst, '}')
+}

@@ -1,0 +1,363 @@
+package reaper
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// Service is a reaper instance.
+type Service struct {
+	nc    *nats.Conn
+	cfg   Config
+	log   *slog.Logger
+	store *presence.Store
+
+	timers  *timers
+	workers []chan task
+	seed    maphash.Seed
+}
+
+// task is a piece of work for one user, run by the worker that owns the user.
+type task struct {
+	userID, connID string
+	// removedAt is the revision of a removal marker; zero for an
+	// inactivity check.
+	removedAt uint64
+	// msg is acknowledged when the task is done, if not nil.
+	msg jetstream.Msg
+}
+
+// New validates cfg and returns a reaper that will use nc. It starts no
+// goroutines and does no I/O. The caller owns nc.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	return &Service{
+		nc:     nc,
+		cfg:    cfg,
+		log:    cfg.Logger.With("svc", "reaper"),
+		timers: newTimers(),
+		seed:   maphash.MakeSeed(),
+	}, nil
+}
+
+// Run reaps until ctx is canceled, then stops consuming, lets the workers
+// finish what they hold, and returns nil.
+func (s *Service) Run(ctx context.Context) error {
+	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
+	if err != nil {
+		return err
+	}
+	s.store = store
+	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, presence.StreamName(presence.ConnsBucket), jetstream.ConsumerConfig{
+		Durable:       presence.ReaperConsumer,
+		Description:   "greendot reaper: ended connections to offline, inactive ones to away",
+		FilterSubject: presence.KeySubject(presence.ConnsBucket, ">"),
+		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       s.cfg.AckWait,
+		MaxAckPending: 20_000,
+	})
+	if err != nil {
+		return fmt.Errorf("reaper consumer: %w", err)
+	}
+
+	// Workers run on their own context: on shutdown they finish the tasks
+	// already queued after consuming has stopped.
+	wctx, stopWorkers := context.WithCancel(context.Background())
+	defer stopWorkers()
+	var wg sync.WaitGroup
+	s.workers = make([]chan task, s.cfg.Workers)
+	for i := range s.workers {
+		ch := make(chan task, 256)
+		s.workers[i] = ch
+		wg.Go(func() { s.work(wctx, ch) })
+	}
+
+	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(2000))
+	if err != nil {
+		return fmt.Errorf("reaper consume: %w", err)
+	}
+	s.log.Info("reaper running", "bucket", presence.ConnsBucket)
+
+	var lg sync.WaitGroup
+	lctx, stopLoops := context.WithCancel(ctx)
+	lg.Go(func() { s.timerLoop(lctx) })
+	lg.Go(func() { s.sweepLoop(lctx) })
+
+	<-ctx.Done()
+	stopLoops()
+	lg.Wait()
+	cc.Drain()
+	<-cc.Closed()
+	for _, ch := range s.workers {
+		close(ch)
+	}
+	wg.Wait()
+	return nil
+}
+
+var connSubjectPrefix = presence.KeySubject(presence.ConnsBucket, "")
+
+// handle takes one message of the connection stream.
+func (s *Service) handle(msg jetstream.Msg) {
+	key := strings.TrimPrefix(msg.Subject(), connSubjectPrefix)
+	userID, connID, ok := presence.SplitConnKey(key)
+	if !ok {
+		_ = msg.Ack()
+		return
+	}
+	if presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
+		var rec presence.ConnRecord
+		if err := json.Unmarshal(msg.Data(), &rec); err == nil {
+			s.schedule(key, &rec)
+		}
+		_ = msg.Ack()
+		return
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		s.log.Error("removal metadata", "subject", msg.Subject(), "err", err)
+		_ = msg.Ack()
+		return
+	}
+	s.timers.clear(key)
+	s.dispatch(task{userID: userID, connID: connID, removedAt: meta.Sequence.Stream, msg: msg})
+}
+
+// schedule sets or clears a connection's inactivity timer from its record.
+func (s *Service) schedule(key string, rec *presence.ConnRecord) {
+	if rec.Idle || rec.Closing || rec.AwayAt == 0 {
+		s.timers.clear(key)
+		return
+	}
+	s.timers.set(key, rec.AwayAt)
+}
+
+func (s *Service) dispatch(t task) {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	_, _ = h.WriteString(t.userID)
+	s.workers[h.Sum64()%uint64(len(s.workers))] <- t
+}
+
+func (s *Service) work(ctx context.Context, ch <-chan task) {
+	for t := range ch {
+		var err error
+		if t.removedAt != 0 {
+			err = s.remove(ctx, t.userID, t.connID, t.removedAt)
+		} else {
+			err = s.checkInactive(ctx, t.userID, t.connID)
+		}
+		switch {
+		case err != nil && t.msg != nil:
+			s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
+			_ = t.msg.NakWithDelay(time.Second)
+		case err != nil:
+			s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
+		case t.msg != nil:
+			_ = t.msg.Ack()
+		}
+	}
+}
+
+// remove applies the end of a connection, seen as a removal marker at
+// revision markerRev: it leaves the user's record if the record's
+// connection was created after the marker (its gateway made it again).
+func (s *Service) remove(ctx context.Context, userID, connID string, markerRev uint64) error {
+	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
+		c, ok := r.Conns[connID]
+		if !ok || c.Rev >= markerRev {
+			return presence.ErrNoChange
+		}
+		delete(r.Conns, connID)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if written && s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "connection ended", slog.String("user_id", userID),
+			slog.String("conn_id", connID), slog.String("status", string(rec.Status)))
+	}
+	return nil
+}
+
+// checkInactive marks a connection idle if its key, read from the stream
+// leader after the status record, still says it is past its away_at.
+func (s *Service) checkInactive(ctx context.Context, userID, connID string) error {
+	var later int64
+	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
+		later = 0
+		c, ok := r.Conns[connID]
+		if !ok || c.Idle || c.Closing {
+			return presence.ErrNoChange
+		}
+		cr, _, err := s.store.Conn(ctx, userID, connID)
+		if errors.Is(err, presence.ErrNotFound) {
+			return presence.ErrNoChange // its removal is on the way
+		}
+		if err != nil {
+			return err
+		}
+		if cr.Idle || cr.Closing || cr.AwayAt == 0 {
+			return presence.ErrNoChange
+		}
+		if cr.AwayAt > s.cfg.Now().UnixMilli() {
+			later = cr.AwayAt
+			return presence.ErrNoChange
+		}
+		c.Idle = true
+		r.Conns[connID] = c
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if later != 0 {
+		s.timers.set(presence.ConnKey(userID, connID), later)
+	}
+	if written && s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "connection inactive", slog.String("user_id", userID),
+			slog.String("conn_id", connID), slog.String("status", string(rec.Status)))
+	}
+	return nil
+}
+
+func (s *Service) timerLoop(ctx context.Context) {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		keys, next := s.timers.due(s.cfg.Now())
+		for _, key := range keys {
+			if userID, connID, ok := presence.SplitConnKey(key); ok {
+				select {
+				case <-ctx.Done():
+					return
+				default:
+				}
+				s.dispatch(task{userID: userID, connID: connID})
+			}
+		}
+		if next < 0 {
+			next = time.Hour
+		}
+		t.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.timers.wake:
+		}
+	}
+}
+
+func (s *Service) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.SweepInterval)
+	defer t.Stop()
+	for {
+		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("sweep", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// sweep removes connections whose keys are gone without a marker this
+// reaper saw, and reschedules every live connection's inactivity timer.
+//
+// It reads every status record first, then lists the live connection keys.
+// A connection in a record read before the listing, and absent from the
+// listing, had ended by then; if its gateway created it again afterwards,
+// the record's Rev for it changed, and it is left alone.
+func (s *Service) sweep(ctx context.Context) error {
+	type seen struct {
+		userID string
+		conns  map[string]uint64 // conn id -> Rev
+	}
+	var records []seen
+	err := s.store.ScanStatus(ctx, func(userID string, rec presence.Record, _ uint64) error {
+		if len(rec.Conns) == 0 {
+			return nil
+		}
+		m := make(map[string]uint64, len(rec.Conns))
+		for id, c := range rec.Conns {
+			m[id] = c.Rev
+		}
+		records = append(records, seen{userID, m})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	live := make(map[string]struct{})
+	err = s.store.ScanConns(ctx, func(userID, connID string, rec presence.ConnRecord, _ uint64) error {
+		key := presence.ConnKey(userID, connID)
+		live[key] = struct{}{}
+		s.schedule(key, &rec)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	removed := 0
+	for _, r := range records {
+		var gone map[string]uint64
+		for id, rev := range r.conns {
+			if _, ok := live[presence.ConnKey(r.userID, id)]; !ok {
+				if gone == nil {
+					gone = make(map[string]uint64)
+				}
+				gone[id] = rev
+			}
+		}
+		if gone == nil {
+			continue
+		}
+		_, _, written, err := s.store.UpdateStatus(ctx, r.userID, func(rec *presence.Record) error {
+			n := 0
+			for id, rev := range gone {
+				if c, ok := rec.Conns[id]; ok && c.Rev == rev {
+					delete(rec.Conns, id)
+					n++
+				}
+			}
+			if n == 0 {
+				return presence.ErrNoChange
+			}
+			return nil
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.log.Error("sweep", "user_id", r.userID, "err", err)
+			continue
+		}
+		if written {
+			removed++
+		}
+	}
+	if removed > 0 {
+		s.log.Info("sweep removed ended connections", "users", removed)
+	}
+	return nil
+}
