@@ -160,7 +160,7 @@ func (s *Service) process(msg jetstream.Msg) error {
 	if deleted || !known || rec.PubVer > last.pub || rec.PubVer < last.pub {
 		ev := presence.Event{UserID: userID, Status: presence.Offline, Rev: rev}
 		if !deleted {
-			ev.Status, ev.LastSeen = rec.Public, rec.LastSeen
+			ev.Status, ev.LastSeen, ev.At = rec.Public, rec.LastSeen, rec.Updated
 			if ev.Status == "" {
 				ev.Status = presence.Offline
 			}

@@ -204,6 +204,9 @@ type Event struct {
 	// Rev is the StatusBucket revision the event was made from; a gateway
 	// drops an event whose Rev is not newer than what it already has.
 	Rev uint64 `json:"rev"`
+	// At is when the revision was written, in unix milliseconds, so that
+	// gateways can measure how long a change took to reach a socket.
+	At int64 `json:"at,omitempty"`
 }
 
 // Presence returns the event's presence object.

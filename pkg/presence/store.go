@@ -420,6 +420,13 @@ func (s *Store) WatchGraph(ctx context.Context) (jetstream.KeyWatcher, error) {
 	return s.graph.WatchAll(ctx, jetstream.UpdatesOnly())
 }
 
+// WatchStatus watches every user's Record: first the current ones, then a
+// nil entry, then every change (deleted records included). The caller stops
+// the watcher.
+func (s *Store) WatchStatus(ctx context.Context) (jetstream.KeyWatcher, error) {
+	return s.status.WatchAll(ctx)
+}
+
 // ScanStatus calls fn with every user's Record and revision, as of a
 // consistent moment (the records are read through one consumer on the stream
 // leader). It stops early if fn returns an error, and returns it.

@@ -27,6 +27,16 @@ const (
 	TypeUnsubscribe = "unsubscribe"
 )
 
+// KnownClientType reports whether t is a client message type of the
+// protocol.
+func KnownClientType(t string) bool {
+	switch t {
+	case TypeHeartbeat, TypeActivity, TypeIdle, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe:
+		return true
+	}
+	return false
+}
+
 // Server message types.
 const (
 	TypeHello         = "hello"

@@ -2,8 +2,8 @@
 // gateway can hold idle connections without a goroutine or a buffer each.
 //
 // On Linux it is a thin layer over epoll (golang.org/x/sys/unix): one
-// epoll instance per Poller, level-triggered, a 64-bit tag per file
-// descriptor. Elsewhere Supported is false and the gateway falls back to a
+// epoll instance per Poller, one-shot (a descriptor is reported once, then
+// again only after Resume), a 64-bit tag per file descriptor. Elsewhere Supported is false and the gateway falls back to a
 // goroutine per connection.
 package netpoll
 

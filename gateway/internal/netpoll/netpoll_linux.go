@@ -10,12 +10,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// wakeTag is the tag of the poller's own eventfd; Add must not use it.
+const wakeTag = ^uint64(0)
+
 // Supported reports whether this platform has a Poller.
 const Supported = true
 
-// Poller waits for readability on many file descriptors. Add and Remove are
-// safe for concurrent use with each other and with Wait; Wait must be called
-// from one goroutine at a time.
+// Poller waits for readability on many file descriptors. A descriptor is
+// reported once (EPOLLONESHOT) and then not again until Resume, so the
+// goroutine reading it is the only one. Add, Resume and Remove are safe for
+// concurrent use with each other and with Wait; Wait must be called from
+// one goroutine at a time.
 type Poller struct {
 	epfd   int
 	wakefd int // an eventfd that Close writes to, to end a blocked Wait
@@ -34,7 +39,8 @@ func New() (*Poller, error) {
 		_ = unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wakefd)}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN}
+	setTag(&ev, wakeTag)
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
 		_ = unix.Close(epfd)
 		_ = unix.Close(wakefd)
@@ -43,12 +49,26 @@ func New() (*Poller, error) {
 	return &Poller{epfd: epfd, wakefd: wakefd, raw: make([]unix.EpollEvent, 256)}, nil
 }
 
-// Add starts watching fd for readability, reporting it with tag.
+const watchEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
+
+// Add starts watching fd for readability, reporting it once with tag, which
+// must not be the largest uint64.
 func (p *Poller) Add(fd int, tag uint64) error {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP}
+	ev := unix.EpollEvent{Events: watchEvents}
 	setTag(&ev, tag)
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl add: %w", err)
+	}
+	return nil
+}
+
+// Resume reports fd once more when it is readable, after its reader is
+// done with what the last report announced.
+func (p *Poller) Resume(fd int, tag uint64) error {
+	ev := unix.EpollEvent{Events: watchEvents}
+	setTag(&ev, tag)
+	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl mod: %w", err)
 	}
 	return nil
 }
@@ -76,7 +96,7 @@ func (p *Poller) Wait(dst []Event, msec int) ([]Event, error) {
 			return dst, fmt.Errorf("epoll_wait: %w", err)
 		}
 		for _, ev := range p.raw[:n] {
-			if int(ev.Fd) == p.wakefd && tagOf(&ev) == uint64(uint32(p.wakefd)) {
+			if tagOf(&ev) == wakeTag {
 				continue
 			}
 			dst = append(dst, Event{

@@ -18,6 +18,9 @@ func New() (*Poller, error) { return nil, errUnsupported }
 // Add always fails on this platform.
 func (p *Poller) Add(fd int, tag uint64) error { return errUnsupported }
 
+// Resume always fails on this platform.
+func (p *Poller) Resume(fd int, tag uint64) error { return errUnsupported }
+
 // Remove always fails on this platform.
 func (p *Poller) Remove(fd int) error { return errUnsupported }
 

@@ -1,0 +1,138 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// TokenVerifier verifies bearer tokens. Implementations must be safe for
+// concurrent use.
+type TokenVerifier interface {
+	// Verify returns the user id a token proves and when the proof expires.
+	// It returns an error for a token that is malformed, badly signed,
+	// expired or otherwise not acceptable.
+	Verify(token string) (userID string, expires time.Time, err error)
+}
+
+// credentials is what a request says about who sent it.
+type credentials struct {
+	bearer    string // Authorization: Bearer <token>
+	token     string // ?token=
+	user      string // ?user= (dev auth)
+	device    string // ?device=
+	hasDevice bool
+	origin    string
+	hasOrigin bool
+}
+
+// identity is a verified client.
+type identity struct {
+	userID string
+	device string
+	// expires is when the token proving it expires; zero for dev auth.
+	expires time.Time
+}
+
+// parseQuery fills the query parts of cr from a request URI's raw query.
+func (cr *credentials) parseQuery(rawQuery string) error {
+	q, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return fmt.Errorf("%w: malformed query string", ErrBadRequest)
+	}
+	cr.token = q.Get("token")
+	cr.user = q.Get("user")
+	cr.device, cr.hasDevice = q.Get("device"), q.Has("device")
+	return nil
+}
+
+// setHeader records a request header that matters for authentication.
+func (cr *credentials) setHeader(key, value string) {
+	switch {
+	case strings.EqualFold(key, "Authorization"):
+		if scheme, tok, ok := strings.Cut(value, " "); ok && strings.EqualFold(scheme, "Bearer") {
+			cr.bearer = strings.TrimSpace(tok)
+		} else {
+			cr.bearer = "\x00invalid" // a scheme we do not take fails verification
+		}
+	case strings.EqualFold(key, "Origin"):
+		cr.origin, cr.hasOrigin = value, true
+	}
+}
+
+// credentialsFromHTTP reads the credentials of an HTTP API request.
+func credentialsFromHTTP(r *http.Request) (credentials, error) {
+	var cr credentials
+	if err := cr.parseQuery(r.URL.RawQuery); err != nil {
+		return cr, err
+	}
+	if h := r.Header.Get("Authorization"); h != "" {
+		cr.setHeader("Authorization", h)
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		cr.setHeader("Origin", o)
+	}
+	return cr, nil
+}
+
+// authenticate turns credentials into an identity. A token, when one is
+// given, must verify; ?user= is taken only with dev auth.
+func (s *Service) authenticate(cr *credentials) (identity, error) {
+	var id identity
+	if cr.hasDevice {
+		if !presence.ValidDevice(cr.device) {
+			return id, fmt.Errorf("%w: device must be 1 to %d characters of A-Z a-z 0-9 _ - . and space", ErrBadRequest, presence.MaxDeviceLen)
+		}
+		id.device = cr.device
+	}
+	token := cr.bearer
+	if token == "" {
+		token = cr.token
+	}
+	switch {
+	case token != "":
+		if s.cfg.Tokens == nil {
+			return id, fmt.Errorf("%w: this gateway accepts no tokens", ErrUnauthorized)
+		}
+		userID, exp, err := s.cfg.Tokens.Verify(token)
+		if err != nil {
+			return id, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+		}
+		if !presence.ValidUserID(userID) {
+			return id, fmt.Errorf("%w: token subject is not a valid user id", ErrUnauthorized)
+		}
+		id.userID, id.expires = userID, exp
+	case cr.user != "":
+		if !s.cfg.DevAuth {
+			return id, fmt.Errorf("%w: ?user= needs dev auth, which is off; send a token", ErrUnauthorized)
+		}
+		if !presence.ValidUserID(cr.user) {
+			return id, fmt.Errorf("%w: user id must be 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadRequest, presence.MaxUserIDLen)
+		}
+		id.userID = cr.user
+	default:
+		if s.cfg.DevAuth {
+			return id, fmt.Errorf("%w: missing identity: send a token, or ?user=<id> (dev auth)", ErrUnauthorized)
+		}
+		return id, fmt.Errorf("%w: missing token: send Authorization: Bearer <JWT> or ?token=<JWT>", ErrUnauthorized)
+	}
+	return id, nil
+}
+
+// checkOrigin refuses a browser request from an Origin that is not allowed.
+// Requests without an Origin (not from a browser) pass.
+func (s *Service) checkOrigin(cr *credentials) error {
+	if !cr.hasOrigin || len(s.cfg.AllowedOrigins) == 0 {
+		return nil
+	}
+	for _, o := range s.cfg.AllowedOrigins {
+		if o == "*" || strings.EqualFold(o, cr.origin) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %q", ErrForbiddenOrigin, cr.origin)
+}

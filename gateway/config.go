@@ -1,0 +1,256 @@
+package gateway
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// Policy says who may watch whom.
+type Policy string
+
+// The policies.
+const (
+	// PolicyMutual lets A watch B only when A follows B and B follows A. It
+	// is the default.
+	PolicyMutual Policy = "mutual"
+	// PolicyFollow lets A watch B when A follows B.
+	PolicyFollow Policy = "follow"
+	// PolicyEveryone lets anyone watch anyone, and enables global presence
+	// (subscribe with "all": true, GET /api/presence/online).
+	PolicyEveryone Policy = "everyone"
+)
+
+// ParsePolicy parses a policy name.
+func ParsePolicy(s string) (Policy, error) {
+	switch p := Policy(s); p {
+	case PolicyMutual, PolicyFollow, PolicyEveryone:
+		return p, nil
+	}
+	return "", fmt.Errorf("%w: policy %q (want mutual, follow or everyone)", ErrInvalidConfig, s)
+}
+
+// Config configures a gateway. The zero value is usable, but admits nobody:
+// set DevAuth or Tokens.
+type Config struct {
+	// Logger receives the service's logs; nil discards them.
+	Logger *slog.Logger
+	// Buckets says how buckets are created if they are missing.
+	Buckets presence.BucketOptions
+	// ID names this gateway in connection records and subjects; empty means
+	// a random id. 1 to 64 characters of A-Z a-z 0-9 _ -.
+	ID string
+
+	// HeartbeatInterval is how often clients are asked to send a
+	// heartbeat; zero means 15s, or ConnTTL/2 when that is shorter.
+	HeartbeatInterval time.Duration
+	// ConnTTL is how long a connection stays live without a frame from its
+	// client; zero means 30s. At least 1s; it is rounded up to whole
+	// seconds, the unit of JetStream TTLs.
+	ConnTTL time.Duration
+	// OfflineGrace is how long a cleanly closed connection still counts,
+	// so that a page reload does not flap; zero means 3s. Negative means
+	// none. Rounded up to whole seconds.
+	OfflineGrace time.Duration
+	// AwayAfter is how long a connection may go without activity before
+	// it counts as idle; zero means 5m.
+	AwayAfter time.Duration
+	// BatchInterval is how often changes are written to watching sockets,
+	// coalesced; zero means 50ms.
+	BatchInterval time.Duration
+
+	// DevAuth accepts ?user=<id> as the identity of a WebSocket or HTTP
+	// client, with no proof. Only for development.
+	DevAuth bool
+	// Tokens verifies bearer tokens (JWTs); nil accepts none.
+	Tokens TokenVerifier
+	// AllowedOrigins lists the Origin values a browser may connect from
+	// ("https://app.example.com", or "*" for any). Empty allows any.
+	AllowedOrigins []string
+	// Policy says who may watch whom; empty means PolicyMutual.
+	Policy Policy
+	// AuthzCacheTTL bounds how long an authorization decision and a
+	// user's privacy settings are cached; zero means 5s. Graph changes
+	// seen by the gateway's watcher take effect sooner.
+	AuthzCacheTTL time.Duration
+
+	// MaxMessageSize is the largest client message, in bytes; zero means
+	// 4096.
+	MaxMessageSize int
+	// MaxSubscriptions bounds the subscriptions of one socket; zero means
+	// 500.
+	MaxSubscriptions int
+	// MaxSubscribeIDs bounds the ids of one subscribe message; zero means
+	// 100.
+	MaxSubscribeIDs int
+	// MaxQueryIDs bounds the ids of one POST /api/presence/query; zero
+	// means 500.
+	MaxQueryIDs int
+	// OnlineLimit bounds the users listed by global presence; zero means
+	// 1000.
+	OnlineLimit int
+	// MaxConns bounds the connections of this gateway (503 when full); zero
+	// means no bound.
+	MaxConns int
+	// MaxConnsPerUser bounds the connections of one user on this gateway;
+	// zero means 32.
+	MaxConnsPerUser int
+	// RateLimit is how many messages per second a socket may send on
+	// average; zero means 20. RateBurst is how many it may send at once;
+	// zero means 40.
+	RateLimit float64
+	RateBurst int
+	// RateStrikes is how many rate_limited errors a socket may earn within
+	// a minute before it is closed with 1008; zero means 10.
+	RateStrikes int
+	// HandshakeTimeout bounds the time from accepting a TCP connection to
+	// the end of its WebSocket handshake or HTTP request headers; zero
+	// means 10s.
+	HandshakeTimeout time.Duration
+	// WriteTimeout bounds one write to a socket; a socket that cannot take
+	// a frame in time is closed as too slow. Zero means 10s.
+	WriteTimeout time.Duration
+	// ReadWorkers bounds how many sockets are read at once; zero means 256.
+	ReadWorkers int
+	// WriteWorkers bounds how many sockets are written to at once by the
+	// batch flusher; zero means 64.
+	WriteWorkers int
+	// KVMaxPending bounds the asynchronous connection key writes in flight;
+	// zero means 4096.
+	KVMaxPending int
+	// Static, when set, serves every HTTP path the API does not (the
+	// browser client and the demo page).
+	Static http.Handler
+	// DrainPeriod is how long a stopping gateway spreads the closing of its
+	// sockets over, so that clients reconnect elsewhere gradually; zero
+	// means 0 (all at once).
+	DrainPeriod time.Duration
+}
+
+// The defaults of Config.
+const (
+	DefaultHeartbeatInterval = 15 * time.Second
+	DefaultConnTTL           = 30 * time.Second
+	DefaultOfflineGrace      = 3 * time.Second
+	DefaultAwayAfter         = 5 * time.Minute
+	DefaultBatchInterval     = 50 * time.Millisecond
+	DefaultMaxMessageSize    = 4096
+	DefaultMaxSubscriptions  = 500
+	DefaultMaxSubscribeIDs   = 100
+	DefaultMaxQueryIDs       = 500
+	DefaultOnlineLimit       = 1000
+	DefaultMaxConnsPerUser   = 32
+)
+
+func (c Config) withDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.ID == "" {
+		c.ID = "gw-" + nuid.Next()[:12]
+	}
+	if c.ConnTTL == 0 {
+		c.ConnTTL = DefaultConnTTL
+	}
+	c.ConnTTL = presence.TTLSeconds(c.ConnTTL)
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = min(DefaultHeartbeatInterval, c.ConnTTL/2)
+	}
+	if c.OfflineGrace == 0 {
+		c.OfflineGrace = DefaultOfflineGrace
+	}
+	if c.OfflineGrace > 0 {
+		c.OfflineGrace = presence.TTLSeconds(c.OfflineGrace)
+	}
+	c.AwayAfter = cmpOr(c.AwayAfter, DefaultAwayAfter)
+	c.BatchInterval = cmpOr(c.BatchInterval, DefaultBatchInterval)
+	if c.Policy == "" {
+		c.Policy = PolicyMutual
+	}
+	c.AuthzCacheTTL = cmpOr(c.AuthzCacheTTL, 5*time.Second)
+	c.MaxMessageSize = cmpOr(c.MaxMessageSize, DefaultMaxMessageSize)
+	c.MaxSubscriptions = cmpOr(c.MaxSubscriptions, DefaultMaxSubscriptions)
+	c.MaxSubscribeIDs = cmpOr(c.MaxSubscribeIDs, DefaultMaxSubscribeIDs)
+	c.MaxQueryIDs = cmpOr(c.MaxQueryIDs, DefaultMaxQueryIDs)
+	c.OnlineLimit = cmpOr(c.OnlineLimit, DefaultOnlineLimit)
+	c.MaxConnsPerUser = cmpOr(c.MaxConnsPerUser, DefaultMaxConnsPerUser)
+	c.RateLimit = cmpOr(c.RateLimit, 20)
+	c.RateBurst = cmpOr(c.RateBurst, 40)
+	c.RateStrikes = cmpOr(c.RateStrikes, 10)
+	c.HandshakeTimeout = cmpOr(c.HandshakeTimeout, 10*time.Second)
+	c.WriteTimeout = cmpOr(c.WriteTimeout, 10*time.Second)
+	c.ReadWorkers = cmpOr(c.ReadWorkers, 256)
+	c.WriteWorkers = cmpOr(c.WriteWorkers, 64)
+	c.KVMaxPending = cmpOr(c.KVMaxPending, 4096)
+	return c
+}
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Validate reports whether c is usable. Every error wraps ErrInvalidConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case c.ID != "" && !presence.ValidToken(c.ID):
+		return bad("gateway id %q: want 1 to 64 characters of A-Z a-z 0-9 _ -", c.ID)
+	case c.ConnTTL < 0 || c.ConnTTL > 0 && c.ConnTTL < time.Second:
+		return bad("connection TTL %v: want at least 1s", c.ConnTTL)
+	case c.HeartbeatInterval < 0:
+		return bad("heartbeat interval %v: want a positive duration", c.HeartbeatInterval)
+	case c.HeartbeatInterval > 0 && c.HeartbeatInterval >= presence.TTLSeconds(cmpOr(c.ConnTTL, DefaultConnTTL)):
+		return bad("heartbeat interval %v: want less than the connection TTL %v", c.HeartbeatInterval, cmpOr(c.ConnTTL, DefaultConnTTL))
+	case c.AwayAfter < 0 || c.AwayAfter > 0 && c.AwayAfter < time.Second:
+		return bad("away-after %v: want at least 1s", c.AwayAfter)
+	case c.BatchInterval < 0 || c.BatchInterval > 0 && c.BatchInterval < time.Millisecond:
+		return bad("batch interval %v: want at least 1ms", c.BatchInterval)
+	case c.BatchInterval > 10*time.Second:
+		return bad("batch interval %v: want at most 10s", c.BatchInterval)
+	case c.Policy != "" && c.Policy != PolicyMutual && c.Policy != PolicyFollow && c.Policy != PolicyEveryone:
+		return bad("policy %q: want mutual, follow or everyone", c.Policy)
+	case c.AuthzCacheTTL < 0:
+		return bad("authorization cache TTL %v: want a positive duration", c.AuthzCacheTTL)
+	case c.MaxMessageSize < 0 || c.MaxMessageSize > 0 && c.MaxMessageSize < 256 || c.MaxMessageSize > 1<<20:
+		return bad("max message size %d: want 256 to 1048576 bytes", c.MaxMessageSize)
+	case c.MaxSubscriptions < 0 || c.MaxSubscribeIDs < 0 || c.MaxQueryIDs < 0 || c.OnlineLimit < 0:
+		return bad("limits must not be negative")
+	case c.MaxConns < 0 || c.MaxConnsPerUser < 0:
+		return bad("connection limits must not be negative")
+	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0:
+		return bad("rate limits must not be negative")
+	case c.HandshakeTimeout < 0 || c.WriteTimeout < 0 || c.DrainPeriod < 0:
+		return bad("timeouts must not be negative")
+	case c.ReadWorkers < 0 || c.WriteWorkers < 0 || c.KVMaxPending < 0:
+		return bad("worker counts must not be negative")
+	}
+	for _, o := range c.AllowedOrigins {
+		if o == "" {
+			return bad("empty allowed origin")
+		}
+	}
+	return c.Buckets.Validate()
+}
+
+// refreshInterval is the least time between two writes of a connection key
+// caused by heartbeats alone: min(5s, TTL/3).
+func (c *Config) refreshInterval() time.Duration {
+	return min(5*time.Second, c.ConnTTL/3)
+}
+
+// sweepInterval is how often connections are checked for liveness and
+// refresh: often enough to see a dead one soon after its TTL.
+func (c *Config) sweepInterval() time.Duration {
+	return min(max(c.ConnTTL/10, 50*time.Millisecond), 500*time.Millisecond)
+}

@@ -1,0 +1,233 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// WebSocketPath is the path clients upgrade on.
+const WebSocketPath = "/ws"
+
+var sniffPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+
+// handshake reads the start of a new connection's first request: a GET on
+// WebSocketPath is upgraded here, on the raw connection, with
+// authentication in the upgrader's callbacks; anything else goes to the
+// HTTP server.
+func (s *Service) handshake(nc net.Conn, httpLn *chanListener) {
+	if err := nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+		_ = nc.Close()
+		return
+	}
+	br := sniffPool.Get().(*bufio.Reader)
+	br.Reset(nc)
+	defer func() {
+		br.Reset(nil)
+		sniffPool.Put(br)
+	}()
+	head, err := br.Peek(len("GET " + WebSocketPath + " "))
+	if err != nil {
+		_ = nc.Close()
+		return
+	}
+	if !isUpgradePath(head) {
+		// Hand the connection, and what was read of it, to net/http.
+		buffered, _ := br.Peek(br.Buffered())
+		pc := &prefixConn{Conn: nc, r: io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), nc)}
+		if err := nc.SetDeadline(time.Time{}); err != nil || !httpLn.deliver(pc) {
+			_ = nc.Close()
+		}
+		return
+	}
+	s.upgrade(nc, br)
+}
+
+// isUpgradePath reports whether a request starts "GET /ws " or "GET /ws?".
+func isUpgradePath(head []byte) bool {
+	p := []byte("GET " + WebSocketPath)
+	return bytes.HasPrefix(head, p) && len(head) > len(p) && (head[len(p)] == ' ' || head[len(p)] == '?')
+}
+
+// upgrade answers a WebSocket upgrade request: it authenticates the client
+// from the request, registers the connection in NATS, and only then
+// answers 101; a refusal is a plain HTTP answer.
+func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
+	var (
+		cr     credentials
+		c      *conn
+		status struct {
+			rec  presence.Status
+			rev  uint64
+			devs int
+		}
+	)
+	refuse := func(err error) error {
+		s.metrics.upgrades.WithLabelValues(errorCode(err)).Inc()
+		if s.log.Enabled(s.ctx, levelDebug) {
+			s.log.LogAttrs(s.ctx, levelDebug, "upgrade refused", attrErr(err))
+		}
+		return ws.RejectConnectionError(ws.RejectionStatus(httpStatus(err)), ws.RejectionReason(err.Error()+"\n"))
+	}
+	u := ws.Upgrader{
+		OnRequest: func(uri []byte) error {
+			_, rawQuery, _ := bytes.Cut(uri, []byte("?"))
+			if err := cr.parseQuery(string(rawQuery)); err != nil {
+				return refuse(err)
+			}
+			return nil
+		},
+		OnHeader: func(key, value []byte) error {
+			cr.setHeader(string(key), string(value))
+			return nil
+		},
+		OnBeforeUpgrade: func() (ws.HandshakeHeader, error) {
+			if err := s.checkOrigin(&cr); err != nil {
+				return nil, refuse(err)
+			}
+			id, err := s.authenticate(&cr)
+			if err != nil {
+				return nil, refuse(err)
+			}
+			if s.draining.Load() {
+				return nil, refuse(fmt.Errorf("%w: the gateway is draining; reconnect elsewhere", ErrUnavailable))
+			}
+			if s.cfg.MaxConns > 0 && s.registry.len() >= s.cfg.MaxConns {
+				return nil, refuse(fmt.Errorf("%w: the gateway is full", ErrUnavailable))
+			}
+			if n := len(s.hub.userConns(id.userID)); n >= s.cfg.MaxConnsPerUser {
+				return nil, refuse(fmt.Errorf("%w: at most %d", ErrTooManyConns, s.cfg.MaxConnsPerUser))
+			}
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
+			defer cancel()
+			cc, rec, rev, err := s.register(ctx, id)
+			if err != nil {
+				s.log.Warn("register connection", "user_id", id.userID, "err", err)
+				return nil, refuse(err)
+			}
+			c = cc
+			status.rec, status.rev, status.devs = rec.Status, rev, rec.Devices
+			return nil, nil
+		},
+	}
+	_, err := u.Upgrade(struct {
+		io.Reader
+		io.Writer
+	}{br, nc})
+	if err == nil && br.Buffered() > 0 {
+		err = errors.New("data sent before the upgrade was answered")
+	}
+	if err == nil {
+		err = nc.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		if c != nil {
+			// Registered, but the client is gone or misbehaved.
+			c.nc = nc
+			c.closed.Store(true)
+			s.bg.Go(func() { s.settle(c, endFailed) })
+		}
+		_ = nc.Close()
+		return
+	}
+	s.metrics.upgrades.WithLabelValues("accepted").Inc()
+	s.start(c, nc, status.rec, status.rev, status.devs)
+}
+
+// start runs a registered, upgraded connection: it indexes it, writes
+// hello (and the user's own state), and hands the socket to the poller.
+func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev uint64, devices int) {
+	c.nc = nc
+	if tc, ok := nc.(interface {
+		SyscallConn() (syscall.RawConn, error)
+	}); ok {
+		c.raw, _ = tc.SyscallConn()
+	}
+	// Hold the socket until hello is written: the flusher must not write
+	// first.
+	c.wmu.Lock()
+	s.registry.add(c)
+	if err := s.hub.addUserConn(c); err != nil {
+		c.wmu.Unlock()
+		c.end(endClean, ws.StatusPolicyViolation, err.Error())
+		return
+	}
+	c.enqueueSelf(statusRev, status, devices)
+	hello := protocol.Hello{
+		Type:                protocol.TypeHello,
+		UserID:              c.userID,
+		ConnID:              c.connID,
+		HeartbeatIntervalMS: s.cfg.HeartbeatInterval.Milliseconds(),
+		TTLMS:               s.cfg.ConnTTL.Milliseconds(),
+		Status:              status,
+	}
+	err := c.sendJSONLocked(protocol.TypeHello, &hello)
+	c.wmu.Unlock()
+	if err != nil {
+		return
+	}
+	if s.log.Enabled(s.ctx, levelDebug) {
+		s.log.LogAttrs(s.ctx, levelDebug, "connection opened", attrUser(c.userID), attrConn(c.connID))
+	}
+	s.watchSocket(c)
+}
+
+// prefixConn is a connection whose first bytes were already read.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
+
+// chanListener is a net.Listener fed by the gateway's own accept loop, for
+// the HTTP server.
+type chanListener struct {
+	addr   net.Addr
+	ch     chan net.Conn
+	done   chan struct{}
+	closer sync.Once
+}
+
+func newChanListener(addr net.Addr) *chanListener {
+	return &chanListener{addr: addr, ch: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// deliver hands c to the HTTP server; it reports false once the listener is
+// closed.
+func (l *chanListener) deliver(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+func (l *chanListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *chanListener) Close() error {
+	l.closer.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *chanListener) Addr() net.Addr { return l.addr }

@@ -1,0 +1,309 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+
+	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// maxFriends bounds how many followed users GET /api/presence/friends
+// considers.
+const maxFriends = 5000
+
+// httpHandler returns the gateway's HTTP API.
+func (s *Service) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := s.Ready(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	mux.Handle("GET /metrics", metrics.Handler(s.reg))
+	mux.HandleFunc("GET /api/presence/users/{id}", s.authed(s.getUser))
+	mux.HandleFunc("POST /api/presence/query", s.authed(s.query))
+	mux.HandleFunc("GET /api/presence/online", s.authed(s.getOnline))
+	mux.HandleFunc("GET /api/presence/friends", s.authed(s.getFriends))
+	mux.HandleFunc("OPTIONS /api/", s.preflight)
+	if s.cfg.Static != nil {
+		mux.Handle("/", s.cfg.Static)
+	}
+	return mux
+}
+
+// apiError is the body of every error answer.
+type apiError struct {
+	Error   string `json:"error"`
+	Message string `json:"message,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, apiError{Error: code, Message: msg})
+}
+
+// authed authenticates an API request (the same identities as the
+// WebSocket: a bearer token, ?token=, or ?user= with dev auth) and allows
+// browsers from allowed origins.
+func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		cr, err := credentialsFromHTTP(r)
+		if err == nil {
+			err = s.checkOrigin(&cr)
+		}
+		if cr.hasOrigin && err == nil {
+			w.Header().Set("Access-Control-Allow-Origin", cr.origin)
+			w.Header().Add("Vary", "Origin")
+		}
+		var id identity
+		if err == nil {
+			id, err = s.authenticate(&cr)
+		}
+		if err != nil {
+			writeError(w, httpStatus(err), errorCode(err), err.Error())
+			return
+		}
+		if !s.ready.Load() {
+			writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is not ready")
+			return
+		}
+		h(w, r, id)
+	}
+}
+
+// preflight answers CORS preflight requests for the API.
+func (s *Service) preflight(w http.ResponseWriter, r *http.Request) {
+	cr, _ := credentialsFromHTTP(r)
+	if !cr.hasOrigin || s.checkOrigin(&cr) != nil {
+		writeError(w, http.StatusForbidden, "forbidden_origin", "origin not allowed")
+		return
+	}
+	h := w.Header()
+	h.Set("Access-Control-Allow-Origin", cr.origin)
+	h.Add("Vary", "Origin")
+	h.Set("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
+	h.Set("Access-Control-Max-Age", "600")
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// unavailable answers a request whose NATS work failed.
+func (s *Service) unavailableHTTP(w http.ResponseWriter, err error) {
+	s.log.Warn("api request failed", "err", err)
+	writeError(w, http.StatusServiceUnavailable, "unavailable", "presence state is unavailable right now; try again")
+}
+
+// visiblePresence reads target's presence as watcher may see it, or the
+// reason watcher may not.
+func (s *Service) visiblePresence(ctx context.Context, watcher, target string) (presence.Presence, string, error) {
+	if !presence.ValidUserID(target) {
+		return presence.Presence{}, protocol.ReasonInvalidUserID, nil
+	}
+	d, err := s.authz.decide(ctx, watcher, target)
+	if err != nil {
+		return presence.Presence{}, "", err
+	}
+	if !d.allowed {
+		return presence.Presence{}, d.reason, nil
+	}
+	p, _, err := s.presenceOf(ctx, target)
+	if err != nil {
+		return presence.Presence{}, "", err
+	}
+	if !d.lastSeen {
+		p.LastSeen = 0
+	}
+	return p, "", nil
+}
+
+// getUser answers GET /api/presence/users/{id}.
+func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
+	target := r.PathValue("id")
+	p, reason, err := s.visiblePresence(r.Context(), id.userID, target)
+	switch {
+	case err != nil:
+		s.unavailableHTTP(w, err)
+	case reason == protocol.ReasonInvalidUserID:
+		writeError(w, http.StatusBadRequest, reason, fmt.Sprintf("user ids are 1 to %d characters of A-Z a-z 0-9 _ -", presence.MaxUserIDLen))
+	case reason != "":
+		writeError(w, http.StatusForbidden, reason, "")
+	default:
+		writeJSON(w, http.StatusOK, p)
+	}
+}
+
+// queryRequest is the body of POST /api/presence/query.
+type queryRequest struct {
+	UserIDs []string `json:"user_ids"`
+}
+
+// queryResponse answers POST /api/presence/query.
+type queryResponse struct {
+	Users  []presence.Presence `json:"users"`
+	Denied []deniedEntry       `json:"denied"`
+}
+
+type deniedEntry struct {
+	UserID string `json:"user_id"`
+	Reason string `json:"reason"`
+}
+
+// query answers POST /api/presence/query.
+func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
+	var req queryRequest
+	body := http.MaxBytesReader(w, r.Body, 64<<10)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(&req); err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "bad_request", "body over 64 KiB")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "bad_request", `body must be {"user_ids": ["...", ...]}`)
+		return
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		writeError(w, http.StatusBadRequest, "bad_request", "body must hold one JSON object")
+		return
+	}
+	if len(req.UserIDs) > s.cfg.MaxQueryIDs {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("at most %d user ids per query", s.cfg.MaxQueryIDs))
+		return
+	}
+	resp := queryResponse{Users: []presence.Presence{}, Denied: []deniedEntry{}}
+	seen := make(map[string]bool, len(req.UserIDs))
+	for _, u := range req.UserIDs {
+		if seen[u] {
+			continue
+		}
+		seen[u] = true
+		p, reason, err := s.visiblePresence(r.Context(), id.userID, u)
+		if err != nil {
+			s.unavailableHTTP(w, err)
+			return
+		}
+		if reason != "" {
+			resp.Denied = append(resp.Denied, deniedEntry{u, reason})
+			continue
+		}
+		resp.Users = append(resp.Users, p)
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// limitParam reads ?limit=, between 1 and max; def when absent.
+func limitParam(r *http.Request, def, max int) (int, error) {
+	v := r.URL.Query().Get("limit")
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > max {
+		return 0, fmt.Errorf("limit must be a number from 1 to %d", max)
+	}
+	return n, nil
+}
+
+// getOnline answers GET /api/presence/online (global presence).
+func (s *Service) getOnline(w http.ResponseWriter, r *http.Request, id identity) {
+	if s.cfg.Policy != PolicyEveryone {
+		writeError(w, http.StatusForbidden, protocol.ReasonNotAllowed, "global presence needs the everyone policy")
+		return
+	}
+	limit, err := limitParam(r, s.cfg.OnlineLimit, s.cfg.OnlineLimit)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	users, count, err := s.online.list(limit)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
+	}
+	for i := range users {
+		if !s.showLastSeen(r.Context(), id.userID, users[i].UserID) {
+			users[i].LastSeen = 0
+		}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Count int                 `json:"count"`
+		Users []presence.Presence `json:"users"`
+	}{count, users})
+}
+
+// getFriends answers GET /api/presence/friends: the caller's mutual
+// followers, online first, then by last_seen, newest first.
+func (s *Service) getFriends(w http.ResponseWriter, r *http.Request, id identity) {
+	limit, err := limitParam(r, 50, 500)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	ctx := r.Context()
+	following, err := s.store.Following(ctx, id.userID)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
+	}
+	if len(following) > maxFriends {
+		following = following[:maxFriends]
+	}
+	friends := []presence.Presence{}
+	for _, u := range following {
+		if u == id.userID {
+			continue
+		}
+		back, err := s.authz.follows(ctx, u, id.userID)
+		if err != nil {
+			s.unavailableHTTP(w, err)
+			return
+		}
+		if !back {
+			continue
+		}
+		p, _, err := s.presenceOf(ctx, u)
+		if err != nil {
+			s.unavailableHTTP(w, err)
+			return
+		}
+		if show, err := s.authz.lastSeen(ctx, u, true); err != nil || !show {
+			p.LastSeen = 0
+		}
+		friends = append(friends, p)
+	}
+	sort.SliceStable(friends, func(i, j int) bool {
+		a, b := friends[i], friends[j]
+		if av, bv := a.Status.Visible(), b.Status.Visible(); av != bv {
+			return av
+		}
+		if a.LastSeen != b.LastSeen {
+			return a.LastSeen > b.LastSeen
+		}
+		return a.UserID < b.UserID
+	})
+	if len(friends) > limit {
+		friends = friends[:limit]
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Friends []presence.Presence `json:"friends"`
+	}{friends})
+}

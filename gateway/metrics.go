@@ -1,0 +1,89 @@
+package gateway
+
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/gobwas/ws"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/pkg/metrics"
+)
+
+// gatewayMetrics are the gateway's Prometheus metrics. Each Service has its
+// own registry, so that several gateways can run in one process (tests,
+// standalone mode).
+type gatewayMetrics struct {
+	upgrades      *prometheus.CounterVec // by result: accepted, or the refusal reason
+	msgsIn        *prometheus.CounterVec // by type
+	msgsOut       *prometheus.CounterVec // by type
+	closed        *prometheus.CounterVec // by reason
+	kvWrites      *prometheus.CounterVec // by kind: create, refresh, update, closing, purge
+	kvErrors      *prometheus.CounterVec // by kind
+	kvLatency     *prometheus.HistogramVec
+	propagation   prometheus.Histogram
+	slowCloses    prometheus.Counter
+	writeErrors   atomic.Int64
+	heartbeats    prometheus.Counter
+	eventsIn      prometheus.Counter
+	eventsDropped prometheus.Counter
+}
+
+func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
+	f := metrics.NewFactory(reg)
+	m := &gatewayMetrics{
+		upgrades: f.CounterVec("greendot_gateway_upgrades_total",
+			"WebSocket upgrade requests, by result: accepted, or the reason they were refused.", "result"),
+		msgsIn: f.CounterVec("greendot_gateway_messages_received_total",
+			"Client messages received, by type.", "type"),
+		msgsOut: f.CounterVec("greendot_gateway_messages_sent_total",
+			"Frames sent to clients, by type.", "type"),
+		closed: f.CounterVec("greendot_gateway_connections_closed_total",
+			"Connections closed, by reason.", "reason"),
+		kvWrites: f.CounterVec("greendot_gateway_kv_writes_total",
+			"Writes to presence_conns and presence_status, by kind.", "kind"),
+		kvErrors: f.CounterVec("greendot_gateway_kv_errors_total",
+			"Failed writes to presence_conns and presence_status, by kind.", "kind"),
+		kvLatency: f.HistogramVec("greendot_gateway_kv_seconds",
+			"Latency of KV operations the gateway waits for, by operation.", metrics.LatencyBuckets, "op"),
+		propagation: f.Histogram("greendot_gateway_propagation_seconds",
+			"Time from a status record being written to the presence_batch frame carrying it being written to a watcher's socket.", metrics.LatencyBuckets),
+		slowCloses: f.Counter("greendot_gateway_slow_socket_closes_total",
+			"Sockets closed because they could not take frames in time."),
+		heartbeats: f.Counter("greendot_gateway_heartbeats_total",
+			"Heartbeat messages and pings received."),
+		eventsIn: f.Counter("greendot_gateway_events_received_total",
+			"Presence and self events received from NATS."),
+		eventsDropped: f.Counter("greendot_gateway_events_dropped_total",
+			"Events dropped because they were not newer than what watchers already had."),
+	}
+	f.GaugeFunc("greendot_gateway_connections",
+		"Live WebSocket connections.", func() float64 { return float64(s.registry.len()) })
+	f.GaugeFunc("greendot_gateway_watched_users",
+		"Users watched by at least one socket of this gateway (NATS subscriptions on presence.event.<user>).",
+		func() float64 { return float64(s.hub.targetCount()) })
+	f.GaugeFunc("greendot_gateway_pending_deliveries",
+		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.flusher.pending()) })
+	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",
+		"Asynchronous connection key writes waiting for their acknowledgement.", func() float64 {
+			if s.asyncJS == nil {
+				return 0
+			}
+			return float64(s.asyncJS.PublishAsyncPending())
+		})
+	return m
+}
+
+// closes counts a closed connection.
+func (m *gatewayMetrics) closes(kind endKind, code ws.StatusCode) {
+	reason := "clean"
+	switch {
+	case kind == endDead:
+		reason = "dead"
+	case kind == endFailed:
+		reason = "failed"
+	case code != 0 && code != ws.StatusNormalClosure:
+		reason = "code_" + strconv.Itoa(int(code))
+	}
+	m.closed.WithLabelValues(reason).Inc()
+}

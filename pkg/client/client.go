@@ -1,0 +1,232 @@
+// Package client is a Go client of greendot's WebSocket protocol
+// (docs/protocol.md). The tests and the load generator use it; so can a Go
+// service that wants presence.
+//
+// A Conn is a thin layer over one WebSocket: it sends client messages and
+// reads server frames, answering pings. It does not send heartbeats or
+// reconnect on its own; the caller decides when.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// HandshakeError is a refused upgrade: the gateway answered with an HTTP
+// status instead of 101.
+type HandshakeError struct {
+	Status int
+	Body   string
+}
+
+func (e *HandshakeError) Error() string {
+	return fmt.Sprintf("upgrade refused: %d %s: %s", e.Status, http.StatusText(e.Status), e.Body)
+}
+
+// CloseError is the gateway closing the WebSocket with a close frame.
+type CloseError struct {
+	Code   ws.StatusCode
+	Reason string
+}
+
+func (e *CloseError) Error() string { return fmt.Sprintf("closed by server: %d %s", e.Code, e.Reason) }
+
+// Options configures Dial. The zero value is usable.
+type Options struct {
+	// Header holds extra request headers (Authorization, Origin).
+	Header http.Header
+	// LocalAddr is the local address to dial from, such as 127.0.0.2:0, to
+	// spread many connections over source addresses.
+	LocalAddr net.Addr
+	// Timeout bounds the dial, the handshake and the hello frame; zero
+	// means 10s.
+	Timeout time.Duration
+}
+
+// Conn is a client WebSocket to a gateway. Send may be called
+// concurrently with Read; Read must be called from one goroutine at a time.
+type Conn struct {
+	nc  net.Conn
+	rd  *wsutil.Reader
+	ctl wsutil.ControlHandler
+	wmu sync.Mutex
+
+	// Hello is the hello frame the gateway sent first.
+	Hello protocol.ServerMessage
+}
+
+// Dial connects to url (ws://host:port/ws?...) and reads the hello frame.
+// A refused upgrade returns a *HandshakeError.
+func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var refused *HandshakeError
+	d := ws.Dialer{
+		Timeout: timeout,
+		OnStatusError: func(status int, reason []byte, resp io.Reader) {
+			body, _ := io.ReadAll(io.LimitReader(resp, 4096))
+			refused = &HandshakeError{Status: status, Body: string(body)}
+		},
+	}
+	if o.Header != nil {
+		d.Header = ws.HandshakeHeaderHTTP(o.Header)
+	}
+	if o.LocalAddr != nil {
+		nd := net.Dialer{LocalAddr: o.LocalAddr}
+		d.NetDial = nd.DialContext
+	}
+	nc, br, _, err := d.Dial(ctx, url)
+	if err != nil {
+		if refused != nil {
+			return nil, refused
+		}
+		return nil, err
+	}
+	var src io.Reader = nc
+	if br != nil {
+		src = io.MultiReader(br, nc)
+	}
+	c := &Conn{nc: nc}
+	c.ctl = wsutil.ControlHandler{Src: nil, Dst: writerFunc(c.writeLocked), State: ws.StateClientSide}
+	c.rd = &wsutil.Reader{Source: src, State: ws.StateClientSide, CheckUTF8: true}
+	c.ctl.Src = c.rd
+	c.rd.OnIntermediate = func(h ws.Header, src io.Reader) error {
+		ctl := c.ctl
+		ctl.Src = src
+		return ctl.Handle(h)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		_ = nc.SetReadDeadline(dl)
+	}
+	m, _, err := c.Read()
+	_ = nc.SetReadDeadline(time.Time{})
+	if err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("read hello: %w", err)
+	}
+	if m.Type != protocol.TypeHello {
+		_ = nc.Close()
+		return nil, fmt.Errorf("first frame is %q, not hello", m.Type)
+	}
+	c.Hello = m
+	return c, nil
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// writeLocked writes control frames for the reader; pongs must not
+// interleave with Send.
+func (c *Conn) writeLocked(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.nc.Write(p)
+}
+
+// Send writes v as one JSON text message.
+func (c *Conn) Send(v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.SendRaw(ws.OpText, data)
+}
+
+// SendRaw writes one frame with the given op code and payload.
+func (c *Conn) SendRaw(op ws.OpCode, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return wsutil.WriteClientMessage(c.nc, op, payload)
+}
+
+// WriteBytes writes bytes as they are, for hand-made frames.
+func (c *Conn) WriteBytes(b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.nc.Write(b)
+	return err
+}
+
+// Read returns the next server message, decoded, and its raw JSON. Pings
+// are answered on the way. A close frame returns a *CloseError.
+func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
+	for {
+		h, err := c.rd.NextFrame()
+		if err != nil {
+			var ce wsutil.ClosedError
+			if errors.As(err, &ce) {
+				return protocol.ServerMessage{}, nil, &CloseError{Code: ce.Code, Reason: ce.Reason}
+			}
+			return protocol.ServerMessage{}, nil, err
+		}
+		if h.OpCode.IsControl() {
+			if err := c.ctl.Handle(h); err != nil {
+				var ce wsutil.ClosedError
+				if errors.As(err, &ce) {
+					return protocol.ServerMessage{}, nil, &CloseError{Code: ce.Code, Reason: ce.Reason}
+				}
+				return protocol.ServerMessage{}, nil, err
+			}
+			continue
+		}
+		data, err := io.ReadAll(c.rd)
+		if err != nil {
+			return protocol.ServerMessage{}, nil, err
+		}
+		if h.OpCode != ws.OpText {
+			return protocol.ServerMessage{}, data, fmt.Errorf("unexpected %v frame", h.OpCode)
+		}
+		var m protocol.ServerMessage
+		if err := json.Unmarshal(data, &m); err != nil {
+			return protocol.ServerMessage{}, data, fmt.Errorf("decode %q: %w", data, err)
+		}
+		return m, data, nil
+	}
+}
+
+// SetReadDeadline sets the deadline of Read.
+func (c *Conn) SetReadDeadline(t time.Time) error { return c.nc.SetReadDeadline(t) }
+
+// Close sends a normal close frame and closes the connection.
+func (c *Conn) Close() error {
+	c.wmu.Lock()
+	_ = wsutil.WriteClientMessage(c.nc, ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
+	c.wmu.Unlock()
+	return c.nc.Close()
+}
+
+// Abort closes the TCP connection without a close frame.
+func (c *Conn) Abort() error { return c.nc.Close() }
+
+// NetConn returns the underlying connection.
+func (c *Conn) NetConn() net.Conn { return c.nc }
+
+// Heartbeat sends a heartbeat message.
+func (c *Conn) Heartbeat() error { return c.Send(protocol.ClientMessage{Type: protocol.TypeHeartbeat}) }
+
+// SetStatus sends set_status.
+func (c *Conn) SetStatus(status string) error {
+	return c.Send(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: status})
+}
+
+// Subscribe sends subscribe with an id the answer echoes.
+func (c *Conn) Subscribe(id string, userIDs ...string) error {
+	return c.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: id, UserIDs: userIDs})
+}

@@ -1,0 +1,446 @@
+// Package systest runs a whole greendot system in one test process: an
+// embedded NATS server with JetStream, a reaper, a fanout and one or more
+// gateways on loopback listeners, each process kind over its own NATS
+// connection, as in production. Tests talk to it with real WebSocket
+// clients (package client) and the HTTP API.
+package systest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/reaper"
+)
+
+// Options configures a System. Zero timing fields get fast test values.
+type Options struct {
+	Gateway gateway.Config
+	Reaper  reaper.Config
+	Fanout  fanout.Config
+	// NoReaper and NoFanout leave those processes out; start them with
+	// StartReaper and StartFanout.
+	NoReaper, NoFanout bool
+	// Server, when set, is used instead of starting a NATS server.
+	Server *server.Server
+}
+
+// Fast timings, for tests that wait for expiry.
+const (
+	TTL          = time.Second
+	Heartbeat    = 300 * time.Millisecond
+	Grace        = time.Second
+	Batch        = 10 * time.Millisecond
+	EventTimeout = 5 * time.Second
+)
+
+// System is a running greendot.
+type System struct {
+	tb     testing.TB
+	opts   Options
+	Server *server.Server
+	// NC is an operator's NATS connection; Store uses it.
+	NC    *nats.Conn
+	Store *presence.Store
+
+	mu       sync.Mutex
+	Gateways []*Gateway
+	reaper   *proc
+	fanout   *proc
+}
+
+// Gateway is a running gateway.
+type Gateway struct {
+	*gateway.Service
+	// Addr is its listen address (host:port); URL its ws:// URL base and
+	// HTTP its http:// base.
+	Addr, WS, HTTP string
+	proc *proc
+}
+
+// proc is a running service.
+type proc struct {
+	cancel context.CancelFunc
+	done   chan error
+	nc     *nats.Conn
+}
+
+func (p *proc) stop(tb testing.TB) {
+	tb.Helper()
+	p.cancel()
+	select {
+	case err := <-p.done:
+		if err != nil {
+			tb.Errorf("service stopped with error: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		tb.Errorf("service did not stop within 30s")
+	}
+	p.nc.Close()
+}
+
+// Logger returns a logger for services under test: quiet unless
+// GREENDOT_TEST_LOG is set.
+func Logger() *slog.Logger {
+	if os.Getenv("GREENDOT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Start runs a system that stops when the test ends.
+func Start(tb testing.TB, opts Options) *System {
+	tb.Helper()
+	g := &opts.Gateway
+	if g.ConnTTL == 0 {
+		g.ConnTTL = TTL
+	}
+	if g.HeartbeatInterval == 0 {
+		g.HeartbeatInterval = Heartbeat
+	}
+	if g.OfflineGrace == 0 {
+		g.OfflineGrace = Grace
+	}
+	if g.BatchInterval == 0 {
+		g.BatchInterval = Batch
+	}
+	if g.Tokens == nil {
+		g.DevAuth = true
+	}
+	if g.Logger == nil {
+		g.Logger = Logger()
+	}
+	if opts.Reaper.Logger == nil {
+		opts.Reaper.Logger = Logger()
+	}
+	if opts.Fanout.Logger == nil {
+		opts.Fanout.Logger = Logger()
+	}
+	s := &System{tb: tb, opts: opts, Server: opts.Server}
+	if s.Server == nil {
+		s.Server = natstest.RunServer(tb)
+	}
+	s.NC = natstest.Connect(tb, s.Server, nats.Name("systest operator"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	store, err := presence.Open(ctx, s.NC, opts.Gateway.Buckets)
+	if err != nil {
+		tb.Fatalf("open buckets: %v", err)
+	}
+	s.Store = store
+	if !opts.NoReaper {
+		s.StartReaper()
+	}
+	if !opts.NoFanout {
+		s.StartFanout()
+	}
+	s.StartGateway(opts.Gateway)
+	tb.Cleanup(s.stopAll)
+	return s
+}
+
+func (s *System) stopAll() {
+	s.mu.Lock()
+	gws, r, f := s.Gateways, s.reaper, s.fanout
+	s.Gateways, s.reaper, s.fanout = nil, nil, nil
+	s.mu.Unlock()
+	for _, g := range gws {
+		if g.proc != nil {
+			g.proc.stop(s.tb)
+		}
+	}
+	if f != nil {
+		f.stop(s.tb)
+	}
+	if r != nil {
+		r.stop(s.tb)
+	}
+}
+
+func (s *System) run(name string, fn func(ctx context.Context, nc *nats.Conn) error) *proc {
+	s.tb.Helper()
+	nc := natstest.Connect(s.tb, s.Server, nats.Name(name))
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &proc{cancel: cancel, done: make(chan error, 1), nc: nc}
+	go func() { p.done <- fn(ctx, nc) }()
+	return p
+}
+
+// StartReaper starts a reaper (another one, if one runs).
+func (s *System) StartReaper() {
+	s.tb.Helper()
+	if err := s.opts.Reaper.Validate(); err != nil {
+		s.tb.Fatalf("reaper: %v", err)
+	}
+	p := s.run("systest reaper", func(ctx context.Context, nc *nats.Conn) error {
+		r, err := reaper.New(nc, s.opts.Reaper)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	})
+	s.mu.Lock()
+	old := s.reaper
+	s.reaper = p
+	s.mu.Unlock()
+	if old != nil {
+		old.stop(s.tb)
+	}
+}
+
+// StopReaper stops the reaper.
+func (s *System) StopReaper() {
+	s.tb.Helper()
+	s.mu.Lock()
+	p := s.reaper
+	s.reaper = nil
+	s.mu.Unlock()
+	if p != nil {
+		p.stop(s.tb)
+	}
+}
+
+// StartFanout starts the fanout, replacing a running one.
+func (s *System) StartFanout() {
+	s.tb.Helper()
+	p := s.run("systest fanout", func(ctx context.Context, nc *nats.Conn) error {
+		f, err := fanout.New(nc, s.opts.Fanout)
+		if err != nil {
+			return err
+		}
+		return f.Run(ctx)
+	})
+	s.mu.Lock()
+	old := s.fanout
+	s.fanout = p
+	s.mu.Unlock()
+	if old != nil {
+		old.stop(s.tb)
+	}
+}
+
+// StopFanout stops the fanout.
+func (s *System) StopFanout() {
+	s.tb.Helper()
+	s.mu.Lock()
+	p := s.fanout
+	s.fanout = nil
+	s.mu.Unlock()
+	if p != nil {
+		p.stop(s.tb)
+	}
+}
+
+// StartGateway starts one more gateway with cfg (timings default to the
+// system's).
+func (s *System) StartGateway(cfg gateway.Config) *Gateway {
+	s.tb.Helper()
+	base := s.opts.Gateway
+	if cfg.ConnTTL == 0 {
+		cfg.ConnTTL = base.ConnTTL
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = base.HeartbeatInterval
+	}
+	if cfg.OfflineGrace == 0 {
+		cfg.OfflineGrace = base.OfflineGrace
+	}
+	if cfg.BatchInterval == 0 {
+		cfg.BatchInterval = base.BatchInterval
+	}
+	if cfg.Tokens == nil && !cfg.DevAuth {
+		cfg.DevAuth = base.DevAuth
+		cfg.Tokens = base.Tokens
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = base.Logger
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		s.tb.Fatalf("listen: %v", err)
+	}
+	nc := natstest.Connect(s.tb, s.Server, nats.Name("systest gateway"))
+	svc, err := gateway.New(nc, cfg)
+	if err != nil {
+		s.tb.Fatalf("gateway: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &proc{cancel: cancel, done: make(chan error, 1), nc: nc}
+	go func() { p.done <- svc.Serve(ctx, ln) }()
+	addr := ln.Addr().String()
+	g := &Gateway{Service: svc, Addr: addr, WS: "ws://" + addr + gateway.WebSocketPath, HTTP: "http://" + addr, proc: p}
+	s.mu.Lock()
+	s.Gateways = append(s.Gateways, g)
+	s.mu.Unlock()
+	natstest.CheckFor(s.tb, 10*time.Second, 10*time.Millisecond, func() error {
+		return svc.Ready(context.Background())
+	})
+	return g
+}
+
+// Gateway returns the first gateway.
+func (s *System) Gateway() *Gateway {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Gateways[0]
+}
+
+// StopGateway stops g cleanly: its sockets are closed with 1001.
+func (s *System) StopGateway(g *Gateway) {
+	s.tb.Helper()
+	s.mu.Lock()
+	for i, x := range s.Gateways {
+		if x == g {
+			s.Gateways = append(s.Gateways[:i], s.Gateways[i+1:]...)
+			break
+		}
+	}
+	s.mu.Unlock()
+	g.proc.stop(s.tb)
+}
+
+// Dial connects user to gateway g with dev auth, and an optional device.
+func (s *System) Dial(g *Gateway, user string, device ...string) *client.Conn {
+	s.tb.Helper()
+	url := g.WS + "?user=" + user
+	if len(device) > 0 {
+		url += "&device=" + device[0]
+	}
+	c, err := client.Dial(context.Background(), url, client.Options{})
+	if err != nil {
+		s.tb.Fatalf("dial %s as %s: %v", g.Addr, user, err)
+	}
+	s.tb.Cleanup(func() { _ = c.Abort() })
+	return c
+}
+
+// Follow records that a follows b.
+func (s *System) Follow(a, b string) {
+	s.tb.Helper()
+	if err := s.Store.Follow(context.Background(), a, b); err != nil {
+		s.tb.Fatalf("follow %s -> %s: %v", a, b, err)
+	}
+}
+
+// Mutual makes every pair of users follow each other.
+func (s *System) Mutual(users ...string) {
+	s.tb.Helper()
+	for _, a := range users {
+		for _, b := range users {
+			if a != b {
+				s.Follow(a, b)
+			}
+		}
+	}
+}
+
+// Next reads c's next message, failing the test after timeout.
+func Next(tb testing.TB, c *client.Conn, timeout time.Duration) protocol.ServerMessage {
+	tb.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	m, raw, err := c.Read()
+	if err != nil {
+		tb.Fatalf("read: %v (%s)", err, raw)
+	}
+	return m
+}
+
+// Await reads c's messages until match returns true for one, and returns
+// it. Messages before it are discarded. It fails the test after timeout.
+func Await(tb testing.TB, c *client.Conn, timeout time.Duration, what string, match func(protocol.ServerMessage) bool) protocol.ServerMessage {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	_ = c.SetReadDeadline(deadline)
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
+	var seen []string
+	for {
+		m, raw, err := c.Read()
+		if err != nil {
+			tb.Fatalf("waiting for %s: %v; seen: %v", what, err, seen)
+		}
+		if match(m) {
+			return m
+		}
+		seen = append(seen, string(raw))
+		if len(seen) > 20 {
+			seen = seen[1:]
+		}
+	}
+}
+
+// AwaitStatus waits until c receives a presence_init or presence_batch
+// saying user has status, and returns that presence object.
+func AwaitStatus(tb testing.TB, c *client.Conn, user string, status presence.Status) presence.Presence {
+	tb.Helper()
+	var got presence.Presence
+	Await(tb, c, EventTimeout, fmt.Sprintf("%s %s", user, status), func(m protocol.ServerMessage) bool {
+		list := m.Updates
+		if m.Type == protocol.TypePresenceInit {
+			list = m.Users
+		}
+		for _, p := range list {
+			if p.UserID == user && p.Status == status {
+				got = p
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// AwaitSelf waits until c receives a self frame with status and devices.
+func AwaitSelf(tb testing.TB, c *client.Conn, status presence.Status, devices int) {
+	tb.Helper()
+	Await(tb, c, EventTimeout, fmt.Sprintf("self %s/%d", status, devices), func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeSelf && m.Status == status && m.Devices == devices
+	})
+}
+
+// KeepAlive sends heartbeats on c every interval until the returned
+// function is called.
+func KeepAlive(c *client.Conn, interval time.Duration) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if err := c.Heartbeat(); err != nil {
+					return
+				}
+			}
+		}
+	})
+	var once sync.Once
+	return func() { once.Do(func() { close(done); wg.Wait() }) }
+}
+
+// StatusOf reads a user's status record.
+func (s *System) StatusOf(user string) (presence.Record, error) {
+	rec, _, err := s.Store.Status(context.Background(), user)
+	if errors.Is(err, presence.ErrNotFound) {
+		return presence.Record{Status: presence.Offline, Public: presence.Offline}, nil
+	}
+	return rec, err
+}
