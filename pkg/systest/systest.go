@@ -70,7 +70,7 @@ type Gateway struct {
 	// Addr is its listen address (host:port); URL its ws:// URL base and
 	// HTTP its http:// base.
 	Addr, WS, HTTP string
-	proc *proc
+	proc           *proc
 }
 
 // proc is a running service.
