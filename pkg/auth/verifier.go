@@ -1,0 +1,200 @@
+package auth
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// MinSecretLen is the shortest HMAC secret New accepts, in bytes: RFC 7518
+// asks for a key at least as long as the hash output (256 bits for HS256).
+const MinSecretLen = 32
+
+// MaxTokenLen is the longest token Verify decodes, in bytes. Anything longer
+// is refused as malformed before any parsing.
+const MaxTokenLen = 8192
+
+// MaxLeeway is the largest clock-skew allowance New accepts.
+const MaxLeeway = 5 * time.Minute
+
+// Config configures a Verifier. Exactly one of Secret and PublicKey must be
+// set.
+type Config struct {
+	// Secret is the HMAC secret of HS256, HS384 and HS512 tokens, at least
+	// MinSecretLen bytes. The Verifier keeps a copy.
+	Secret []byte
+	// PublicKey is the contents of a PEM file holding one public key: a
+	// PKIX "PUBLIC KEY", a PKCS #1 "RSA PUBLIC KEY" or an X.509
+	// "CERTIFICATE" (only its key is used; its validity period and chain
+	// are not checked). RSA keys (at least 2048 bits) verify RS256, RS384,
+	// RS512, PS256, PS384 and PS512; ECDSA keys the ES algorithm of their
+	// curve (P-256: ES256, P-384: ES384, P-521: ES512); Ed25519 keys
+	// EdDSA. A private key is refused: the gateway never needs one.
+	PublicKey []byte
+	// Issuer, when not empty, is the iss claim every token must carry.
+	Issuer string
+	// Audience, when not empty, is a value the aud claim of every token
+	// must contain.
+	Audience string
+	// Leeway is how much clock skew is forgiven when checking exp, nbf and
+	// iat; zero means none. At most MaxLeeway.
+	Leeway time.Duration
+	// Now returns the current time; nil means time.Now. Tests may replace
+	// it.
+	Now func() time.Time
+}
+
+// Verifier verifies JWTs with one key. It is safe for concurrent use.
+type Verifier struct {
+	key    any
+	kind   keyKind
+	algs   []string
+	leeway time.Duration
+	issuer string
+	aud    string
+	parser *jwt.Parser
+}
+
+// New checks cfg, parses its key and returns a Verifier. Every error wraps
+// ErrInvalidConfig.
+func New(cfg Config) (*Verifier, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	switch {
+	case len(cfg.Secret) > 0 && len(cfg.PublicKey) > 0:
+		return nil, bad("give either an HMAC secret or a public key, not both")
+	case len(cfg.Secret) == 0 && len(cfg.PublicKey) == 0:
+		return nil, bad("no key: give an HMAC secret or a PEM public key")
+	case len(cfg.Secret) > 0 && len(cfg.Secret) < MinSecretLen:
+		return nil, bad("HMAC secret is %d bytes: want at least %d", len(cfg.Secret), MinSecretLen)
+	case cfg.Leeway < 0 || cfg.Leeway > MaxLeeway:
+		return nil, bad("leeway %v: want 0 to %v", cfg.Leeway, MaxLeeway)
+	}
+	v := &Verifier{leeway: cfg.Leeway, issuer: cfg.Issuer, aud: cfg.Audience}
+	if len(cfg.Secret) > 0 {
+		v.key, v.kind = slices.Clone(cfg.Secret), kindHMAC
+	} else {
+		key, kind, err := parsePublicKey(cfg.PublicKey)
+		if err != nil {
+			return nil, bad("public key: %v", err)
+		}
+		v.key, v.kind = key, kind
+	}
+	v.algs = v.kind.algorithms(v.key)
+
+	opts := []jwt.ParserOption{
+		jwt.WithExpirationRequired(),
+		jwt.WithIssuedAt(),
+		jwt.WithLeeway(cfg.Leeway),
+	}
+	if cfg.Issuer != "" {
+		opts = append(opts, jwt.WithIssuer(cfg.Issuer))
+	}
+	if cfg.Audience != "" {
+		opts = append(opts, jwt.WithAudience(cfg.Audience))
+	}
+	if cfg.Now != nil {
+		opts = append(opts, jwt.WithTimeFunc(cfg.Now))
+	}
+	v.parser = jwt.NewParser(opts...)
+	return v, nil
+}
+
+// Algorithms returns the signing algorithms the Verifier accepts.
+func (v *Verifier) Algorithms() []string { return slices.Clone(v.algs) }
+
+// KeyKind describes the configured key: "HMAC secret", "RSA public key",
+// "ECDSA public key" or "Ed25519 public key".
+func (v *Verifier) KeyKind() string { return v.kind.String() }
+
+// Verify checks a token's signature and claims, and returns the user id its
+// sub claim names and when it stops being accepted (its exp claim plus the
+// leeway). Every error wraps one of the sentinels of this package.
+func (v *Verifier) Verify(token string) (userID string, expires time.Time, err error) {
+	if len(token) > MaxTokenLen {
+		return "", time.Time{}, fmt.Errorf("%w: longer than %d bytes", ErrMalformed, MaxTokenLen)
+	}
+	var claims jwt.RegisteredClaims
+	if _, err := v.parser.ParseWithClaims(token, &claims, v.keyFunc); err != nil {
+		return "", time.Time{}, v.explain(err, &claims)
+	}
+	switch {
+	case claims.Subject == "":
+		return "", time.Time{}, ErrNoSubject
+	case !presence.ValidUserID(claims.Subject):
+		return "", time.Time{}, fmt.Errorf("%w: want 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadSubject, presence.MaxUserIDLen)
+	}
+	return claims.Subject, claims.ExpiresAt.Add(v.leeway), nil
+}
+
+// keyFunc hands the key to the parser only for a token signed with one of
+// the key's algorithms, by a signing method of the key's kind.
+func (v *Verifier) keyFunc(t *jwt.Token) (any, error) {
+	alg := t.Method.Alg()
+	if !slices.Contains(v.algs, alg) || !v.kind.matches(t.Method) {
+		return nil, &algError{fmt.Sprintf("%s: %q (this %s accepts %s)", ErrAlgorithm, alg, v.kind, strings.Join(v.algs, ", "))}
+	}
+	return v.key, nil
+}
+
+// algError is keyFunc's refusal of an algorithm. It wraps ErrAlgorithm.
+type algError struct{ msg string }
+
+func (e *algError) Error() string { return e.msg }
+func (e *algError) Unwrap() error { return ErrAlgorithm }
+
+// explain turns a jwt/v5 error into one of this package's errors. Problems
+// are reported in the order a client can fix them: the token's form, its
+// signature, then its claims.
+func (v *Verifier) explain(err error, claims *jwt.RegisteredClaims) error {
+	var ae *algError
+	switch {
+	case errors.As(err, &ae):
+		// keyFunc's own error, wrapped by the parser.
+		return ae
+	case errors.Is(err, jwt.ErrTokenMalformed):
+		return fmt.Errorf("%w: %s", ErrMalformed, detail(err, jwt.ErrTokenMalformed))
+	case errors.Is(err, jwt.ErrTokenUnverifiable):
+		// ParseUnverified found no signing method for the alg header.
+		return fmt.Errorf("%w: unknown algorithm (this %s accepts %s)", ErrAlgorithm, v.kind, strings.Join(v.algs, ", "))
+	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
+		return ErrBadSignature
+	case claims.ExpiresAt == nil:
+		return ErrNoExpiry
+	case errors.Is(err, jwt.ErrTokenExpired):
+		return fmt.Errorf("%w at %s", ErrExpired, claims.ExpiresAt.UTC().Format(time.RFC3339))
+	case errors.Is(err, jwt.ErrTokenNotValidYet), errors.Is(err, jwt.ErrTokenUsedBeforeIssued):
+		return ErrNotYetValid
+	case v.issuer != "" && claims.Issuer != v.issuer:
+		if claims.Issuer == "" {
+			return fmt.Errorf("%w: token has no iss claim", ErrIssuer)
+		}
+		return fmt.Errorf("%w: %q", ErrIssuer, claims.Issuer)
+	case v.aud != "" && !slices.Contains(claims.Audience, v.aud):
+		if len(claims.Audience) == 0 {
+			return fmt.Errorf("%w: token has no aud claim", ErrAudience)
+		}
+		return fmt.Errorf("%w: %q", ErrAudience, []string(claims.Audience))
+	case errors.Is(err, jwt.ErrTokenInvalidClaims):
+		return fmt.Errorf("%w: %s", ErrMalformed, detail(err, jwt.ErrTokenInvalidClaims))
+	}
+	return fmt.Errorf("%w: %v", ErrMalformed, err)
+}
+
+// detail returns err's text without the prefix of the jwt sentinel it
+// wraps, which this package's own sentinel replaces.
+func detail(err, sentinel error) string {
+	s := strings.TrimPrefix(err.Error(), sentinel.Error())
+	s = strings.TrimLeft(s, ": ,")
+	if s == "" {
+		return sentinel.Error()
+	}
+	return s
+}
