@@ -150,9 +150,11 @@ func TestVerify(t *testing.T) {
 		{name: "ES256 with certificate", cfg: auth.Config{PublicKey: k.certPEM}, token: sign(t, jwt.SigningMethodES256, k.ec, claims())},
 		{name: "EdDSA", cfg: edCfg, token: sign(t, jwt.SigningMethodEdDSA, k.ed, claims())},
 		{
-			name:  "issuer and audience match",
-			cfg:   auth.Config{Secret: k.secret, Issuer: "https://id.example", Audience: "greendot"},
-			token: sign(t, jwt.SigningMethodHS256, k.secret, with(func(c *jwt.RegisteredClaims) { c.Issuer, c.Audience = "https://id.example", jwt.ClaimStrings{"other", "greendot"} })),
+			name: "issuer and audience match",
+			cfg:  auth.Config{Secret: k.secret, Issuer: "https://id.example", Audience: "greendot"},
+			token: sign(t, jwt.SigningMethodHS256, k.secret, with(func(c *jwt.RegisteredClaims) {
+				c.Issuer, c.Audience = "https://id.example", jwt.ClaimStrings{"other", "greendot"}
+			})),
 		},
 		{
 			name:    "expired within leeway",
