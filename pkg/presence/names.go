@@ -68,6 +68,10 @@ func FollowKey(a, b string) string { return followsPrefix + a + "." + b }
 // follows.
 func FollowingFilter(a string) string { return followsPrefix + a + ".*" }
 
+// FollowersFilter returns the GraphBucket key filter matching everyone who
+// follows b.
+func FollowersFilter(b string) string { return followsPrefix + "*." + b }
+
 // ParseFollowKey parses a GraphBucket follow key. It reports false for any
 // other key.
 func ParseFollowKey(key string) (a, b string, ok bool) {

@@ -56,6 +56,38 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	return s, nil
 }
 
+// Bind returns a Store over greendot's buckets like Open, but leaves the
+// configuration of buckets that exist as it is; only a missing bucket is
+// created, with opts. Operator tools use it, so that a command run with
+// other options never reconfigures a running deployment's buckets.
+func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
+	for _, b := range []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{{ConnsBucket, &s.conns}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}} {
+		kv, err := js.KeyValue(ctx, b.name)
+		switch {
+		case err == nil:
+			*b.kv = kv
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, fmt.Errorf("bind bucket %q: %w", b.name, err)
+		}
+	}
+	return s, nil
+}
+
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
 
@@ -343,6 +375,21 @@ func (s *Store) Following(ctx context.Context, a string) ([]string, error) {
 	for key := range lister.Keys() {
 		if _, b, ok := ParseFollowKey(key); ok {
 			out = append(out, b)
+		}
+	}
+	return out, nil
+}
+
+// Followers returns everyone who follows b.
+func (s *Store) Followers(ctx context.Context, b string) ([]string, error) {
+	lister, err := s.graph.ListKeysFiltered(ctx, FollowersFilter(b))
+	if err != nil {
+		return nil, fmt.Errorf("list followers of %s: %w", b, err)
+	}
+	var out []string
+	for key := range lister.Keys() {
+		if a, _, ok := ParseFollowKey(key); ok {
+			out = append(out, a)
 		}
 	}
 	return out, nil
