@@ -32,6 +32,10 @@ type Store struct {
 	graph  jetstream.KeyValue
 	opts   BucketOptions
 	now    func() time.Time
+
+	// onConflict, if set, is called for every compare-and-set write of
+	// UpdateStatus that lost to another writer.
+	onConflict func()
 }
 
 // Open ensures greendot's three buckets exist with the configuration opts
@@ -87,6 +91,13 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	}
 	return s, nil
 }
+
+// OnConflict makes UpdateStatus call fn each time its compare-and-set
+// write loses to another writer and it starts over (a counter's Inc, for a
+// metric of write contention). fn must be quick and safe for concurrent
+// use. Call OnConflict before the store is shared; it is not safe to call
+// concurrently with UpdateStatus.
+func (s *Store) OnConflict(fn func()) { s.onConflict = fn }
 
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
@@ -252,6 +263,9 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return Record{}, 0, false, fmt.Errorf("write status of %q: %w", userID, err)
+		}
+		if s.onConflict != nil {
+			s.onConflict()
 		}
 		if attempt > 2 {
 			// Several writers are racing on this user: let them spread out.
