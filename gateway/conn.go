@@ -42,7 +42,11 @@ type conn struct {
 	writtenAt    atomic.Int64 // unix ns of the newest key write
 	closed       atomic.Bool
 
-	// Reading state: only the goroutine reading the socket touches it.
+	// readMu is held by the goroutine reading the socket. The poller
+	// hands a socket to one reader at a time, but through the kernel; the
+	// mutex makes each reader see what the previous one left.
+	readMu sync.Mutex
+	// Reading state, guarded by readMu.
 	dec     decoder
 	tokens  float32 // rate limiter bucket
 	tokenAt int64   // unix ns of the last refill
@@ -183,7 +187,10 @@ func (c *conn) end(kind endKind, code ws.StatusCode, reason string) {
 		s.log.LogAttrs(s.ctx, levelDebug, "connection closed",
 			attrUser(c.userID), attrConn(c.connID), attrReason(reason), attrCode(int(code)))
 	}
-	s.bg.Go(func() { s.settle(c, kind) })
+	settle := func() { s.settle(c, kind) }
+	if !s.bg.Go(settle) {
+		settle()
+	}
 }
 
 // isClosedErr reports whether err only says the socket is already closed.

@@ -137,7 +137,10 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			// Registered, but the client is gone or misbehaved.
 			c.nc = nc
 			c.closed.Store(true)
-			s.bg.Go(func() { s.settle(c, endFailed) })
+			settle := func() { s.settle(c, endFailed) }
+			if !s.bg.Go(settle) {
+				settle()
+			}
 		}
 		_ = nc.Close()
 		return

@@ -218,7 +218,7 @@ func (s *Service) refreshFailed(_ jetstream.JetStream, msg *nats.Msg, err error)
 		c.kvMu.Unlock()
 		return
 	}
-	s.bg.Go(func() {
+	started := s.bg.Go(func() {
 		defer c.kvMu.Unlock()
 		ctx, cancel := context.WithTimeout(s.ctx, requestTimeout)
 		defer cancel()
@@ -226,6 +226,9 @@ func (s *Service) refreshFailed(_ jetstream.JetStream, msg *nats.Msg, err error)
 			s.log.Warn("create lost connection key", "user_id", c.userID, "conn_id", c.connID, "err", err)
 		}
 	})
+	if !started {
+		c.kvMu.Unlock() // shutting down: the connection is closed
+	}
 }
 
 // active notes a sign of use. The key carries it at the next refresh;

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -51,12 +52,13 @@ func (s *Service) watchSocket(c *conn) {
 }
 
 // pollLoop waits for readable sockets and reads each on a goroutine of its
-// own, at most ReadWorkers at once, until the poller is closed.
-func (s *Service) pollLoop() {
+// own, at most ReadWorkers at once, until ctx is canceled. It returns when
+// every reader has.
+func (s *Service) pollLoop(ctx context.Context) {
 	events := make([]netpoll.Event, 0, 256)
 	stop := make(chan struct{})
 	go func() {
-		<-s.ctx.Done()
+		<-ctx.Done()
 		_ = s.poller.Close()
 		close(stop)
 	}()
@@ -97,6 +99,8 @@ func (s *Service) pollLoop() {
 // readReady reads what a readable socket holds, without blocking, and
 // handles it. It reports whether the connection is still open.
 func (s *Service) readReady(c *conn) bool {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
 	bp := s.readBuf()
 	defer readPool.Put(bp)
 	buf := *bp
@@ -138,6 +142,8 @@ func (c *conn) consume(data []byte) bool {
 
 // readLoop reads c with a goroutine of its own, where there is no poller.
 func (s *Service) readLoop(c *conn) {
+	c.readMu.Lock()
+	defer c.readMu.Unlock()
 	bp := s.readBuf()
 	defer readPool.Put(bp)
 	for {

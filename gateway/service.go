@@ -50,7 +50,35 @@ type Service struct {
 
 	// bg tracks work that must finish before Serve returns: settling the
 	// keys of closed connections.
-	bg sync.WaitGroup
+	bg tasks
+}
+
+// tasks tracks background work that Serve waits for before it returns.
+// Once closed, it starts nothing more. It is safe for concurrent use.
+type tasks struct {
+	mu     sync.Mutex
+	wg     sync.WaitGroup
+	closed bool
+}
+
+// Go runs fn in a goroutine and reports true, or reports false once the
+// group is closed.
+func (t *tasks) Go(fn func()) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.wg.Go(fn)
+	return true
+}
+
+// close stops new work and waits for what runs.
+func (t *tasks) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.wg.Wait()
 }
 
 // New validates cfg and returns a gateway that will use nc. It starts no
@@ -126,7 +154,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	run, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	s.ctx = run
-	var loops sync.WaitGroup
+	// The socket loops (reading, liveness) stop before the sockets are
+	// drained; the rest after.
+	ioCtx, stopIO := context.WithCancel(run)
+	defer stopIO()
+	var loops, ioLoops sync.WaitGroup
 
 	selfSub, err := s.nc.ChanSubscribe(presence.SelfSubject(s.cfg.ID), s.hub.events)
 	if err != nil {
@@ -151,10 +183,10 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	loops.Go(func() { s.flusher.run(run) })
-	loops.Go(func() { s.sweep(run) })
 	loops.Go(func() { s.watchNATS(run) })
+	ioLoops.Go(func() { s.sweep(ioCtx) })
 	if s.poller != nil {
-		loops.Go(s.pollLoop)
+		ioLoops.Go(func() { s.pollLoop(ioCtx) })
 	}
 
 	httpSrv := &http.Server{
@@ -194,8 +226,10 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	_ = httpSrv.Shutdown(shutdownCtx)
 	cancel()
 	served.Wait()
+	stopIO()
+	ioLoops.Wait()
 	s.drain()
-	s.bg.Wait()
+	s.bg.close()
 	stop()
 	loops.Wait()
 	if s.poller != nil {

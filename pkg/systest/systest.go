@@ -444,3 +444,82 @@ func (s *System) StatusOf(user string) (presence.Record, error) {
 	}
 	return rec, err
 }
+
+// View follows what one socket has been told: the newest presence of every
+// user from presence_init and presence_batch frames, and its own state from
+// self frames. Unlike AwaitStatus, a View remembers what earlier frames
+// said, so waiting for two users that changed in one batch works.
+type View struct {
+	tb    testing.TB
+	c     *client.Conn
+	users map[string]presence.Presence
+	self  protocol.ServerMessage
+	// Frames holds every frame read, in order.
+	Frames []protocol.ServerMessage
+}
+
+// NewView returns a View of c.
+func NewView(tb testing.TB, c *client.Conn) *View {
+	return &View{tb: tb, c: c, users: make(map[string]presence.Presence)}
+}
+
+// Presence returns the newest presence of user the socket was told.
+func (v *View) Presence(user string) (presence.Presence, bool) {
+	p, ok := v.users[user]
+	return p, ok
+}
+
+func (v *View) take(m protocol.ServerMessage) {
+	v.Frames = append(v.Frames, m)
+	switch m.Type {
+	case protocol.TypePresenceInit:
+		for _, p := range m.Users {
+			v.users[p.UserID] = p
+		}
+	case protocol.TypePresenceBatch:
+		for _, p := range m.Updates {
+			v.users[p.UserID] = p
+		}
+	case protocol.TypeSelf:
+		v.self = m
+	}
+}
+
+// Until reads frames until cond holds, failing the test after timeout.
+func (v *View) Until(timeout time.Duration, what string, cond func(*View) bool) {
+	v.tb.Helper()
+	if cond(v) {
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	_ = v.c.SetReadDeadline(deadline)
+	defer func() { _ = v.c.SetReadDeadline(time.Time{}) }()
+	for {
+		m, raw, err := v.c.Read()
+		if err != nil {
+			v.tb.Fatalf("waiting for %s: %v (%s); view: %v", what, err, raw, v.users)
+		}
+		v.take(m)
+		if cond(v) {
+			return
+		}
+	}
+}
+
+// Await waits until the socket was told user has status.
+func (v *View) Await(user string, status presence.Status) presence.Presence {
+	v.tb.Helper()
+	v.Until(EventTimeout, fmt.Sprintf("%s %s", user, status), func(v *View) bool {
+		return v.users[user].Status == status
+	})
+	return v.users[user]
+}
+
+// AwaitSelf waits until the socket was told its user's status and device
+// count.
+func (v *View) AwaitSelf(status presence.Status, devices int) {
+	v.tb.Helper()
+	v.Until(EventTimeout, fmt.Sprintf("self %s/%d", status, devices), func(v *View) bool {
+		return v.self.Status == status && v.self.Devices == devices
+	})
+}
