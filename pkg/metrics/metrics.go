@@ -71,6 +71,12 @@ func (f Factory) HistogramVec(name, help string, buckets []float64, labels ...st
 	return h
 }
 
+// CounterFunc creates and registers a counter whose value fn reports when
+// the metrics are gathered; fn must never report less than before.
+func (f Factory) CounterFunc(name, help string, fn func() float64) {
+	f.register(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, fn))
+}
+
 // GaugeFunc creates and registers a gauge whose value fn reports when the
 // metrics are gathered.
 func (f Factory) GaugeFunc(name, help string, fn func() float64) {

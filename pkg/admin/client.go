@@ -1,0 +1,190 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// DefaultGatherTimeout is how long Gather waits for replies unless told
+// otherwise.
+const DefaultGatherTimeout = 2 * time.Second
+
+// maxReplies bounds the replies one Gather collects.
+const maxReplies = 10_000
+
+// GatherOptions says how long Gather collects replies.
+type GatherOptions struct {
+	// Want stops gathering once this many replies arrived; zero gathers
+	// until Timeout.
+	Want int
+	// Timeout bounds the whole gathering; zero means DefaultGatherTimeout.
+	Timeout time.Duration
+}
+
+// Gather publishes data on subject and collects the replies of every
+// responder (a scatter-gather, what `nats req --replies=0` does): until
+// opts.Want replies arrived, opts.Timeout passed, or ctx ended. It returns
+// ErrNoReply when nobody listens on subject, or when nobody answered and
+// opts.Want is not zero.
+func Gather(ctx context.Context, nc *nats.Conn, subject string, data []byte, opts GatherOptions) ([]*nats.Msg, error) {
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = DefaultGatherTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", inbox, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subject, inbox, data); err != nil {
+		return nil, fmt.Errorf("publish %s: %w", subject, err)
+	}
+	var out []*nats.Msg
+	for len(out) < maxReplies && (opts.Want <= 0 || len(out) < opts.Want) {
+		m, err := sub.NextMsgWithContext(ctx)
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return nil, fmt.Errorf("%s: %w: no responders", subject, ErrNoReply)
+		case err != nil && ctx.Err() != nil:
+			// Gathered for the whole time.
+		case err != nil:
+			return out, fmt.Errorf("gather %s: %w", subject, err)
+		}
+		if err != nil {
+			break
+		}
+		out = append(out, m)
+	}
+	if len(out) == 0 && opts.Want > 0 {
+		return nil, fmt.Errorf("%s: %w within %v", subject, ErrNoReply, timeout)
+	}
+	return out, nil
+}
+
+// Decode decodes an admin reply into v, or returns the *ServiceError it
+// carries.
+func Decode(m *nats.Msg, v any) error {
+	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
+		return &ServiceError{Code: code, Description: m.Header.Get(micro.ErrorHeader), Subject: m.Subject}
+	}
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("decode reply: %w", err)
+	}
+	return nil
+}
+
+// Request sends req (JSON) to a queue endpoint and decodes its one reply
+// into reply.
+func Request(ctx context.Context, nc *nats.Conn, subject string, req, reply any) error {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	m, err := nc.RequestWithContext(ctx, subject, data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("%s: %w: no responders", subject, ErrNoReply)
+	}
+	if err != nil {
+		return fmt.Errorf("request %s: %w", subject, err)
+	}
+	return Decode(m, reply)
+}
+
+// GatherJSON sends req (JSON) to a broadcast endpoint and decodes every
+// reply with decode. It returns the first error reply, if any, with the
+// replies decoded so far.
+func GatherJSON[T any](ctx context.Context, nc *nats.Conn, subject string, req any, opts GatherOptions) ([]T, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	msgs, err := Gather(ctx, nc, subject, data, opts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(msgs))
+	for _, m := range msgs {
+		var v T
+		if err := Decode(m, &v); err != nil {
+			return out, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// Instances returns the ping answer of every running instance of a micro
+// service (what `nats micro ls <service>` lists), gathered for timeout
+// (zero means DefaultGatherTimeout). No instance is not an error.
+func Instances(ctx context.Context, nc *nats.Conn, service string, timeout time.Duration) ([]micro.Ping, error) {
+	msgs, err := Gather(ctx, nc, PingSubject(service), nil, GatherOptions{Timeout: timeout})
+	if errors.Is(err, ErrNoReply) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]micro.Ping, 0, len(msgs))
+	for _, m := range msgs {
+		var p micro.Ping
+		if err := json.Unmarshal(m.Data, &p); err != nil {
+			return nil, fmt.Errorf("decode ping of %s: %w", service, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// Broadcast sends req to a broadcast endpoint of service and waits for the
+// reply of every instance: it first counts the instances with a ping
+// (gathered for timeout/2), then waits for that many replies until
+// timeout. An instance that started in between may answer too; one that
+// stopped in between makes Broadcast wait for the whole timeout. Zero
+// timeout means 2*DefaultGatherTimeout.
+func Broadcast[T any](ctx context.Context, nc *nats.Conn, service, subject string, req any, timeout time.Duration) ([]T, error) {
+	if timeout <= 0 {
+		timeout = 2 * DefaultGatherTimeout
+	}
+	inst, err := Instances(ctx, nc, service, timeout/2)
+	if err != nil {
+		return nil, err
+	}
+	if len(inst) == 0 {
+		return nil, fmt.Errorf("%s: %w: no instance of %s runs", subject, ErrNoReply, service)
+	}
+	return GatherJSON[T](ctx, nc, subject, req, GatherOptions{Want: len(inst), Timeout: timeout})
+}
+
+// Kick asks every gateway to close the user's sockets (or one connection)
+// and returns every gateway's reply.
+func Kick(ctx context.Context, nc *nats.Conn, req KickRequest, timeout time.Duration) ([]KickReply, error) {
+	return Broadcast[KickReply](ctx, nc, GatewayService, GatewayKickSubject, req, timeout)
+}
+
+// Watchers asks every gateway which of its sockets watch the user.
+func Watchers(ctx context.Context, nc *nats.Conn, userID string, timeout time.Duration) ([]WatchersReply, error) {
+	return Broadcast[WatchersReply](ctx, nc, GatewayService, GatewayWatchersSubject, UserRequest{UserID: userID}, timeout)
+}
+
+// Conns asks one gateway for the user's status and connections.
+func Conns(ctx context.Context, nc *nats.Conn, userID string) (ConnsReply, error) {
+	var r ConnsReply
+	err := Request(ctx, nc, GatewayConnsSubject, UserRequest{UserID: userID}, &r)
+	return r, err
+}
+
+// Sweep asks one reaper to sweep now, and waits until it is done.
+func Sweep(ctx context.Context, nc *nats.Conn) (SweepReply, error) {
+	var r SweepReply
+	err := Request(ctx, nc, ReaperSweepSubject, struct{}{}, &r)
+	return r, err
+}
