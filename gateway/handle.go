@@ -80,7 +80,9 @@ func (c *conn) control(op ws.OpCode, payload []byte) bool {
 		switch {
 		case len(payload) == 0:
 			code = ws.StatusNormalClosure
-		case len(payload) == 1 || ws.CheckCloseFrameData(code, reason) != nil:
+		case len(payload) == 1 || code > maxCloseCode || ws.CheckCloseFrameData(code, reason) != nil:
+			// gobwas/ws takes codes of 5000 and more; RFC 6455 defines
+			// none, so echoing one back would break the protocol too.
 			c.end(endClean, ws.StatusProtocolError, "invalid close frame")
 			return false
 		}
@@ -89,6 +91,10 @@ func (c *conn) control(op ws.OpCode, payload []byte) bool {
 	}
 	return c.open()
 }
+
+// maxCloseCode is the highest close code RFC 6455 lets a peer send (the
+// top of the private range 4000-4999).
+const maxCloseCode = 4999
 
 func (c *conn) open() bool { return !c.closed.Load() }
 
