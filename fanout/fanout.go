@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -67,6 +70,13 @@ type Service struct {
 	// It is touched only by the consume callback, which runs on one
 	// goroutine.
 	sent map[string]versions
+	// cached is len(sent), for the metrics.
+	cached atomic.Int64
+
+	reg     *prometheus.Registry
+	metrics *fanoutMetrics
+	// ready holds the store once Run has opened the buckets.
+	ready atomic.Pointer[presence.Store]
 }
 
 type versions struct{ pub, self uint64 }
@@ -78,12 +88,15 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{
+	s := &Service{
 		nc:   nc,
 		cfg:  cfg,
 		log:  cfg.Logger.With("svc", "fanout"),
 		sent: make(map[string]versions),
-	}, nil
+		reg:  metrics.NewRegistry(),
+	}
+	s.metrics = newFanoutMetrics(s.reg, s)
+	return s, nil
 }
 
 // Run consumes status revisions until ctx is canceled, then stops consuming
@@ -106,12 +119,22 @@ func (s *Service) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fanout consumer: %w", err)
 	}
+	s.ready.Store(store)
+	ops, err := s.startAdmin()
+	if err != nil {
+		return err
+	}
 	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(1000))
 	if err != nil {
+		_ = ops.Stop()
 		return fmt.Errorf("fanout consume: %w", err)
 	}
 	s.log.Info("fanout running", "bucket", presence.StatusBucket)
 	<-ctx.Done()
+	s.ready.Store(nil)
+	if err := ops.Stop(); err != nil {
+		s.log.Error("stop admin service", "err", err)
+	}
 	cc.Drain()
 	<-cc.Closed()
 	return nil
@@ -123,7 +146,11 @@ var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
 // The acknowledgement goes out on the same connection after the events, so
 // if it reaches the server the events did too.
 func (s *Service) handle(msg jetstream.Msg) {
+	start := time.Now()
+	defer func() { s.metrics.processing.Observe(time.Since(start).Seconds()) }()
+	s.metrics.revisions.Inc()
 	if err := s.process(msg); err != nil {
+		s.metrics.failed.Inc()
 		s.log.Error("fanout revision", "subject", msg.Subject(), "err", err)
 		// Ask for redelivery later; a malformed record is acknowledged by
 		// process instead, since retrying it cannot help.
@@ -136,6 +163,7 @@ func (s *Service) handle(msg jetstream.Msg) {
 func (s *Service) process(msg jetstream.Msg) error {
 	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
 	if !presence.ValidUserID(userID) {
+		s.metrics.ignored.WithLabelValues("invalid_key").Inc()
 		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
 		return nil
 	}
@@ -149,6 +177,7 @@ func (s *Service) process(msg jetstream.Msg) error {
 	deleted := presence.EntryOp(msg.Headers()) != jetstream.KeyValuePut
 	if !deleted {
 		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+			s.metrics.ignored.WithLabelValues("undecodable").Inc()
 			s.log.Warn("ignoring undecodable status record", "user_id", userID, "err", err)
 			return nil
 		}
@@ -168,6 +197,12 @@ func (s *Service) process(msg jetstream.Msg) error {
 		if err := s.publish(presence.EventSubject(userID), &ev); err != nil {
 			return err
 		}
+		s.metrics.published.Inc()
+		if ev.At != 0 {
+			s.metrics.lag.Observe(time.Since(time.UnixMilli(ev.At)).Seconds())
+		}
+	} else {
+		s.metrics.suppressed.Inc()
 	}
 	if !deleted && (!known || rec.SelfVer != last.self) {
 		ev := presence.SelfEvent{UserID: userID, Status: rec.Status, Devices: rec.Devices, Rev: rev}
@@ -175,6 +210,7 @@ func (s *Service) process(msg jetstream.Msg) error {
 			if err := s.publish(presence.SelfSubject(gw), &ev); err != nil {
 				return err
 			}
+			s.metrics.self.Inc()
 		}
 	}
 
@@ -186,6 +222,7 @@ func (s *Service) process(msg jetstream.Msg) error {
 	} else {
 		s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer}
 	}
+	s.cached.Store(int64(len(s.sent)))
 	return nil
 }
 

@@ -9,11 +9,14 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -27,6 +30,15 @@ type Service struct {
 	timers  *timers
 	workers []chan task
 	seed    maphash.Seed
+
+	reg     *prometheus.Registry
+	metrics *reaperMetrics
+	// queue counts the tasks dispatched and not yet taken by a worker.
+	queue atomic.Int64
+	// ready holds the store once Run has opened the buckets.
+	ready atomic.Pointer[presence.Store]
+	// sweepMu keeps sweeps (periodic and on request) one at a time.
+	sweepMu sync.Mutex
 }
 
 // task is a piece of work for one user, run by the worker that owns the user.
@@ -37,6 +49,8 @@ type task struct {
 	removedAt uint64
 	// msg is acknowledged when the task is done, if not nil.
 	msg jetstream.Msg
+	// markedAt is when the removal marker was written.
+	markedAt time.Time
 }
 
 // New validates cfg and returns a reaper that will use nc. It starts no
@@ -46,13 +60,16 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Service{
+	s := &Service{
 		nc:     nc,
 		cfg:    cfg,
 		log:    cfg.Logger.With("svc", "reaper"),
 		timers: newTimers(),
 		seed:   maphash.MakeSeed(),
-	}, nil
+		reg:    metrics.NewRegistry(),
+	}
+	s.metrics = newReaperMetrics(s.reg, s)
+	return s, nil
 }
 
 // Run reaps until ctx is canceled, then stops consuming, lets the workers
@@ -63,6 +80,7 @@ func (s *Service) Run(ctx context.Context) error {
 		return err
 	}
 	s.store = store
+	store.OnConflict(s.metrics.conflicts.Inc)
 	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, presence.StreamName(presence.ConnsBucket), jetstream.ConsumerConfig{
 		Durable:       presence.ReaperConsumer,
 		Description:   "greendot reaper: ended connections to offline, inactive ones to away",
@@ -74,6 +92,11 @@ func (s *Service) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("reaper consumer: %w", err)
+	}
+	s.ready.Store(store)
+	ops, err := s.startAdmin()
+	if err != nil {
+		return err
 	}
 
 	// Workers run on their own context: on shutdown they finish the tasks
@@ -90,6 +113,11 @@ func (s *Service) Run(ctx context.Context) error {
 
 	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(2000))
 	if err != nil {
+		_ = ops.Stop()
+		for _, ch := range s.workers {
+			close(ch)
+		}
+		wg.Wait()
 		return fmt.Errorf("reaper consume: %w", err)
 	}
 	s.log.Info("reaper running", "bucket", presence.ConnsBucket)
@@ -100,6 +128,10 @@ func (s *Service) Run(ctx context.Context) error {
 	lg.Go(func() { s.sweepLoop(lctx) })
 
 	<-ctx.Done()
+	s.ready.Store(nil)
+	if err := ops.Stop(); err != nil {
+		s.log.Error("stop admin service", "err", err)
+	}
 	stopLoops()
 	lg.Wait()
 	cc.Drain()
@@ -129,6 +161,7 @@ func (s *Service) handle(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	s.metrics.markers.WithLabelValues(markerReason(msg.Headers())).Inc()
 	meta, err := msg.Metadata()
 	if err != nil {
 		s.log.Error("removal metadata", "subject", msg.Subject(), "err", err)
@@ -136,7 +169,7 @@ func (s *Service) handle(msg jetstream.Msg) {
 		return
 	}
 	s.timers.clear(key)
-	s.dispatch(task{userID: userID, connID: connID, removedAt: meta.Sequence.Stream, msg: msg})
+	s.dispatch(task{userID: userID, connID: connID, removedAt: meta.Sequence.Stream, msg: msg, markedAt: meta.Timestamp})
 }
 
 // schedule sets or clears a connection's inactivity timer from its record.
@@ -152,14 +185,19 @@ func (s *Service) dispatch(t task) {
 	var h maphash.Hash
 	h.SetSeed(s.seed)
 	_, _ = h.WriteString(t.userID)
+	s.queue.Add(1)
 	s.workers[h.Sum64()%uint64(len(s.workers))] <- t
 }
 
 func (s *Service) work(ctx context.Context, ch <-chan task) {
 	for t := range ch {
+		s.queue.Add(-1)
 		var err error
 		if t.removedAt != 0 {
 			err = s.remove(ctx, t.userID, t.connID, t.removedAt)
+			if err == nil {
+				s.metrics.markerLag.Observe(time.Since(t.markedAt).Seconds())
+			}
 		} else {
 			err = s.checkInactive(ctx, t.userID, t.connID)
 		}
@@ -179,7 +217,10 @@ func (s *Service) work(ctx context.Context, ch <-chan task) {
 // revision markerRev: it leaves the user's record if the record's
 // connection was created after the marker (its gateway made it again).
 func (s *Service) remove(ctx context.Context, userID, connID string, markerRev uint64) error {
+	start := time.Now()
+	var before presence.Status
 	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
+		before = r.Status
 		c, ok := r.Conns[connID]
 		if !ok || c.Rev >= markerRev {
 			return presence.ErrNoChange
@@ -187,6 +228,7 @@ func (s *Service) remove(ctx context.Context, userID, connID string, markerRev u
 		delete(r.Conns, connID)
 		return nil
 	})
+	s.metrics.done(kindRemoval, start, written, err, before, rec.Status)
 	if err != nil {
 		return err
 	}
@@ -201,8 +243,11 @@ func (s *Service) remove(ctx context.Context, userID, connID string, markerRev u
 // leader after the status record, still says it is past its away_at.
 func (s *Service) checkInactive(ctx context.Context, userID, connID string) error {
 	var later int64
+	start := time.Now()
+	var before presence.Status
 	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
 		later = 0
+		before = r.Status
 		c, ok := r.Conns[connID]
 		if !ok || c.Idle || c.Closing {
 			return presence.ErrNoChange
@@ -225,6 +270,7 @@ func (s *Service) checkInactive(ctx context.Context, userID, connID string) erro
 		r.Conns[connID] = c
 		return nil
 	})
+	s.metrics.done(kindInactivity, start, written, err, before, rec.Status)
 	if err != nil {
 		return err
 	}
@@ -270,7 +316,7 @@ func (s *Service) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
 	for {
-		if err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+		if _, err := s.runSweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("sweep", "err", err)
 		}
 		select {
@@ -288,7 +334,7 @@ func (s *Service) sweepLoop(ctx context.Context) {
 // A connection in a record read before the listing, and absent from the
 // listing, had ended by then; if its gateway created it again afterwards,
 // the record's Rev for it changed, and it is left alone.
-func (s *Service) sweep(ctx context.Context) error {
+func (s *Service) sweep(ctx context.Context) (int, error) {
 	type seen struct {
 		userID string
 		conns  map[string]uint64 // conn id -> Rev
@@ -306,7 +352,7 @@ func (s *Service) sweep(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	live := make(map[string]struct{})
 	err = s.store.ScanConns(ctx, func(userID, connID string, rec presence.ConnRecord, _ uint64) error {
@@ -316,9 +362,9 @@ func (s *Service) sweep(ctx context.Context) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
-	removed := 0
+	removed, removedConns := 0, 0
 	for _, r := range records {
 		var gone map[string]uint64
 		for id, rev := range r.conns {
@@ -332,8 +378,10 @@ func (s *Service) sweep(ctx context.Context) error {
 		if gone == nil {
 			continue
 		}
-		_, _, written, err := s.store.UpdateStatus(ctx, r.userID, func(rec *presence.Record) error {
-			n := 0
+		var before presence.Status
+		n := 0
+		rec, _, written, err := s.store.UpdateStatus(ctx, r.userID, func(rec *presence.Record) error {
+			before, n = rec.Status, 0
 			for id, rev := range gone {
 				if c, ok := rec.Conns[id]; ok && c.Rev == rev {
 					delete(rec.Conns, id)
@@ -347,17 +395,20 @@ func (s *Service) sweep(ctx context.Context) error {
 		})
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return removedConns, ctx.Err()
 			}
 			s.log.Error("sweep", "user_id", r.userID, "err", err)
 			continue
 		}
 		if written {
 			removed++
+			removedConns += n
+			s.metrics.removed.WithLabelValues("sweep").Add(float64(n))
+			s.metrics.transition(before, rec.Status)
 		}
 	}
 	if removed > 0 {
-		s.log.Info("sweep removed ended connections", "users", removed)
+		s.log.Info("sweep removed ended connections", "users", removed, "conns", removedConns)
 	}
-	return nil
+	return removedConns, nil
 }

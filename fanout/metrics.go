@@ -1,0 +1,50 @@
+package fanout
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/pkg/metrics"
+)
+
+// fanoutMetrics are a fanout's Prometheus metrics, on the Service's own
+// registry.
+type fanoutMetrics struct {
+	revisions  prometheus.Counter
+	published  prometheus.Counter
+	suppressed prometheus.Counter
+	self       prometheus.Counter
+	ignored    *prometheus.CounterVec // by reason
+	failed     prometheus.Counter
+	processing prometheus.Histogram
+	lag        prometheus.Histogram
+}
+
+func newFanoutMetrics(reg prometheus.Registerer, s *Service) *fanoutMetrics {
+	f := metrics.NewFactory(reg)
+	m := &fanoutMetrics{
+		revisions: f.Counter("greendot_fanout_revisions_total",
+			"Revisions of presence_status received (events in)."),
+		published: f.Counter("greendot_fanout_events_published_total",
+			"Public presence events published on presence.event.<user>."),
+		suppressed: f.Counter("greendot_fanout_events_suppressed_total",
+			"Revisions that changed nothing others can see (a second device, an invisible user going idle), so no public event was published."),
+		self: f.Counter("greendot_fanout_self_events_published_total",
+			"Self events published on presence.gw.<gateway>.self, one per gateway holding a connection of the user."),
+		ignored: f.CounterVec("greendot_fanout_revisions_ignored_total",
+			"Revisions acknowledged without an event because they are not greendot's, by reason: invalid_key, undecodable.", "reason"),
+		failed: f.Counter("greendot_fanout_revisions_failed_total",
+			"Revisions that could not be processed (metadata, publish) and were handed back for redelivery."),
+		processing: f.Histogram("greendot_fanout_processing_seconds",
+			"Time to process one revision: decode, publish its events, acknowledge.", metrics.LatencyBuckets),
+		lag: f.Histogram("greendot_fanout_lag_seconds",
+			"Time from a status record being written to its public event being published.", metrics.LatencyBuckets),
+	}
+	f.GaugeFunc("greendot_fanout_cached_users",
+		"Users whose last published versions this fanout remembers, to suppress duplicates.",
+		func() float64 { return float64(s.cached.Load()) })
+	return m
+}
+
+// Registry returns the registry holding the fanout's metrics, which
+// --metrics-listen serves on GET /metrics.
+func (s *Service) Registry() *prometheus.Registry { return s.reg }

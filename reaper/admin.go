@@ -1,0 +1,78 @@
+package reaper
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// ErrNotReady means the reaper has not opened its buckets yet, or is
+// stopping.
+var ErrNotReady = errors.New("reaper: not ready")
+
+// Ready reports whether the reaper runs: its buckets are open and its NATS
+// connection is up. It is safe for concurrent use; --metrics-listen serves
+// it on GET /readyz.
+func (s *Service) Ready(ctx context.Context) error {
+	store := s.ready.Load()
+	if store == nil {
+		return ErrNotReady
+	}
+	return store.Ready(ctx)
+}
+
+// startAdmin registers the reaper's micro service, greendot-reaper: its
+// info (broadcast) and sweep (one reaper) endpoints.
+func (s *Service) startAdmin() (*admin.Server, error) {
+	return admin.Start(s.nc, admin.ServiceConfig{
+		Name:        admin.ReaperService,
+		Description: "greendot reaper: ended connections to offline, inactive ones to away",
+		InfoSubject: admin.ReaperInfoSubject,
+		Config: map[string]any{
+			"workers":        s.cfg.Workers,
+			"sweep_interval": s.cfg.SweepInterval.String(),
+			"ack_wait":       s.cfg.AckWait.String(),
+			"replicas":       max(s.cfg.Buckets.Replicas, 1),
+			"consumer":       presence.ReaperConsumer,
+			"bucket":         presence.ConnsBucket,
+		},
+		Load: func() map[string]any {
+			return map[string]any{
+				"inactivity_timers": s.timers.len(),
+				"queued_tasks":      s.queued(),
+			}
+		},
+		Ready:  s.Ready,
+		Logger: s.log,
+		Endpoints: []admin.Endpoint{{
+			Name:    admin.SweepEndpoint,
+			Subject: admin.ReaperSweepSubject,
+			Timeout: 5 * time.Minute,
+			Handle:  s.sweepRequest,
+		}},
+	})
+}
+
+// sweepRequest runs a sweep now and reports what it removed. The request's
+// payload is ignored.
+func (s *Service) sweepRequest(ctx context.Context, _ []byte) (any, error) {
+	start := time.Now()
+	removed, err := s.runSweep(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return admin.SweepReply{Instance: admin.InstanceOf(ctx), Removed: removed, Duration: time.Since(start)}, nil
+}
+
+// runSweep runs one sweep, after any that runs, and records it.
+func (s *Service) runSweep(ctx context.Context) (int, error) {
+	s.sweepMu.Lock()
+	defer s.sweepMu.Unlock()
+	start := time.Now()
+	removed, err := s.sweep(ctx)
+	s.metrics.swept(start, err)
+	return removed, err
+}

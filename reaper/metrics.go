@@ -1,0 +1,132 @@
+package reaper
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// reaperMetrics are a reaper's Prometheus metrics, on the Service's own
+// registry.
+type reaperMetrics struct {
+	markers     *prometheus.CounterVec   // by reason: expired, purged, deleted
+	reconciles  *prometheus.CounterVec   // by kind and result
+	reconcile   *prometheus.HistogramVec // by kind
+	markerLag   prometheus.Histogram
+	transitions *prometheus.CounterVec // by status: offline, away
+	removed     *prometheus.CounterVec // by source: marker, sweep
+	conflicts   prometheus.Counter
+	sweeps      *prometheus.CounterVec // by result: ok, error
+	sweepTime   prometheus.Histogram
+}
+
+// The kinds of reconcile work, and their results, as metric labels.
+const (
+	kindRemoval    = "removal"
+	kindInactivity = "inactivity"
+
+	resultWritten   = "written"
+	resultUnchanged = "unchanged"
+	resultError     = "error"
+)
+
+func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
+	f := metrics.NewFactory(reg)
+	m := &reaperMetrics{
+		markers: f.CounterVec("greendot_reaper_markers_total",
+			"Removal markers of connection keys seen in presence_conns, by reason: expired (TTL), purged, deleted.", "reason"),
+		reconciles: f.CounterVec("greendot_reaper_reconciles_total",
+			"Reconciles of a user's status record, by kind (removal, inactivity) and result (written, unchanged, error).", "kind", "result"),
+		reconcile: f.HistogramVec("greendot_reaper_reconcile_seconds",
+			"Time to reconcile a user's status record with one connection's removal or inactivity, compare-and-set retries included.",
+			metrics.LatencyBuckets, "kind"),
+		markerLag: f.Histogram("greendot_reaper_marker_lag_seconds",
+			"Time from a connection key's removal marker being written to the reaper having applied it to the status record.",
+			metrics.LatencyBuckets),
+		transitions: f.CounterVec("greendot_reaper_transitions_total",
+			"Status changes the reaper wrote, by the status the user went to: offline, away.", "status"),
+		removed: f.CounterVec("greendot_reaper_connections_removed_total",
+			"Connections taken out of status records, by what found them ended: marker, sweep.", "source"),
+		conflicts: f.Counter("greendot_reaper_status_conflicts_total",
+			"Compare-and-set writes of a status record that lost to another writer and were retried."),
+		sweeps: f.CounterVec("greendot_reaper_sweeps_total",
+			"Full sweeps of presence_status against presence_conns, by result: ok, error.", "result"),
+		sweepTime: f.Histogram("greendot_reaper_sweep_seconds",
+			"Duration of a full sweep.", []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+	}
+	f.GaugeFunc("greendot_reaper_inactivity_timers",
+		"Connections with an inactivity deadline this reaper watches.", func() float64 { return float64(s.timers.len()) })
+	f.GaugeFunc("greendot_reaper_queued_tasks",
+		"Reconcile tasks waiting for a worker.", func() float64 { return float64(s.queued()) })
+	return m
+}
+
+// markerReason names why a connection key's marker was written, from its
+// headers: an expiry by TTL, a purge (the gateway removing a dead
+// connection's key), or a delete.
+func markerReason(h nats.Header) string {
+	switch h.Get(jetstream.MarkerReasonHeader) {
+	case "MaxAge":
+		return "expired"
+	case "Remove":
+		return "deleted"
+	case "Purge":
+		return "purged"
+	}
+	if presence.EntryOp(h) == jetstream.KeyValueDelete {
+		return "deleted"
+	}
+	return "purged"
+}
+
+// done records one finished reconcile: its kind, duration, result and the
+// status change it made (before and after are the user's true status).
+func (m *reaperMetrics) done(kind string, start time.Time, written bool, err error, before, after presence.Status) {
+	m.reconcile.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	switch {
+	case err != nil:
+		m.reconciles.WithLabelValues(kind, resultError).Inc()
+		return
+	case !written:
+		m.reconciles.WithLabelValues(kind, resultUnchanged).Inc()
+		return
+	}
+	m.reconciles.WithLabelValues(kind, resultWritten).Inc()
+	if kind == kindRemoval {
+		m.removed.WithLabelValues("marker").Inc()
+	}
+	m.transition(before, after)
+}
+
+// transition counts a written status change to offline or away.
+func (m *reaperMetrics) transition(before, after presence.Status) {
+	if before == after {
+		return
+	}
+	switch after {
+	case presence.Offline, presence.Away:
+		m.transitions.WithLabelValues(string(after)).Inc()
+	}
+}
+
+// swept records one full sweep.
+func (m *reaperMetrics) swept(start time.Time, err error) {
+	m.sweepTime.Observe(time.Since(start).Seconds())
+	if err != nil {
+		m.sweeps.WithLabelValues(resultError).Inc()
+		return
+	}
+	m.sweeps.WithLabelValues("ok").Inc()
+}
+
+// Registry returns the registry holding the reaper's metrics, which
+// --metrics-listen serves on GET /metrics.
+func (s *Service) Registry() *prometheus.Registry { return s.reg }
+
+// queued returns how many tasks wait in the workers' queues.
+func (s *Service) queued() int { return int(s.queue.Load()) }
