@@ -69,6 +69,9 @@ func (o Options) natsOptions() ([]nats.Option, error) {
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
 		nats.Timeout(5 * time.Second),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err == nil && nc.IsClosed() {
+				return // closed on purpose, at shutdown
+			}
 			log.Warn("nats disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {

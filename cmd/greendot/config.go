@@ -1,0 +1,337 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/auth"
+	"github.com/greendot/greendot/pkg/natsconn"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/reaper"
+)
+
+// newLogger builds the one slog handler of the process from --log-level and
+// --log-format, writing to the app's error stream.
+func newLogger(c *cli.Context) (*slog.Logger, error) {
+	var level slog.Level
+	switch v := c.String("log-level"); v {
+	case "debug":
+		level = slog.LevelDebug
+	case "info":
+		level = slog.LevelInfo
+	case "warn":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	default:
+		return nil, fmt.Errorf("--log-level %s: want debug, info, warn or error", quote(v))
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch v := c.String("log-format"); v {
+	case "text":
+		return slog.New(slog.NewTextHandler(c.App.ErrWriter, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(c.App.ErrWriter, opts)), nil
+	default:
+		return nil, fmt.Errorf("--log-format %s: want text or json", quote(v))
+	}
+}
+
+// natsOptions reads the NATS connection flags.
+func natsOptions(c *cli.Context, name string, log *slog.Logger) natsconn.Options {
+	return natsconn.Options{
+		URL:       c.String("nats-url"),
+		Name:      name,
+		User:      c.String("nats-user"),
+		Password:  c.String("nats-password"),
+		Token:     c.String("nats-token"),
+		CredsFile: c.String("nats-creds"),
+		NKeyFile:  c.String("nats-nkey"),
+		CAFile:    c.String("nats-ca"),
+		CertFile:  c.String("nats-cert"),
+		KeyFile:   c.String("nats-key"),
+		Logger:    log,
+	}
+}
+
+// bucketOptions reads --replicas.
+func bucketOptions(c *cli.Context) (presence.BucketOptions, error) {
+	n := c.Int("replicas")
+	if n < 1 || n > 5 {
+		return presence.BucketOptions{}, fmt.Errorf("--replicas %d: want 1 to 5", n)
+	}
+	return presence.BucketOptions{Replicas: n}, nil
+}
+
+// positive checks that duration flags are above zero.
+func positive(c *cli.Context, names ...string) error {
+	for _, name := range names {
+		if d := c.Duration(name); d <= 0 {
+			return fmt.Errorf("--%s %v: want a positive duration", name, d)
+		}
+	}
+	return nil
+}
+
+// notNegative checks that duration flags are zero or more.
+func notNegative(c *cli.Context, names ...string) error {
+	for _, name := range names {
+		if d := c.Duration(name); d < 0 {
+			return fmt.Errorf("--%s %v: want 0 or a positive duration", name, d)
+		}
+	}
+	return nil
+}
+
+// atLeast checks that integer flags are at least min.
+func atLeast(c *cli.Context, min int, names ...string) error {
+	for _, name := range names {
+		if n := c.Int(name); n < min {
+			return fmt.Errorf("--%s %d: want at least %d", name, n, min)
+		}
+	}
+	return nil
+}
+
+// gatewayConfig reads the gateway flags into a validated gateway.Config.
+// DevAuth is left to gatewayAuth, which needs to know the listen address.
+func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (gateway.Config, error) {
+	var cfg gateway.Config
+	policy, err := gateway.ParsePolicy(c.String("policy"))
+	if err != nil {
+		return cfg, fmt.Errorf("--policy %s: want mutual, follow or everyone", quote(c.String("policy")))
+	}
+	if err := positive(c, "conn-ttl", "away-after", "batch-interval", "authz-cache-ttl", "handshake-timeout", "write-timeout"); err != nil {
+		return cfg, err
+	}
+	if c.IsSet("heartbeat-interval") {
+		if err := positive(c, "heartbeat-interval"); err != nil {
+			return cfg, err
+		}
+		cfg.HeartbeatInterval = c.Duration("heartbeat-interval")
+	}
+	if err := notNegative(c, "offline-grace", "drain-period", "jwt-leeway"); err != nil {
+		return cfg, err
+	}
+	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
+		"max-conns-per-user", "rate-burst", "rate-strikes", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		return cfg, err
+	}
+	if err := atLeast(c, 0, "max-conns"); err != nil {
+		return cfg, err
+	}
+	if r := c.Float64("rate-limit"); r <= 0 {
+		return cfg, fmt.Errorf("--rate-limit %v: want a positive number of messages per second", r)
+	}
+	origins := splitList(c.String("allowed-origins"))
+	for _, o := range origins {
+		if o == "" {
+			return cfg, fmt.Errorf("--allowed-origins %s: empty entry", quote(c.String("allowed-origins")))
+		}
+	}
+	grace := c.Duration("offline-grace")
+	if grace == 0 {
+		grace = -1 // gateway.Config: negative means none, zero the default
+	}
+
+	cfg.Logger = log
+	cfg.Buckets = buckets
+	cfg.ID = c.String("gateway-id")
+	cfg.ConnTTL = c.Duration("conn-ttl")
+	cfg.OfflineGrace = grace
+	cfg.AwayAfter = c.Duration("away-after")
+	cfg.BatchInterval = c.Duration("batch-interval")
+	cfg.AllowedOrigins = origins
+	cfg.Policy = policy
+	cfg.AuthzCacheTTL = c.Duration("authz-cache-ttl")
+	cfg.MaxMessageSize = c.Int("max-message-size")
+	cfg.MaxSubscriptions = c.Int("max-subscriptions")
+	cfg.MaxSubscribeIDs = c.Int("max-subscribe-ids")
+	cfg.MaxQueryIDs = c.Int("max-query-ids")
+	cfg.OnlineLimit = c.Int("online-limit")
+	cfg.MaxConns = c.Int("max-conns")
+	cfg.MaxConnsPerUser = c.Int("max-conns-per-user")
+	cfg.RateLimit = c.Float64("rate-limit")
+	cfg.RateBurst = c.Int("rate-burst")
+	cfg.RateStrikes = c.Int("rate-strikes")
+	cfg.HandshakeTimeout = c.Duration("handshake-timeout")
+	cfg.WriteTimeout = c.Duration("write-timeout")
+	cfg.ReadWorkers = c.Int("read-workers")
+	cfg.WriteWorkers = c.Int("write-workers")
+	cfg.KVMaxPending = c.Int("kv-max-pending")
+	cfg.DrainPeriod = c.Duration("drain-period")
+
+	v, err := tokenVerifier(c)
+	if err != nil {
+		return cfg, err
+	}
+	if v != nil {
+		cfg.Tokens = v
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// tokenVerifier reads the JWT flags. It returns nil when no key is given.
+func tokenVerifier(c *cli.Context) (*auth.Verifier, error) {
+	secret, secretFile, publicKey := c.String("jwt-secret"), c.String("jwt-secret-file"), c.String("jwt-public-key")
+	given := 0
+	for _, v := range []string{secret, secretFile, publicKey} {
+		if v != "" {
+			given++
+		}
+	}
+	if given > 1 {
+		return nil, errors.New("give only one of --jwt-secret, --jwt-secret-file and --jwt-public-key")
+	}
+	if given == 0 {
+		for _, name := range []string{"jwt-issuer", "jwt-audience", "jwt-leeway"} {
+			if c.IsSet(name) {
+				return nil, fmt.Errorf("--%s needs a JWT key: give --jwt-secret, --jwt-secret-file or --jwt-public-key", name)
+			}
+		}
+		return nil, nil
+	}
+	cfg := auth.Config{
+		Issuer:   c.String("jwt-issuer"),
+		Audience: c.String("jwt-audience"),
+		Leeway:   c.Duration("jwt-leeway"),
+	}
+	flag := "--jwt-secret"
+	switch {
+	case secret != "":
+		cfg.Secret = []byte(secret)
+	case secretFile != "":
+		flag = "--jwt-secret-file"
+		data, err := os.ReadFile(secretFile)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flag, err)
+		}
+		if cfg.Secret = bytes.TrimRight(data, "\r\n"); len(cfg.Secret) == 0 {
+			return nil, fmt.Errorf("%s %s: the file is empty", flag, secretFile)
+		}
+	default:
+		flag = "--jwt-public-key"
+		data, err := os.ReadFile(publicKey)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flag, err)
+		}
+		cfg.PublicKey = data
+	}
+	v, err := auth.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	return v, nil
+}
+
+// gatewayAuth decides whether dev auth is on and refuses a gateway that
+// would admit nobody, or anybody from outside this machine. In standalone
+// mode dev auth is on by default while the listen address is loopback.
+func gatewayAuth(c *cli.Context, cfg *gateway.Config, log *slog.Logger, standalone bool) error {
+	listen := c.String("listen")
+	loopback, err := isLoopback(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", quote(listen), err)
+	}
+	devAuth := c.Bool("dev-auth")
+	if standalone && devAuth && !loopback && !c.IsSet("dev-auth") {
+		devAuth = false
+		log.Info("dev auth is off: --listen is not a loopback address", "addr", listen)
+	}
+	if devAuth && !loopback && !c.Bool("dev-auth-allow-public") {
+		return fmt.Errorf("--dev-auth on %s, which is not a loopback address, would let anyone who reaches it claim any user id: "+
+			"use a JWT key, or add --dev-auth-allow-public to do it anyway", listen)
+	}
+	if !devAuth && cfg.Tokens == nil {
+		how := "give --jwt-secret, --jwt-secret-file or --jwt-public-key (or --dev-auth, for development only)"
+		if standalone && !loopback {
+			how = "dev auth is off because --listen is not a loopback address; " + how
+		}
+		return fmt.Errorf("the gateway has neither dev auth nor a JWT key, so it would admit nobody: %s", how)
+	}
+	cfg.DevAuth = devAuth
+	if devAuth {
+		log.Warn("DEV AUTH IS ON: any client can connect as any user with ?user=<id>; never run it like this in production",
+			"addr", listen, "loopback_only", loopback)
+	}
+	if v, ok := cfg.Tokens.(*auth.Verifier); ok {
+		log.Info("jwt auth on", "key", v.KeyKind(), "algorithms", strings.Join(v.Algorithms(), ","),
+			"issuer", c.String("jwt-issuer"), "audience", c.String("jwt-audience"))
+	}
+	return nil
+}
+
+// isLoopback reports whether every address a listen address binds is a
+// loopback address. An empty host binds every interface.
+func isLoopback(hostport string) (bool, error) {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false, err
+	}
+	switch host {
+	case "":
+		return false, nil
+	case "localhost":
+		return true, nil
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback(), nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return false, err
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return false, nil
+		}
+	}
+	return len(ips) > 0, nil
+}
+
+// reaperConfig reads the reaper flags into a validated reaper.Config.
+func reaperConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (reaper.Config, error) {
+	if err := positive(c, "sweep-interval", "ack-wait"); err != nil {
+		return reaper.Config{}, err
+	}
+	if err := atLeast(c, 1, "workers"); err != nil {
+		return reaper.Config{}, err
+	}
+	cfg := reaper.Config{
+		Logger:        log,
+		Buckets:       buckets,
+		Workers:       c.Int("workers"),
+		SweepInterval: c.Duration("sweep-interval"),
+		AckWait:       c.Duration("ack-wait"),
+	}
+	return cfg, cfg.Validate()
+}
+
+// fanoutConfig reads the fanout flags into a validated fanout.Config.
+func fanoutConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (fanout.Config, error) {
+	if err := positive(c, "ack-wait"); err != nil {
+		return fanout.Config{}, err
+	}
+	if err := atLeast(c, 1, "cache-size"); err != nil {
+		return fanout.Config{}, err
+	}
+	cfg := fanout.Config{
+		Logger:    log,
+		Buckets:   buckets,
+		CacheSize: c.Int("cache-size"),
+		AckWait:   c.Duration("ack-wait"),
+	}
+	return cfg, cfg.Validate()
+}

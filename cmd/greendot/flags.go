@@ -1,0 +1,179 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/natsconn"
+)
+
+// Flag categories, as --help groups them.
+const (
+	catNATS      = "NATS connection"
+	catLog       = "Logging"
+	catGateway   = "Gateway"
+	catAuth      = "Authentication"
+	catLimits    = "Limits"
+	catTuning    = "Tuning"
+	catEmbedded  = "Embedded NATS server"
+	catProcess   = "Process"
+	catOperation = "Health and metrics"
+)
+
+// envPrefix starts the environment variable of every flag.
+const envPrefix = "GREENDOT_"
+
+// envVar returns the environment variable of a flag: GREENDOT_ and the
+// flag's name in upper snake case.
+func envVar(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+func stringFlag(cat, name, value, usage string) *cli.StringFlag {
+	return &cli.StringFlag{Category: cat, Name: name, Value: value, Usage: usage, EnvVars: []string{envVar(name)}}
+}
+
+func boolFlag(cat, name, usage string) *cli.BoolFlag {
+	return &cli.BoolFlag{Category: cat, Name: name, Usage: usage, EnvVars: []string{envVar(name)}}
+}
+
+func intFlag(cat, name string, value int, usage string) *cli.IntFlag {
+	return &cli.IntFlag{Category: cat, Name: name, Value: value, Usage: usage, EnvVars: []string{envVar(name)}}
+}
+
+func floatFlag(cat, name string, value float64, usage string) *cli.Float64Flag {
+	return &cli.Float64Flag{Category: cat, Name: name, Value: value, Usage: usage, EnvVars: []string{envVar(name)}}
+}
+
+func durationFlag(cat, name string, value time.Duration, usage string) *cli.DurationFlag {
+	return &cli.DurationFlag{Category: cat, Name: name, Value: value, Usage: usage, EnvVars: []string{envVar(name)}}
+}
+
+// logFlags are on every command.
+func logFlags() []cli.Flag {
+	return []cli.Flag{
+		stringFlag(catLog, "log-level", "info", "least level logged: debug, info, warn or error"),
+		stringFlag(catLog, "log-format", "text", "log line format: text (logfmt) or json"),
+	}
+}
+
+// natsFlags say how a process connects to NATS.
+func natsFlags() []cli.Flag {
+	return []cli.Flag{
+		stringFlag(catNATS, "nats-url", natsconn.DefaultURL, "NATS server URLs, comma-separated"),
+		stringFlag(catNATS, "nats-user", "", "NATS user name (with --nats-password)"),
+		stringFlag(catNATS, "nats-password", "", "NATS password (with --nats-user)"),
+		stringFlag(catNATS, "nats-token", "", "NATS authentication token"),
+		stringFlag(catNATS, "nats-creds", "", "NATS credentials file (JWT and NKey seed)"),
+		stringFlag(catNATS, "nats-nkey", "", "file holding a NATS NKey seed"),
+		stringFlag(catNATS, "nats-ca", "", "PEM file of the CA that signed the NATS servers' certificates"),
+		stringFlag(catNATS, "nats-cert", "", "PEM client certificate for mutual TLS with NATS (with --nats-key)"),
+		stringFlag(catNATS, "nats-key", "", "PEM private key of --nats-cert"),
+		intFlag(catNATS, "replicas", 1, "replicas of each bucket created: 1 on a single NATS server, 3 (or 5) in a cluster; give every process the same value"),
+	}
+}
+
+// gatewayFlags configure a gateway. standalone changes the defaults that
+// standalone mode has of its own.
+func gatewayFlags(standalone bool) []cli.Flag {
+	devAuth := boolFlag(catAuth, "dev-auth", "accept ?user=<id> as a client's identity with no proof: development only")
+	if standalone {
+		devAuth.Value = true
+		devAuth.DefaultText = "true while --listen is a loopback address"
+	}
+	return []cli.Flag{
+		stringFlag(catGateway, "listen", "127.0.0.1:8080", "address of the WebSocket endpoint (/ws) and the HTTP API"),
+		&cli.StringFlag{Category: catGateway, Name: "gateway-id", Usage: "this gateway's id in connection records and subjects, 1 to 64 of A-Z a-z 0-9 _ -",
+			DefaultText: "random", EnvVars: []string{envVar("gateway-id")}},
+		stringFlag(catGateway, "policy", string(gateway.PolicyMutual), "who may watch whom: mutual (both follow each other), follow (the watcher follows the target) or everyone (also enables global presence)"),
+		&cli.DurationFlag{Category: catGateway, Name: "heartbeat-interval", Value: gateway.DefaultHeartbeatInterval,
+			Usage:       "how often clients are asked to send a heartbeat; less than --conn-ttl",
+			DefaultText: gateway.DefaultHeartbeatInterval.String() + ", or half of --conn-ttl when that is shorter",
+			EnvVars:     []string{envVar("heartbeat-interval")}},
+		durationFlag(catGateway, "conn-ttl", gateway.DefaultConnTTL, "how long a connection stays live without a frame from its client; at least 1s, rounded up to whole seconds"),
+		durationFlag(catGateway, "offline-grace", gateway.DefaultOfflineGrace, "how long a cleanly closed connection still counts, so a page reload does not flap; 0 for none; rounded up to whole seconds"),
+		durationFlag(catGateway, "away-after", gateway.DefaultAwayAfter, "how long a connection may go without activity before it counts as idle"),
+		durationFlag(catGateway, "batch-interval", gateway.DefaultBatchInterval, "how often changes are written to watching sockets, coalesced; 1ms to 10s"),
+		durationFlag(catGateway, "authz-cache-ttl", 5*time.Second, "how long an authorization decision and a user's privacy settings are cached"),
+		durationFlag(catGateway, "drain-period", 0, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
+		stringFlag(catGateway, "allowed-origins", "", "comma-separated Origin values a browser may connect from (https://app.example.com), or * for any; empty allows any"),
+
+		devAuth,
+		boolFlag(catAuth, "dev-auth-allow-public", "allow --dev-auth on an address that is not loopback: anyone who reaches it can claim any user id"),
+		stringFlag(catAuth, "jwt-secret", "", "HMAC secret of HS256/HS384/HS512 tokens, at least 32 bytes (prefer --jwt-secret-file or the environment variable: command lines are visible to other users)"),
+		stringFlag(catAuth, "jwt-secret-file", "", "file holding the HMAC secret (trailing newlines are ignored)"),
+		stringFlag(catAuth, "jwt-public-key", "", "PEM file with the public key (or certificate) of RS256/ES256/EdDSA tokens"),
+		stringFlag(catAuth, "jwt-issuer", "", "iss claim every token must carry; empty checks none"),
+		stringFlag(catAuth, "jwt-audience", "", "value the aud claim of every token must contain; empty checks none"),
+		durationFlag(catAuth, "jwt-leeway", 0, "clock skew forgiven when checking exp, nbf and iat; at most 5m"),
+
+		intFlag(catLimits, "max-message-size", gateway.DefaultMaxMessageSize, "largest client message in bytes (256 to 1048576); larger frames close the socket with 1009"),
+		intFlag(catLimits, "max-subscriptions", gateway.DefaultMaxSubscriptions, "subscriptions one socket may hold"),
+		intFlag(catLimits, "max-subscribe-ids", gateway.DefaultMaxSubscribeIDs, "user ids in one subscribe message"),
+		intFlag(catLimits, "max-query-ids", gateway.DefaultMaxQueryIDs, "user ids in one POST /api/presence/query"),
+		intFlag(catLimits, "online-limit", gateway.DefaultOnlineLimit, "users listed by global presence (policy everyone)"),
+		&cli.IntFlag{Category: catLimits, Name: "max-conns", Usage: "connections this gateway holds (503 when full); 0 for no limit",
+			DefaultText: "0 (no limit)", EnvVars: []string{envVar("max-conns")}},
+		intFlag(catLimits, "max-conns-per-user", gateway.DefaultMaxConnsPerUser, "connections one user may hold on this gateway"),
+		floatFlag(catLimits, "rate-limit", 20, "messages per second a socket may send on average"),
+		intFlag(catLimits, "rate-burst", 40, "messages a socket may send at once"),
+		intFlag(catLimits, "rate-strikes", 10, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
+		durationFlag(catLimits, "handshake-timeout", 10*time.Second, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
+		durationFlag(catLimits, "write-timeout", 10*time.Second, "time one write to a socket may take; a slower socket is closed"),
+
+		intFlag(catTuning, "read-workers", 256, "sockets read at once"),
+		intFlag(catTuning, "write-workers", 64, "sockets written to at once by the batch flusher"),
+		intFlag(catTuning, "kv-max-pending", 4096, "asynchronous connection key writes in flight"),
+	}
+}
+
+// reaperFlags configure a reaper.
+func reaperFlags() []cli.Flag {
+	return []cli.Flag{
+		intFlag(catProcess, "workers", 32, "users reconciled at once"),
+		durationFlag(catProcess, "sweep-interval", time.Minute, "how often the full sweep of connections and statuses runs; at least 100ms"),
+		durationFlag(catProcess, "ack-wait", 30*time.Second, "how long a removal may stay unacknowledged before it is handed to another reaper"),
+	}
+}
+
+// fanoutFlags configure a fanout.
+func fanoutFlags() []cli.Flag {
+	return []cli.Flag{
+		intFlag(catProcess, "cache-size", 1_000_000, "users whose last published versions are remembered to suppress duplicate events"),
+		durationFlag(catProcess, "ack-wait", 10*time.Second, "how long a status revision may stay unacknowledged before it is handed to another fanout"),
+	}
+}
+
+// metricsFlag serves health and metrics for processes without a listener
+// of their own.
+func metricsFlag() cli.Flag {
+	return stringFlag(catOperation, "metrics-listen", "", "address of an HTTP server with GET /healthz, /readyz and /metrics; empty for none")
+}
+
+// concat joins flag lists.
+func concat(lists ...[]cli.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// splitList splits a comma-separated flag value, trimming spaces.
+func splitList(s string) []string {
+	if strings.TrimSpace(s) == "" {
+		return nil
+	}
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimSpace(p)
+	}
+	return parts
+}
+
+// quote quotes a flag value for an error message.
+func quote(s string) string { return strconv.Quote(s) }

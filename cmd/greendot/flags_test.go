@@ -1,0 +1,225 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// TestBadInput runs command lines that must be refused before anything
+// starts: exit code 1 and one clear line on stderr.
+func TestBadInput(t *testing.T) {
+	dir := t.TempDir()
+	emptySecret := filepath.Join(dir, "empty-secret")
+	if err := os.WriteFile(emptySecret, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	notPEM := filepath.Join(dir, "key.txt")
+	if err := os.WriteFile(notPEM, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	deadNATS := "nats://" + freeAddr(t)
+
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
+		{"unknown flag", []string{"gateway", "--frobnicate"}, "flag provided but not defined: -frobnicate"},
+		{"stray argument", []string{"gateway", "--dev-auth", "extra"}, `unexpected argument "extra"`},
+		{"unknown policy", []string{"gateway", "--dev-auth", "--policy", "friends"}, `--policy "friends": want mutual, follow or everyone`},
+		{"negative TTL", []string{"gateway", "--dev-auth", "--conn-ttl", "-1s"}, "--conn-ttl -1s: want a positive duration"},
+		{"TTL under a second", []string{"gateway", "--dev-auth", "--conn-ttl", "500ms"}, "connection TTL 500ms: want at least 1s"},
+		{"heartbeat not under TTL", []string{"gateway", "--dev-auth", "--conn-ttl", "2s", "--heartbeat-interval", "2s"}, "heartbeat interval 2s: want less than the connection TTL"},
+		{"zero heartbeat", []string{"gateway", "--dev-auth", "--heartbeat-interval", "0s"}, "--heartbeat-interval 0s: want a positive duration"},
+		{"negative grace", []string{"gateway", "--dev-auth", "--offline-grace", "-3s"}, "--offline-grace -3s"},
+		{"zero batch", []string{"gateway", "--dev-auth", "--batch-interval", "0s"}, "--batch-interval 0s: want a positive duration"},
+		{"batch too long", []string{"gateway", "--dev-auth", "--batch-interval", "1m"}, "batch interval 1m0s: want at most 10s"},
+		{"not a duration", []string{"gateway", "--dev-auth", "--away-after", "soon"}, `invalid value "soon" for flag -away-after`},
+		{"zero subscriptions", []string{"gateway", "--dev-auth", "--max-subscriptions", "0"}, "--max-subscriptions 0: want at least 1"},
+		{"negative max conns", []string{"gateway", "--dev-auth", "--max-conns", "-1"}, "--max-conns -1: want at least 0"},
+		{"tiny message size", []string{"gateway", "--dev-auth", "--max-message-size", "100"}, "max message size 100: want 256 to 1048576 bytes"},
+		{"negative rate", []string{"gateway", "--dev-auth", "--rate-limit", "-1"}, "--rate-limit -1"},
+		{"empty origin", []string{"gateway", "--dev-auth", "--allowed-origins", "https://a.example,,https://b.example"}, "--allowed-origins"},
+		{"bad gateway id", []string{"gateway", "--dev-auth", "--gateway-id", "gw.1"}, `gateway id "gw.1"`},
+		{"bad log level", []string{"gateway", "--dev-auth", "--log-level", "loud"}, `--log-level "loud": want debug, info, warn or error`},
+		{"bad log format", []string{"gateway", "--dev-auth", "--log-format", "xml"}, `--log-format "xml": want text or json`},
+		{"too many replicas", []string{"gateway", "--dev-auth", "--replicas", "7"}, "--replicas 7: want 1 to 5"},
+		{"gateway without auth", []string{"gateway"}, "the gateway has neither dev auth nor a JWT key"},
+		{"dev auth on every interface", []string{"gateway", "--dev-auth", "--listen", "0.0.0.0:0"}, "--dev-auth on 0.0.0.0:0, which is not a loopback address"},
+		{"dev auth on an empty host", []string{"gateway", "--dev-auth", "--listen", ":0"}, "--dev-auth-allow-public"},
+		{"standalone dev auth in public", []string{"standalone", "--data", data, "--dev-auth", "--listen", "0.0.0.0:0"}, "add --dev-auth-allow-public to do it anyway"},
+		{"standalone in public without auth", []string{"standalone", "--data", data, "--listen", "0.0.0.0:0"}, "dev auth is off because --listen is not a loopback address"},
+		{"bad listen address", []string{"gateway", "--dev-auth", "--listen", "nonsense"}, `--listen "nonsense"`},
+		{"short secret", []string{"gateway", "--jwt-secret", "hunter2"}, "--jwt-secret: auth: invalid config: HMAC secret is 7 bytes: want at least 32"},
+		{"empty secret file", []string{"gateway", "--jwt-secret-file", emptySecret}, "the file is empty"},
+		{"missing secret file", []string{"gateway", "--jwt-secret-file", filepath.Join(dir, "nope")}, "--jwt-secret-file: open"},
+		{"two keys", []string{"gateway", "--jwt-secret", strings.Repeat("s", 32), "--jwt-public-key", notPEM}, "give only one of --jwt-secret, --jwt-secret-file and --jwt-public-key"},
+		{"public key not PEM", []string{"gateway", "--jwt-public-key", notPEM}, "no PEM block found"},
+		{"issuer without key", []string{"gateway", "--dev-auth", "--jwt-issuer", "https://id.example"}, "--jwt-issuer needs a JWT key"},
+		{"NATS unreachable", []string{"gateway", "--dev-auth", "--listen", "127.0.0.1:0", "--nats-url", deadNATS}, "connect to nats"},
+		{"two NATS credentials", []string{"reaper", "--nats-user", "u", "--nats-token", "t"}, "give only one of user/password, token, creds or nkey"},
+		{"zero workers", []string{"reaper", "--workers", "0"}, "--workers 0: want at least 1"},
+		{"fast sweep", []string{"reaper", "--sweep-interval", "10ms"}, "sweep interval 10ms: want at least 100ms"},
+		{"negative cache", []string{"fanout", "--cache-size", "-1"}, "--cache-size -1: want at least 1"},
+		{"zero ack wait", []string{"fanout", "--ack-wait", "0s"}, "--ack-wait 0s: want a positive duration"},
+		{"bad metrics address", []string{"fanout", "--metrics-listen", "127.0.0.1:99999", "--nats-url", deadNATS}, "--metrics-listen"},
+		{"standalone bad NATS port", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:99999"}, "--nats-listen \"127.0.0.1:99999\": port must be 0 to 65535"},
+		{"graph follow one id", []string{"graph", "follow", "alice"}, "want 2 arguments, got 1: usage: greendot graph follow <follower> <followee>"},
+		{"graph bad id", []string{"graph", "follow", "alice", "bob.>"}, `invalid user id "bob.>"`},
+		{"graph self follow", []string{"graph", "follow", "alice", "alice"}, "alice cannot follow themselves"},
+		{"graph bad privacy", []string{"graph", "privacy", "alice", "friends"}, `privacy "friends": want everyone, contacts or nobody`},
+		{"graph unknown", []string{"graph", "befriend", "alice", "bob"}, `unknown graph command "befriend"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, _, stderr := runOnce(t, tt.args...)
+			if code != 1 {
+				t.Errorf("exit code %d, want 1; stderr:\n%s", code, stderr)
+			}
+			last := lastLine(stderr)
+			if !strings.HasPrefix(last, "greendot: ") || !strings.Contains(last, tt.want) {
+				t.Errorf("last stderr line %q, want a 'greendot: ' line containing %q; stderr:\n%s", last, tt.want, stderr)
+			}
+		})
+	}
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return lines[len(lines)-1]
+}
+
+func TestBadEnvVar(t *testing.T) {
+	t.Setenv("GREENDOT_CONN_TTL", "forever")
+	code, _, stderr := runOnce(t, "gateway", "--dev-auth")
+	if code != 1 || !strings.Contains(stderr, "GREENDOT_CONN_TTL") {
+		t.Errorf("exit %d, stderr %q: want 1 and a message naming GREENDOT_CONN_TTL", code, stderr)
+	}
+	if err := os.Unsetenv("GREENDOT_CONN_TTL"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GREENDOT_POLICY", "friends")
+	code, _, stderr = runOnce(t, "gateway", "--dev-auth")
+	if code != 1 || !strings.Contains(stderr, `--policy "friends"`) {
+		t.Errorf("exit %d, stderr %q: want 1 and the bad policy from the environment", code, stderr)
+	}
+}
+
+// TestEveryFlagHasItsEnvVar walks every command's flags.
+func TestEveryFlagHasItsEnvVar(t *testing.T) {
+	walkFlags(newApp(io.Discard, io.Discard).Commands, "greendot", func(cmd string, f cli.DocGenerationFlag) {
+		name := f.Names()[0]
+		want := "GREENDOT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		if got := f.GetEnvVars(); len(got) != 1 || got[0] != want {
+			t.Errorf("%s --%s: env vars %v, want [%s]", cmd, name, got, want)
+		}
+		if f.GetUsage() == "" {
+			t.Errorf("%s --%s has no usage text", cmd, name)
+		}
+	})
+}
+
+// walkFlags calls fn with every flag of every command under cmds.
+func walkFlags(cmds []*cli.Command, path string, fn func(cmd string, f cli.DocGenerationFlag)) {
+	for _, c := range cmds {
+		p := path + " " + c.Name
+		for _, f := range c.Flags {
+			fn(p, f.(cli.DocGenerationFlag))
+		}
+		walkFlags(c.Subcommands, p, fn)
+	}
+}
+
+// parseFlags runs flags' parsing for args and calls fn with the result.
+func parseFlags(t *testing.T, flags []cli.Flag, args []string, fn func(c *cli.Context) error) {
+	t.Helper()
+	app := &cli.App{
+		Name:           "greendot",
+		Writer:         io.Discard,
+		ErrWriter:      io.Discard,
+		ExitErrHandler: func(*cli.Context, error) {},
+		Commands:       []*cli.Command{{Name: "x", Flags: flags, Action: fn}},
+	}
+	if err := app.Run(append([]string{"greendot", "x"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGatewayDefaultsAreReal checks that the defaults --help shows for the
+// gateway are the gateway's own.
+func TestGatewayDefaultsAreReal(t *testing.T) {
+	var got gateway.Config
+	parseFlags(t, concat(gatewayFlags(false), natsFlags(), logFlags()), nil, func(c *cli.Context) error {
+		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
+		got = cfg
+		return err
+	})
+	fromFlags, err := gateway.New(nil, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := gateway.New(nil, gateway.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := fromFlags.Config(), own.Config()
+	for _, c := range []*gateway.Config{&a, &b} {
+		c.Logger, c.ID = nil, ""
+	}
+	if a.OfflineGrace != b.OfflineGrace {
+		t.Errorf("offline grace from flags %v, gateway default %v", a.OfflineGrace, b.OfflineGrace)
+	}
+	if !reflect.DeepEqual(a, b) {
+		t.Errorf("config from default flags:\n%+v\ngateway defaults:\n%+v", a, b)
+	}
+
+	// Derived defaults follow the flags they derive from.
+	parseFlags(t, concat(gatewayFlags(false), natsFlags(), logFlags()), []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "10ms"}, func(c *cli.Context) error {
+		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
+		got = cfg
+		return err
+	})
+	svc, err := gateway.New(nil, got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := svc.Config()
+	if cfg.HeartbeatInterval != cfg.ConnTTL/2 || cfg.OfflineGrace >= 0 || cfg.BatchInterval.Milliseconds() != 10 {
+		t.Errorf("--conn-ttl 1s --offline-grace 0 --batch-interval 10ms gave heartbeat %v, grace %v, batch %v; want 500ms, none, 10ms",
+			cfg.HeartbeatInterval, cfg.OfflineGrace, cfg.BatchInterval)
+	}
+}
+
+func TestIsLoopback(t *testing.T) {
+	tests := []struct {
+		addr string
+		want bool
+	}{
+		{"127.0.0.1:8080", true},
+		{"127.0.0.2:0", true},
+		{"[::1]:8080", true},
+		{"localhost:8080", true},
+		{":8080", false},
+		{"0.0.0.0:8080", false},
+		{"[::]:8080", false},
+		{"192.0.2.10:8080", false},
+	}
+	for _, tt := range tests {
+		got, err := isLoopback(tt.addr)
+		if err != nil || got != tt.want {
+			t.Errorf("isLoopback(%q) = %v, %v; want %v", tt.addr, got, err, tt.want)
+		}
+	}
+}

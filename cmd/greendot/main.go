@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strings"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, a second one ends the process at once.
+	context.AfterFunc(ctx, stop)
+	code := run(ctx, os.Args, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run runs the command line args with the given output streams and returns
+// the process's exit code: 0 on success and clean shutdown, 1 with a
+// one-line error on stderr otherwise.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil {
+		fmt.Fprintf(stderr, "greendot: %s\n", oneLine(err))
+		return 1
+	}
+	return 0
+}
+
+// newApp builds the command line application. Flags hold parse state, so
+// every call builds them afresh.
+func newApp(stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:    "greendot",
+		Usage:   "presence (online, away, busy, offline) for apps with many users, over NATS",
+		Version: version(),
+		Description: "Run 'greendot standalone' to try it on one machine: it embeds a NATS server and runs every\n" +
+			"process kind in one process. In production, run gateways, reapers and fanouts as separate\n" +
+			"processes against a NATS server or cluster. Every flag can also be set with an environment\n" +
+			"variable, shown in brackets.",
+		Commands: []*cli.Command{
+			standaloneCommand(),
+			gatewayCommand(),
+			reaperCommand(),
+			fanoutCommand(),
+			graphCommand(),
+		},
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		Suggest:         true,
+		HideHelpCommand: true,
+		// Errors are printed once, by run; the library must neither print
+		// usage on a bad flag nor exit the process.
+		OnUsageError:   usageError,
+		ExitErrHandler: func(*cli.Context, error) {},
+		Action: func(c *cli.Context) error {
+			if c.Args().Present() {
+				return fmt.Errorf("unknown command %q: see 'greendot --help'", c.Args().First())
+			}
+			return cli.ShowAppHelp(c)
+		},
+	}
+}
+
+// usageError returns a flag parsing error as it is, to be printed on one
+// line.
+func usageError(_ *cli.Context, err error, _ bool) error {
+	return fmt.Errorf("%w (see --help)", err)
+}
+
+// oneLine joins the lines of an error's text.
+func oneLine(err error) string {
+	var lines []string
+	for l := range strings.Lines(err.Error()) {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return "failed"
+	}
+	return strings.Join(lines, "; ")
+}
+
+// version returns the module version the binary was built from.
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/urfave/cli/v2"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/natsconn"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/reaper"
+)
+
+func gatewayCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gateway",
+		Usage: "run a gateway: client WebSockets on /ws and the HTTP API, against a NATS server",
+		Description: "A gateway authenticates clients (JWTs, or dev auth), keeps a connection key alive per socket,\n" +
+			"writes users' chosen statuses and delivers presence changes to watching sockets. It serves\n" +
+			"GET /healthz, /readyz and /metrics on --listen. Run as many as you need behind a load balancer.",
+		Flags:        concat(gatewayFlags(false), natsFlags(), logFlags()),
+		OnUsageError: usageError,
+		Action:       runGateway,
+	}
+}
+
+func reaperCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "reaper",
+		Usage:        "run a reaper: ended connections to offline, inactive users to away",
+		Description:  "Reapers share their work through a durable NATS consumer: run two or more for availability.",
+		Flags:        concat(reaperFlags(), []cli.Flag{metricsFlag()}, natsFlags(), logFlags()),
+		OnUsageError: usageError,
+		Action: func(c *cli.Context) error {
+			log, buckets, err := processSetup(c)
+			if err != nil {
+				return err
+			}
+			cfg, err := reaperConfig(c, log, buckets)
+			if err != nil {
+				return err
+			}
+			return runWorker(c, log, "reaper", func(nc *nats.Conn) (func(context.Context) error, error) {
+				r, err := reaper.New(nc, cfg)
+				if err != nil {
+					return nil, err
+				}
+				return r.Run, nil
+			})
+		},
+	}
+}
+
+func fanoutCommand() *cli.Command {
+	return &cli.Command{
+		Name:         "fanout",
+		Usage:        "run a fanout: status changes to presence events for the gateways",
+		Description:  "Fanouts share their work through a durable NATS consumer: run two or more for availability.",
+		Flags:        concat(fanoutFlags(), []cli.Flag{metricsFlag()}, natsFlags(), logFlags()),
+		OnUsageError: usageError,
+		Action: func(c *cli.Context) error {
+			log, buckets, err := processSetup(c)
+			if err != nil {
+				return err
+			}
+			cfg, err := fanoutConfig(c, log, buckets)
+			if err != nil {
+				return err
+			}
+			return runWorker(c, log, "fanout", func(nc *nats.Conn) (func(context.Context) error, error) {
+				f, err := fanout.New(nc, cfg)
+				if err != nil {
+					return nil, err
+				}
+				return f.Run, nil
+			})
+		},
+	}
+}
+
+// processSetup refuses positional arguments, and reads the logging and
+// bucket flags every process has.
+func processSetup(c *cli.Context) (*slog.Logger, presence.BucketOptions, error) {
+	if c.Args().Present() {
+		return nil, presence.BucketOptions{}, fmt.Errorf("unexpected argument %s: greendot %s takes only flags", quote(c.Args().First()), c.Command.Name)
+	}
+	log, err := newLogger(c)
+	if err != nil {
+		return nil, presence.BucketOptions{}, err
+	}
+	buckets, err := bucketOptions(c)
+	return log, buckets, err
+}
+
+func runGateway(c *cli.Context) error {
+	log, buckets, err := processSetup(c)
+	if err != nil {
+		return err
+	}
+	cfg, err := gatewayConfig(c, log, buckets)
+	if err != nil {
+		return err
+	}
+	if err := gatewayAuth(c, &cfg, log, false); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", c.String("listen"))
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	name := "greendot gateway"
+	if cfg.ID != "" {
+		name += " " + cfg.ID
+	}
+	nc, err := natsconn.Connect(natsOptions(c, name, log))
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer closeNATS(nc)
+	svc, err := gateway.New(nc, cfg)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	return svc.Serve(c.Context, ln)
+}
+
+// runWorker runs a reaper or fanout until the command's context is
+// canceled, with the health and metrics server of --metrics-listen beside
+// it. newRun builds the service over the process's NATS connection.
+func runWorker(c *cli.Context, log *slog.Logger, kind string, newRun func(*nats.Conn) (func(context.Context) error, error)) error {
+	var ln net.Listener
+	if addr := c.String("metrics-listen"); addr != "" {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	closeLn := func() {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+	nc, err := natsconn.Connect(natsOptions(c, "greendot "+kind, log))
+	if err != nil {
+		closeLn()
+		return err
+	}
+	defer closeNATS(nc)
+	runFn, err := newRun(nc)
+	if err != nil {
+		closeLn()
+		return err
+	}
+
+	ctx, cancel := context.WithCancel(c.Context)
+	defer cancel()
+	var (
+		wg        sync.WaitGroup
+		healthErr error
+	)
+	if ln != nil {
+		wg.Go(func() {
+			// The reaper and fanout have no registry of their own yet: serve
+			// the Go runtime and process collectors.
+			if healthErr = serveHealth(ctx, ln, metrics.NewRegistry(), natsReady(nc), log); healthErr != nil {
+				cancel()
+			}
+		})
+	}
+	runErr := runFn(ctx)
+	cancel()
+	wg.Wait()
+	return errors.Join(runErr, healthErr)
+}
+
+// closeNATS sends what is buffered and closes nc.
+func closeNATS(nc *nats.Conn) {
+	_ = nc.FlushTimeout(2 * time.Second)
+	nc.Close()
+}

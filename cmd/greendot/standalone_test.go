@@ -1,0 +1,331 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/systest"
+)
+
+// devReadyRE matches the line standalone mode prints when it serves with
+// dev auth; the submatches are the gateway's host:port and the NATS URL.
+var devReadyRE = regexp.MustCompile(`greendot standalone: connect to ws://([^/\s]+)/ws\?user=alice \(dev auth is on[^)]*\); HTTP API \S+; NATS ([^;]+); data `)
+
+// jwtReadyRE matches the line standalone mode prints without dev auth.
+var jwtReadyRE = regexp.MustCompile(`greendot standalone: connect to ws://([^/\s]+)/ws with a JWT .*; dev auth is off;`)
+
+// fast are timing flags that let a test see expiry and grace quickly.
+var fast = []string{"--conn-ttl", "1s", "--heartbeat-interval", "300ms", "--offline-grace", "1s", "--batch-interval", "10ms"}
+
+func dial(t *testing.T, url string, o client.Options) *client.Conn {
+	t.Helper()
+	c, err := client.Dial(context.Background(), url, o)
+	if err != nil {
+		t.Fatalf("dial %s: %v", url, err)
+	}
+	t.Cleanup(func() { _ = c.Abort() })
+	return c
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for sb.Len() < 1<<20 {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, sb.String()
+}
+
+// TestStandalone runs the standalone command as main does, uses it as a
+// client and an operator would, and stops it as Ctrl-C does.
+func TestStandalone(t *testing.T) {
+	data := t.TempDir()
+	p := start(t, append([]string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--sweep-interval", "1s"}, fast...)...)
+	m := p.awaitOutput(t, devReadyRE)
+	addr, natsURL := m[1], m[2]
+	if !strings.HasPrefix(natsURL, "nats://127.0.0.1:") || strings.HasSuffix(natsURL, ":0") {
+		t.Fatalf("NATS URL %q: want the embedded server's real loopback address", natsURL)
+	}
+	if !strings.Contains(p.stderr.String(), "DEV AUTH IS ON") {
+		t.Errorf("no loud dev auth warning in the log:\n%s", p.stderr)
+	}
+
+	// The graph commands reach the embedded server like the nats CLI would.
+	for _, pair := range [][2]string{{"alice", "bob"}, {"bob", "alice"}} {
+		if code, _, stderr := runOnce(t, "graph", "follow", "--nats-url", natsURL, pair[0], pair[1]); code != 0 {
+			t.Fatalf("graph follow %v: exit %d: %s", pair, code, stderr)
+		}
+	}
+
+	alice := dial(t, "ws://"+addr+"/ws?user=alice", client.Options{})
+	if alice.Hello.UserID != "alice" || alice.Hello.TTLMS != 1000 {
+		t.Fatalf("hello = %+v, want alice with a 1s TTL", alice.Hello)
+	}
+	defer systest.KeepAlive(alice, 300*time.Millisecond)()
+	if err := alice.Subscribe("s1", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Offline)
+
+	bob := dial(t, "ws://"+addr+"/ws?user=bob", client.Options{})
+	stopBob := systest.KeepAlive(bob, 300*time.Millisecond)
+	systest.AwaitStatus(t, alice, "bob", presence.Online)
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Busy)
+	stopBob()
+	if err := bob.Close(); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Offline)
+
+	// The state is in the embedded server, under the documented names.
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	lister := js.KeyValueStoreNames(context.Background())
+	for n := range lister.Name() {
+		names = append(names, n)
+	}
+	for _, want := range []string{presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket} {
+		if !slices.Contains(names, want) {
+			t.Errorf("buckets %v lack %s", names, want)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "jetstream")); err != nil {
+		t.Errorf("no JetStream store under --data: %v", err)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != http.StatusOK {
+		t.Errorf("GET /readyz = %d %s", code, body)
+	}
+
+	startStop := time.Now()
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit code %d after cancel, want 0; stderr:\n%s", code, p.stderr)
+	}
+	if d := time.Since(startStop); d > 10*time.Second {
+		t.Errorf("shutdown took %v", d)
+	}
+	// Alice's socket was closed by the draining gateway.
+	_ = alice.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for range 100 {
+		if _, _, err := alice.Read(); err != nil {
+			var ce *client.CloseError
+			if errors.As(err, &ce) && ce.Code != 1001 {
+				t.Errorf("alice closed with %d, want 1001", ce.Code)
+			}
+			break
+		}
+	}
+}
+
+// TestStandaloneInProcessNATS runs standalone with no NATS listener, twice
+// on the same data directory.
+func TestStandaloneInProcessNATS(t *testing.T) {
+	data := t.TempDir()
+	for i := range 2 {
+		p := start(t, "standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "")
+		m := p.awaitOutput(t, devReadyRE)
+		if m[2] != "in-process only" {
+			t.Errorf("NATS %q, want in-process only", m[2])
+		}
+		c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
+		if c.Hello.UserID != "alice" {
+			t.Errorf("run %d: hello = %+v", i, c.Hello)
+		}
+		if code := p.stop(t); code != 0 {
+			t.Fatalf("run %d: exit code %d, want 0; stderr:\n%s", i, code, p.stderr)
+		}
+	}
+}
+
+// TestStandaloneFromEnvironment configures standalone mode with
+// environment variables only.
+func TestStandaloneFromEnvironment(t *testing.T) {
+	t.Setenv("GREENDOT_DATA", t.TempDir())
+	t.Setenv("GREENDOT_LISTEN", "127.0.0.1:0")
+	t.Setenv("GREENDOT_NATS_LISTEN", "")
+
+	t.Run("policy", func(t *testing.T) {
+		t.Setenv("GREENDOT_POLICY", "everyone")
+		p := start(t, "standalone")
+		m := p.awaitOutput(t, devReadyRE)
+		code, body := httpGet(t, "http://"+m[1]+"/api/presence/online?user=alice")
+		if code != http.StatusOK || !strings.Contains(body, `"count"`) {
+			t.Errorf("GET /api/presence/online under GREENDOT_POLICY=everyone = %d %s, want 200 with a count", code, body)
+		}
+		c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
+		if err := c.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
+			t.Fatal(err)
+		}
+		init := systest.Await(t, c, 5*time.Second, "presence_init", func(m protocol.ServerMessage) bool {
+			return m.Type == protocol.TypePresenceInit || m.Type == protocol.TypeDenied
+		})
+		if init.Type != protocol.TypePresenceInit {
+			t.Errorf("subscribe all under everyone = %+v", init)
+		}
+		if code := p.stop(t); code != 0 {
+			t.Errorf("exit code %d", code)
+		}
+	})
+
+	t.Run("default policy", func(t *testing.T) {
+		p := start(t, "standalone")
+		m := p.awaitOutput(t, devReadyRE)
+		if code, body := httpGet(t, "http://"+m[1]+"/api/presence/online?user=alice"); code != http.StatusForbidden {
+			t.Errorf("GET /api/presence/online under the mutual policy = %d %s, want 403", code, body)
+		}
+		if code := p.stop(t); code != 0 {
+			t.Errorf("exit code %d", code)
+		}
+	})
+
+	t.Run("jwt instead of dev auth", func(t *testing.T) {
+		secret := "a secret of thirty-two bytes or more"
+		t.Setenv("GREENDOT_DEV_AUTH", "false")
+		t.Setenv("GREENDOT_JWT_SECRET", secret)
+		t.Setenv("GREENDOT_JWT_AUDIENCE", "greendot")
+		p := start(t, "standalone")
+		m := p.awaitOutput(t, jwtReadyRE)
+		if strings.Contains(p.stderr.String(), "DEV AUTH IS ON") {
+			t.Errorf("dev auth warning with GREENDOT_DEV_AUTH=false:\n%s", p.stderr)
+		}
+		_, err := client.Dial(context.Background(), "ws://"+m[1]+"/ws?user=alice", client.Options{})
+		var he *client.HandshakeError
+		if !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+			t.Errorf("dev auth dial: err = %v, want 401", err)
+		}
+		token, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{
+			Subject: "dave", Audience: jwt.ClaimStrings{"greendot"}, ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
+		}).SignedString([]byte(secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := dial(t, "ws://"+m[1]+"/ws?token="+token, client.Options{})
+		if c.Hello.UserID != "dave" {
+			t.Errorf("hello = %+v, want dave", c.Hello)
+		}
+		if code := p.stop(t); code != 0 {
+			t.Errorf("exit code %d", code)
+		}
+	})
+}
+
+// TestBinarySignals builds the greendot binary and stops it with SIGINT
+// and SIGTERM, as a terminal and a process manager do.
+func TestBinarySignals(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "greendot")
+	build := exec.Command(goTool, "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			cmd := exec.Command(bin, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0")
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var stderr syncBuffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			lines := make(chan string, 16)
+			go func() {
+				sc := bufio.NewScanner(stdout)
+				for sc.Scan() {
+					lines <- sc.Text()
+				}
+				close(lines)
+			}()
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+			})
+			var m []string
+			timeout := time.After(30 * time.Second)
+			for m == nil {
+				select {
+				case l, ok := <-lines:
+					if !ok {
+						t.Fatalf("stdout closed before the ready line; stderr:\n%s", stderr.String())
+					}
+					m = devReadyRE.FindStringSubmatch(l)
+				case <-timeout:
+					t.Fatalf("no ready line within 30s; stderr:\n%s", stderr.String())
+				}
+			}
+			c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
+			if c.Hello.UserID != "alice" {
+				t.Errorf("hello = %+v", c.Hello)
+			}
+			go func() {
+				for range lines {
+				}
+				exited <- cmd.Wait()
+			}()
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("after %v: %v; stderr:\n%s", sig, err, stderr.String())
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("still running 20s after %v; stderr:\n%s", sig, stderr.String())
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 0 {
+				t.Errorf("exit code %d after %v, want 0", code, sig)
+			}
+		})
+	}
+}
