@@ -10,12 +10,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/pkg/metrics"
-	"github.com/greendot/greendot/pkg/presence"
 )
 
 // readyTimeout bounds one readiness check.
@@ -76,24 +73,4 @@ func serveHealth(ctx context.Context, ln net.Listener, g prometheus.Gatherer, re
 		return fmt.Errorf("health server: %w", err)
 	}
 	return nil
-}
-
-// natsReady returns a readiness check: nc is connected and greendot's
-// buckets exist.
-func natsReady(nc *nats.Conn) func(context.Context) error {
-	return func(ctx context.Context) error {
-		if !nc.IsConnected() {
-			return errors.New("nats: not connected")
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return err
-		}
-		for _, b := range []string{presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket} {
-			if _, err := js.Stream(ctx, presence.StreamName(b)); err != nil {
-				return fmt.Errorf("bucket %s: %w", b, err)
-			}
-		}
-		return nil
-	}
 }

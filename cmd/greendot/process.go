@@ -10,11 +10,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/urfave/cli/v2"
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
@@ -49,13 +49,7 @@ func reaperCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return runWorker(c, log, "reaper", func(nc *nats.Conn) (func(context.Context) error, error) {
-				r, err := reaper.New(nc, cfg)
-				if err != nil {
-					return nil, err
-				}
-				return r.Run, nil
-			})
+			return runWorker(c, log, "reaper", func(nc *nats.Conn) (worker, error) { return reaper.New(nc, cfg) })
 		},
 	}
 }
@@ -76,13 +70,7 @@ func fanoutCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			return runWorker(c, log, "fanout", func(nc *nats.Conn) (func(context.Context) error, error) {
-				f, err := fanout.New(nc, cfg)
-				if err != nil {
-					return nil, err
-				}
-				return f.Run, nil
-			})
+			return runWorker(c, log, "fanout", func(nc *nats.Conn) (worker, error) { return fanout.New(nc, cfg) })
 		},
 	}
 }
@@ -135,10 +123,25 @@ func runGateway(c *cli.Context) error {
 	return svc.Serve(c.Context, ln)
 }
 
+// worker is a reaper or fanout service.
+type worker interface {
+	// Run runs the service until ctx is canceled.
+	Run(ctx context.Context) error
+	// Ready reports whether the service runs and reaches its buckets.
+	Ready(ctx context.Context) error
+	// Registry holds the service's metrics.
+	Registry() *prometheus.Registry
+}
+
+var (
+	_ worker = (*reaper.Service)(nil)
+	_ worker = (*fanout.Service)(nil)
+)
+
 // runWorker runs a reaper or fanout until the command's context is
 // canceled, with the health and metrics server of --metrics-listen beside
-// it. newRun builds the service over the process's NATS connection.
-func runWorker(c *cli.Context, log *slog.Logger, kind string, newRun func(*nats.Conn) (func(context.Context) error, error)) error {
+// it. newWorker builds the service over the process's NATS connection.
+func runWorker(c *cli.Context, log *slog.Logger, kind string, newWorker func(*nats.Conn) (worker, error)) error {
 	var ln net.Listener
 	if addr := c.String("metrics-listen"); addr != "" {
 		var err error
@@ -157,7 +160,7 @@ func runWorker(c *cli.Context, log *slog.Logger, kind string, newRun func(*nats.
 		return err
 	}
 	defer closeNATS(nc)
-	runFn, err := newRun(nc)
+	w, err := newWorker(nc)
 	if err != nil {
 		closeLn()
 		return err
@@ -171,14 +174,12 @@ func runWorker(c *cli.Context, log *slog.Logger, kind string, newRun func(*nats.
 	)
 	if ln != nil {
 		wg.Go(func() {
-			// The reaper and fanout have no registry of their own yet: serve
-			// the Go runtime and process collectors.
-			if healthErr = serveHealth(ctx, ln, metrics.NewRegistry(), natsReady(nc), log); healthErr != nil {
+			if healthErr = serveHealth(ctx, ln, w.Registry(), w.Ready, log); healthErr != nil {
 				cancel()
 			}
 		})
 	}
-	runErr := runFn(ctx)
+	runErr := w.Run(ctx)
 	cancel()
 	wg.Wait()
 	return errors.Join(runErr, healthErr)

@@ -34,7 +34,7 @@ func TestProcesses(t *testing.T) {
 	gw := start(t, append([]string{"gateway", "--nats-url", natsURL, "--listen", gwAddr, "--gateway-id", "gw-test",
 		"--dev-auth", "--jwt-secret-file", secretFile, "--jwt-issuer", "https://id.example"}, fast...)...)
 
-	for _, m := range []string{reaperMetrics, fanoutMetrics, gwAddr} {
+	for m, family := range map[string]string{reaperMetrics: "greendot_reaper_", fanoutMetrics: "greendot_fanout_", gwAddr: "greendot_gateway_"} {
 		natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 			code, body := getQuiet("http://" + m + "/readyz")
 			if code != http.StatusOK {
@@ -45,8 +45,8 @@ func TestProcesses(t *testing.T) {
 		if code, body := httpGet(t, "http://"+m+"/healthz"); code != http.StatusOK || !strings.Contains(body, `"ok"`) {
 			t.Errorf("GET %s/healthz = %d %s", m, code, body)
 		}
-		if code, body := httpGet(t, "http://"+m+"/metrics"); code != http.StatusOK || !strings.Contains(body, "go_goroutines") {
-			t.Errorf("GET %s/metrics = %d, without go_goroutines", m, code)
+		if code, body := httpGet(t, "http://"+m+"/metrics"); code != http.StatusOK || !strings.Contains(body, "go_goroutines") || !strings.Contains(body, family) {
+			t.Errorf("GET %s/metrics = %d, without go_goroutines or %s metrics", m, code, family)
 		}
 	}
 
