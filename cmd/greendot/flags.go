@@ -22,6 +22,7 @@ const (
 	catEmbedded  = "Embedded NATS server"
 	catProcess   = "Process"
 	catOperation = "Health and metrics"
+	catOutput    = "Output"
 )
 
 // envPrefix starts the environment variable of every flag.
