@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -87,7 +88,7 @@ func runStandalone(c *cli.Context) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	srv, err := startNATS(c.String("data"), natsListen, log)
+	srv, unlock, err := startNATS(c.String("data"), natsListen, log)
 	if err != nil {
 		_ = ln.Close()
 		return err
@@ -95,6 +96,7 @@ func runStandalone(c *cli.Context) error {
 	defer func() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
+		unlock()
 		log.Info("nats server stopped")
 	}()
 
@@ -241,19 +243,29 @@ func dialHost(addr net.Addr) string {
 }
 
 // startNATS starts the embedded NATS server with JetStream, storing under
-// dir and listening for clients on listen (no listener when empty; port 0
-// picks a free port). The caller shuts it down.
-func startNATS(dir, listen string, log *slog.Logger) (*server.Server, error) {
+// dir, which it locks, and listening for clients on listen (no listener
+// when empty; port 0 picks a free port). The caller shuts the server down,
+// then calls unlock.
+func startNATS(dir, listen string, log *slog.Logger) (srv *server.Server, unlock func(), err error) {
 	if dir == "" {
-		return nil, errors.New("--data: want a directory")
+		return nil, nil, errors.New("--data: want a directory")
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, fmt.Errorf("--data: %w", err)
+		return nil, nil, fmt.Errorf("--data: %w", err)
 	}
 	if err := os.MkdirAll(abs, 0o750); err != nil {
-		return nil, fmt.Errorf("--data: %w", err)
+		return nil, nil, fmt.Errorf("--data: %w", err)
 	}
+	release, err := lockDir(abs)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	opts := &server.Options{
 		ServerName: "greendot",
 		JetStream:  true,
@@ -265,20 +277,20 @@ func startNATS(dir, listen string, log *slog.Logger) (*server.Server, error) {
 	} else {
 		host, portText, err := net.SplitHostPort(listen)
 		if err != nil {
-			return nil, fmt.Errorf("--nats-listen %s: %w", quote(listen), err)
+			return nil, nil, fmt.Errorf("--nats-listen %s: %w", quote(listen), err)
 		}
 		port, err := strconv.Atoi(portText)
 		if err != nil || port < 0 || port > 65535 {
-			return nil, fmt.Errorf("--nats-listen %s: port must be 0 to 65535", quote(listen))
+			return nil, nil, fmt.Errorf("--nats-listen %s: port must be 0 to 65535", quote(listen))
 		}
 		if port == 0 {
 			port = server.RANDOM_PORT
 		}
 		opts.Host, opts.Port = host, port
 	}
-	srv, err := server.NewServer(opts)
+	srv, err = server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("nats server: %w", err)
+		return nil, nil, fmt.Errorf("nats server: %w", err)
 	}
 	nlog := &natsLogger{log: log.With("svc", "nats"), fatal: make(chan string, 1)}
 	srv.SetLoggerV2(nlog, false, false, false)
@@ -290,41 +302,44 @@ func startNATS(dir, listen string, log *slog.Logger) (*server.Server, error) {
 		case msg := <-nlog.fatal:
 			srv.Shutdown()
 			srv.WaitForShutdown()
-			return nil, fmt.Errorf("nats server: %s", msg)
+			return nil, nil, fmt.Errorf("nats server: %s", msg)
 		default:
 		}
 		if time.Now().After(deadline) {
 			srv.Shutdown()
 			srv.WaitForShutdown()
-			return nil, fmt.Errorf("nats server not ready after %v", natsStartTimeout)
+			return nil, nil, fmt.Errorf("nats server not ready after %v", natsStartTimeout)
 		}
 	}
 	select {
 	case msg := <-nlog.fatal:
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return nil, fmt.Errorf("nats server: %s", msg)
+		return nil, nil, fmt.Errorf("nats server: %s", msg)
 	default:
 	}
 	if !srv.JetStreamEnabled() {
 		srv.Shutdown()
 		srv.WaitForShutdown()
-		return nil, errors.New("nats server: JetStream did not start")
+		return nil, nil, errors.New("nats server: JetStream did not start")
 	}
 	attrs := []any{"store_dir", abs}
 	if listen != "" {
 		attrs = append(attrs, "url", "nats://"+dialHost(srv.Addr()))
 	}
+	nlog.started.Store(true)
 	log.Info("nats server ready", attrs...)
-	return srv, nil
+	return srv, release, nil
 }
 
 // natsLogger writes the embedded NATS server's log through slog. Its
-// notices are routine, so they go to debug. A fatal error is logged and
-// reported on fatal instead of ending the process.
+// notices are routine, so they go to debug. A fatal error never ends the
+// process: during the start it is reported on fatal, for startNATS to
+// return, and later it is logged.
 type natsLogger struct {
-	log   *slog.Logger
-	fatal chan string
+	log     *slog.Logger
+	fatal   chan string
+	started atomic.Bool
 }
 
 func (l *natsLogger) Noticef(format string, v ...any) { l.log.Debug(fmt.Sprintf(format, v...)) }
@@ -335,9 +350,13 @@ func (l *natsLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(
 
 func (l *natsLogger) Fatalf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
-	l.log.Error(msg)
-	select {
-	case l.fatal <- msg:
-	default:
+	if !l.started.Load() {
+		// startNATS returns it.
+		select {
+		case l.fatal <- msg:
+		default:
+		}
+		return
 	}
+	l.log.Error(msg)
 }

@@ -163,7 +163,7 @@ func TestStandalone(t *testing.T) {
 }
 
 // TestStandaloneInProcessNATS runs standalone with no NATS listener, twice
-// on the same data directory.
+// in a row on the same data directory, and refuses a second one beside it.
 func TestStandaloneInProcessNATS(t *testing.T) {
 	data := t.TempDir()
 	for i := range 2 {
@@ -175,6 +175,11 @@ func TestStandaloneInProcessNATS(t *testing.T) {
 		c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
 		if c.Hello.UserID != "alice" {
 			t.Errorf("run %d: hello = %+v", i, c.Hello)
+		}
+		// A second process on the same store is refused.
+		code, _, stderr := runOnce(t, "standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "")
+		if code != 1 || !strings.Contains(stderr, "is in use by another greendot standalone process") {
+			t.Errorf("second standalone on %s: exit %d, stderr %q; want 1 and the lock named", data, code, stderr)
 		}
 		if code := p.stop(t); code != 0 {
 			t.Fatalf("run %d: exit code %d, want 0; stderr:\n%s", i, code, p.stderr)
