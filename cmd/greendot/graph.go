@@ -75,7 +75,11 @@ func graphCommand() *cli.Command {
 func graphArgs(c *cli.Context, want, userIDs int) ([]string, error) {
 	args := c.Args().Slice()
 	if len(args) != want {
-		return nil, fmt.Errorf("want %d arguments, got %d: usage: greendot graph %s %s", want, len(args), c.Command.Name, c.Command.ArgsUsage)
+		hint := ""
+		if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-") }) {
+			hint = " (flags go before the arguments; -- ends the flags, for a user id that starts with -)"
+		}
+		return nil, fmt.Errorf("want %d arguments, got %d: usage: greendot graph %s [flags] %s%s", want, len(args), c.Command.Name, c.Command.ArgsUsage, hint)
 	}
 	for _, id := range args[:userIDs] {
 		if !presence.ValidUserID(id) {
