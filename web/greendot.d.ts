@@ -1,0 +1,223 @@
+// Type declarations of greendot.js, the browser client of greendot presence.
+
+/** A status a user may choose. */
+export type ChosenStatus = "online" | "away" | "busy" | "invisible";
+
+/** What others see of a user: an invisible user looks offline. */
+export type PublicStatus = "online" | "away" | "busy" | "offline";
+
+/** A user's own true status, as their devices see it. */
+export type SelfStatus = ChosenStatus | "offline";
+
+/** The connection states. */
+export type State = "new" | "connecting" | "open" | "reconnecting" | "suspended" | "closed";
+
+/** A watched user's presence. */
+export interface Presence {
+  readonly user_id: string;
+  readonly status: PublicStatus;
+  /** Unix seconds; present only where the user's privacy setting lets this watcher see it. */
+  readonly last_seen?: number;
+}
+
+/** The user's own status and how many of their connections are live. */
+export interface Self {
+  readonly status: SelfStatus;
+  readonly devices: number;
+}
+
+/** The first frame of a connection. */
+export interface Hello {
+  readonly type: "hello";
+  readonly user_id: string;
+  readonly conn_id: string;
+  readonly heartbeat_interval_ms: number;
+  readonly ttl_ms: number;
+  readonly status: SelfStatus;
+}
+
+/** A refused or revoked subscription. */
+export interface Denial {
+  readonly user_id: string;
+  /** not_mutual_followers, not_following, too_many_subscriptions, invalid_user_id, not_allowed, or a newer reason. */
+  readonly reason: string;
+  /** The id of the subscribe message refused; absent when a subscription is revoked later. */
+  readonly id?: string;
+}
+
+/**
+ * An error: an error frame from the gateway (bad_request, unknown_type,
+ * invalid_status, rate_limited, unauthorized, unavailable), or a failure in
+ * the client (token_failed, connect_failed, bad_frame).
+ */
+export interface ServerError {
+  readonly code: string;
+  readonly message: string;
+  /** The id of the message that caused it, when it had one. */
+  readonly id?: string;
+}
+
+/** What a state change says. */
+export interface StateDetail {
+  /** The close code of the socket that ended (reconnecting). */
+  readonly code?: number;
+  readonly reason?: string;
+  /** How long until the next attempt, in ms (reconnecting). */
+  readonly delay?: number;
+  /** How many attempts failed in a row. */
+  readonly attempt?: number;
+  /** The user and connection ids (open). */
+  readonly user_id?: string;
+  readonly conn_id?: string;
+}
+
+/** The answer to subscribe. */
+export interface SubscribeResult {
+  readonly users: Presence[];
+  readonly denied: Denial[];
+}
+
+/** A WebSocket constructor, for runtimes without a global one. */
+export type WebSocketConstructor = new (url: string) => {
+  readonly readyState: number;
+  send(data: string): void;
+  close(code?: number, reason?: string): void;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+};
+
+export interface Options {
+  /**
+   * The gateway: a ws, wss, http or https URL; a URL with no path gets /ws.
+   * Default: /ws on the page's own host.
+   */
+  url?: string;
+  /**
+   * A JWT (its sub is the user id), or a function returning one, called
+   * before every connection so that reconnects use a fresh token.
+   */
+  token?: string | (() => string | Promise<string>);
+  /** The user id, for a gateway with dev auth; ignored when a token is given. */
+  user?: string;
+  /** A device label (web, desktop, ...): 1 to 32 of A-Z a-z 0-9 _ - . and space. */
+  device?: string;
+  /** A status to choose at every connection. */
+  status?: ChosenStatus;
+  /** Reconnect backoff: full jitter up to min(backoffMaxMs, backoffBaseMs * 2^attempt). Default 500. */
+  backoffBaseMs?: number;
+  /** The backoff cap. Default 30000. */
+  backoffMaxMs?: number;
+  /** After close code 1001 (the gateway drains), reconnect after a random delay below this. Default 1000. */
+  drainJitterMs?: number;
+  /** A connection that lived this long resets the backoff when it ends. Default 10000. */
+  stableAfterMs?: number;
+  /** Send idle when the tab has been hidden this long. Default 30000. */
+  idleAfterMs?: number;
+  /**
+   * Close the socket when the tab has been hidden this long, and open it
+   * again when the tab is visible. Default 300000 (5 minutes). Browsers
+   * throttle the timers of pages hidden longer than 5 minutes to once a
+   * minute, which is slower than the heartbeats need.
+   */
+  closeAfterMs?: number;
+  /** Send activity (on input and focus) at most once per this many ms. Default 30000. */
+  activityIntervalMs?: number;
+  /** Follow Page Visibility and input events. Default true (when there is a document). */
+  trackVisibility?: boolean;
+  /** Connect at once. Default true. */
+  connect?: boolean;
+  /** The WebSocket constructor. Default globalThis.WebSocket. */
+  WebSocket?: WebSocketConstructor;
+}
+
+/** One connection to greendot, kept open across network trouble, gateway restarts and hidden tabs. */
+export declare class GreenDot {
+  constructor(options: Options);
+  /** The connection state. */
+  readonly state: State;
+  /** The user's own true status and live device count; null before the first self frame. */
+  readonly self: Self | null;
+  /** The hello frame of the open connection; null when not open. */
+  readonly hello: Hello | null;
+  /** The status chosen with setStatus (or options.status), re-sent after every reconnect. */
+  readonly chosenStatus: ChosenStatus | undefined;
+  /** The ids this client watches. */
+  readonly subscriptions: string[];
+
+  on(event: "change", fn: (userId: string, presence: Presence) => void): () => void;
+  on(event: "self", fn: (self: Self) => void): () => void;
+  on(event: "state", fn: (state: State, detail: StateDetail) => void): () => void;
+  on(event: "denied", fn: (denial: Denial) => void): () => void;
+  on(event: "error", fn: (error: ServerError) => void): () => void;
+  /** Calls fn whenever a watched user's presence changes. Returns a function that removes fn. */
+  onChange(fn: (userId: string, presence: Presence) => void): () => void;
+  /** Calls fn when the user's own status or device count changes. */
+  onSelf(fn: (self: Self) => void): () => void;
+  /** Calls fn on every connection state change. */
+  onState(fn: (state: State, detail: StateDetail) => void): () => void;
+  /** Calls fn when a subscription is refused or revoked; the user is no longer watched. */
+  onDenied(fn: (denial: Denial) => void): () => void;
+  /** Calls fn for error frames and client failures. */
+  onError(fn: (error: ServerError) => void): () => void;
+
+  /** The last known presence of a watched user. */
+  presence(userId: string): Presence | undefined;
+  /** Every known presence, by user id (a copy). */
+  presences(): Map<string, Presence>;
+
+  /** Opens the connection if it is new, suspended or waiting to retry. */
+  connect(): void;
+  /** Closes for good. */
+  close(): void;
+  /**
+   * Starts watching users, now and after every reconnect; resolves with the
+   * first answer. Throws a TypeError for an id that is not a user id.
+   */
+  subscribe(userIds: string | Iterable<string>): Promise<SubscribeResult>;
+  /** Stops watching users. */
+  unsubscribe(userIds: string | Iterable<string>): void;
+  /** Chooses the user's status for all of their devices. Throws a TypeError for another value. */
+  setStatus(status: ChosenStatus): void;
+  /** Gives a fresh token to the open connection and to later ones. */
+  setToken(token: string): void;
+  /** Sends one protocol message as it is; reports whether the connection was open. */
+  send(message: { type: string; [field: string]: unknown }): boolean;
+}
+
+/** The statuses a user may choose. */
+export declare const STATUSES: readonly ChosenStatus[];
+/** The connection states. */
+export declare const STATES: readonly State[];
+/** The most user ids the gateway takes in one subscribe message. */
+export declare const MAX_SUBSCRIBE_IDS: number;
+/** The largest client message the gateway takes by default, in bytes. */
+export declare const MAX_MESSAGE_BYTES: number;
+/** The default options. */
+export declare const DEFAULTS: Readonly<Required<Pick<Options,
+  "backoffBaseMs" | "backoffMaxMs" | "drainJitterMs" | "stableAfterMs" | "idleAfterMs" |
+  "closeAfterMs" | "activityIntervalMs" | "trackVisibility" | "connect">>>;
+
+/** A random delay from 0 up to min(maxMs, baseMs * 2^attempt): exponential backoff with full jitter. */
+export declare function backoffDelay(attempt: number, baseMs: number, maxMs: number, random?: () => number): number;
+/** Whether s is a user id: 1 to 64 characters of A-Z a-z 0-9 _ -. */
+export declare function validUserId(s: unknown): s is string;
+/** Splits ids into messages the gateway takes (at most 100 ids and 4 KiB each). */
+export declare function subscribeChunks(ids: Iterable<string>, type?: string): string[][];
+
+/** A clock, replaceable in tests. */
+export interface Clock {
+  now(): number;
+  setTimeout(fn: () => void, ms: number): unknown;
+  clearTimeout(id: unknown): void;
+}
+
+/** Calls fn at most once per interval: at once, or once at the end of the window. */
+export declare class Throttle {
+  constructor(fn: () => void, intervalMs: number, clock?: Clock);
+  /** Whether a folded call waits for the end of the window. */
+  readonly pending: boolean;
+  call(): void;
+  cancel(): void;
+  reset(): void;
+}

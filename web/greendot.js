@@ -1,0 +1,777 @@
+// greendot.js: the browser client of greendot presence (online, away, busy,
+// offline). An ES module with no dependencies and no build step; the gateway
+// serves it at /greendot.js, and the same file is the npm package
+// @greendot/client. The protocol it speaks is docs/protocol.md.
+//
+//   import { GreenDot } from "/greendot.js";
+//   const gd = new GreenDot({ token: () => fetchToken() });
+//   gd.onChange((userId, p) => render(userId, p.status, p.last_seen));
+//   gd.subscribe(["bob", "carol"]);
+//   gd.setStatus("busy");
+//
+// What it takes care of: heartbeats at the interval the server asks for;
+// reconnecting with capped exponential backoff and full jitter (and soon,
+// with jitter, when a gateway drains with close code 1001); subscriptions
+// and the chosen status restored after every reconnect; `activity` on input
+// and focus (at most once per activityIntervalMs), `idle` when the tab has
+// been hidden idleAfterMs, and the socket closed after closeAfterMs hidden,
+// then opened again when the tab is visible.
+
+/** The statuses a user may choose. */
+export const STATUSES = Object.freeze(["online", "away", "busy", "invisible"]);
+
+/** The most user ids the gateway takes in one subscribe message. */
+export const MAX_SUBSCRIBE_IDS = 100;
+
+/** The largest client message the gateway takes by default, in bytes. */
+export const MAX_MESSAGE_BYTES = 4096;
+
+/** The connection states, in the order a connection normally goes through them. */
+export const STATES = Object.freeze(["new", "connecting", "open", "reconnecting", "suspended", "closed"]);
+
+/** Default options; see greendot.d.ts for what each means. */
+export const DEFAULTS = Object.freeze({
+  backoffBaseMs: 500,
+  backoffMaxMs: 30_000,
+  drainJitterMs: 1_000,
+  stableAfterMs: 10_000,
+  idleAfterMs: 30_000,
+  closeAfterMs: 300_000,
+  activityIntervalMs: 30_000,
+  trackVisibility: true,
+  connect: true,
+});
+
+const EVENTS = new Set(["change", "self", "state", "denied", "error"]);
+const USER_ID = /^[A-Za-z0-9_-]{1,64}$/;
+const DEVICE = /^[A-Za-z0-9_. -]{1,32}$/;
+const ACTIVITY_EVENTS = ["pointerdown", "pointermove", "keydown", "wheel", "touchstart"];
+
+/**
+ * backoffDelay returns how long to wait before reconnect attempt number
+ * `attempt` (0 for the first retry): "full jitter", a uniformly random delay
+ * from 0 up to min(maxMs, baseMs * 2^attempt), so that many clients cut off
+ * at once do not come back at once.
+ */
+export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
+  const cap = Math.min(maxMs, baseMs * 2 ** Math.min(Math.max(attempt, 0), 30));
+  return Math.floor(random() * cap);
+}
+
+/** validUserId reports whether s is a user id: 1 to 64 of A-Z a-z 0-9 _ -. */
+export function validUserId(s) {
+  return typeof s === "string" && USER_ID.test(s);
+}
+
+const realClock = {
+  now: () => Date.now(),
+  setTimeout: (fn, ms) => setTimeout(fn, ms),
+  clearTimeout: (id) => clearTimeout(id),
+};
+
+/**
+ * Throttle calls fn at most once per intervalMs: a call outside the window
+ * runs fn at once; calls inside it are folded into one call at the end of
+ * the window, so the last sign of use is never lost. The clock is
+ * replaceable for tests.
+ */
+export class Throttle {
+  #fn;
+  #interval;
+  #clock;
+  #last = -Infinity;
+  #timer = null;
+
+  constructor(fn, intervalMs, clock = realClock) {
+    if (typeof fn !== "function") throw new TypeError("Throttle: fn must be a function");
+    checkDuration("intervalMs", intervalMs);
+    this.#fn = fn;
+    this.#interval = intervalMs;
+    this.#clock = clock;
+  }
+
+  /** call runs fn now, or once at the end of the current window. */
+  call() {
+    const now = this.#clock.now();
+    const wait = this.#last + this.#interval - now;
+    if (wait <= 0) {
+      this.#fire(now);
+    } else if (this.#timer === null) {
+      this.#timer = this.#clock.setTimeout(() => {
+        this.#timer = null;
+        this.#fire(this.#clock.now());
+      }, wait);
+    }
+  }
+
+  /** pending reports whether a folded call waits for the end of the window. */
+  get pending() {
+    return this.#timer !== null;
+  }
+
+  /** cancel drops a folded call; the window stays. */
+  cancel() {
+    if (this.#timer !== null) {
+      this.#clock.clearTimeout(this.#timer);
+      this.#timer = null;
+    }
+  }
+
+  /** reset drops a folded call and the window: the next call runs at once. */
+  reset() {
+    this.cancel();
+    this.#last = -Infinity;
+  }
+
+  #fire(now) {
+    this.#last = now;
+    this.#fn();
+  }
+}
+
+function checkDuration(name, v) {
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+    throw new TypeError(`greendot: ${name} must be a finite number of milliseconds, at least 0 (got ${v})`);
+  }
+}
+
+function report(err) {
+  if (typeof reportError === "function") reportError(err);
+  else setTimeout(() => { throw err; });
+}
+
+/**
+ * subscribeChunks splits ids into subscribe (or unsubscribe) messages that
+ * the gateway takes: at most MAX_SUBSCRIBE_IDS ids, and at most
+ * MAX_MESSAGE_BYTES bytes of JSON each (ids are ASCII).
+ */
+export function subscribeChunks(ids, type = "subscribe") {
+  const overhead = `{"type":"${type}","id":"s-000000000000","user_ids":[]}`.length;
+  const chunks = [];
+  let cur = [];
+  let size = overhead;
+  for (const id of ids) {
+    const add = id.length + 3; // quotes and comma
+    if (cur.length > 0 && (cur.length >= MAX_SUBSCRIBE_IDS || size + add > MAX_MESSAGE_BYTES)) {
+      chunks.push(cur);
+      cur = [];
+      size = overhead;
+    }
+    cur.push(id);
+    size += add;
+  }
+  if (cur.length > 0) chunks.push(cur);
+  return chunks;
+}
+
+/**
+ * GreenDot is one connection to greendot, kept open across network trouble,
+ * gateway restarts and hidden tabs. Create one per page.
+ */
+export class GreenDot {
+  #opts;
+  #WS;
+  #ws = null;
+  #state = "new";
+  #listeners = new Map();
+  #wanted = new Set();
+  #presence = new Map();
+  #pending = new Map(); // message id -> subscribe request
+  #self = null;
+  #hello = null;
+  #helloAt = 0;
+  #chosen;
+  #token;
+  #seq = 0;
+  #connectSeq = 0;
+  #attempt = 0;
+  #retryTimer = null;
+  #heartbeatTimer = null;
+  #idleTimer = null;
+  #closeTimer = null;
+  #idleSent = false;
+  #suspended = false;
+  #closed = false;
+  #activity;
+  #detach = [];
+
+  constructor(options = {}) {
+    if (options === null || typeof options !== "object") throw new TypeError("greendot: options must be an object");
+    // An option given as undefined takes its default.
+    const o = { ...DEFAULTS };
+    for (const [k, v] of Object.entries(options)) if (v !== undefined) o[k] = v;
+    for (const k of ["backoffBaseMs", "backoffMaxMs", "drainJitterMs", "stableAfterMs", "idleAfterMs", "closeAfterMs", "activityIntervalMs"]) {
+      checkDuration(k, o[k]);
+    }
+    if (o.backoffBaseMs <= 0) throw new TypeError("greendot: backoffBaseMs must be more than 0");
+    if (o.backoffMaxMs < o.backoffBaseMs) throw new TypeError("greendot: backoffMaxMs must be at least backoffBaseMs");
+    if (o.token === undefined && o.user === undefined) {
+      throw new TypeError("greendot: give a token (a JWT, or a function returning one) or, with dev auth, a user");
+    }
+    if (o.token !== undefined && typeof o.token !== "string" && typeof o.token !== "function") {
+      throw new TypeError("greendot: token must be a string or a function returning one");
+    }
+    if (o.user !== undefined && !validUserId(o.user)) {
+      throw new TypeError(`greendot: user must be 1 to 64 characters of A-Z a-z 0-9 _ - (got ${JSON.stringify(o.user)})`);
+    }
+    if (o.device !== undefined && (typeof o.device !== "string" || !DEVICE.test(o.device))) {
+      throw new TypeError(`greendot: device must be 1 to 32 characters of A-Z a-z 0-9 _ - . and space (got ${JSON.stringify(o.device)})`);
+    }
+    if (o.status !== undefined) checkStatus(o.status);
+    this.#WS = o.WebSocket ?? globalThis.WebSocket;
+    if (typeof this.#WS !== "function") throw new TypeError("greendot: no WebSocket here; pass options.WebSocket");
+    this.#opts = o;
+    this.#token = o.token;
+    this.#chosen = o.status;
+    this.#url(""); // fail now on a bad url
+    this.#activity = new Throttle(() => this.#send({ type: "activity" }), o.activityIntervalMs);
+    if (o.trackVisibility && typeof document !== "undefined" && typeof window !== "undefined") {
+      this.#watchPage();
+    }
+    // Connect once the caller had the chance to add listeners, so that
+    // they see every event, the first "connecting" included.
+    if (o.connect) {
+      queueMicrotask(() => {
+        if (this.#state === "new" && !this.#closed) this.connect();
+      });
+    }
+  }
+
+  /** The connection state: new, connecting, open, reconnecting, suspended or closed. */
+  get state() {
+    return this.#state;
+  }
+
+  /** The user's own true status and live device count, from the last self frame; null before one. */
+  get self() {
+    return this.#self;
+  }
+
+  /** The hello frame of the open connection (user_id, conn_id, heartbeat_interval_ms, ttl_ms, status); null when not open. */
+  get hello() {
+    return this.#hello;
+  }
+
+  /** The status this client chose with setStatus (or options.status), re-sent after every reconnect; undefined if none. */
+  get chosenStatus() {
+    return this.#chosen;
+  }
+
+  /** The ids this client watches: subscribed, and not denied or unsubscribed since. */
+  get subscriptions() {
+    return [...this.#wanted];
+  }
+
+  /** on adds a listener for "change", "self", "state", "denied" or "error", and returns a function that removes it. */
+  on(event, fn) {
+    if (!EVENTS.has(event)) throw new TypeError(`greendot: unknown event ${JSON.stringify(event)}`);
+    if (typeof fn !== "function") throw new TypeError("greendot: listener must be a function");
+    let set = this.#listeners.get(event);
+    if (!set) this.#listeners.set(event, (set = new Set()));
+    const entry = (...args) => fn(...args);
+    set.add(entry);
+    return () => set.delete(entry);
+  }
+
+  /** onChange calls fn(userId, presence) whenever a watched user's presence changes. */
+  onChange(fn) {
+    return this.on("change", fn);
+  }
+
+  /** onSelf calls fn({status, devices}) when the user's own true status or device count changes. */
+  onSelf(fn) {
+    return this.on("self", fn);
+  }
+
+  /** onState calls fn(state, detail) on every connection state change. */
+  onState(fn) {
+    return this.on("state", fn);
+  }
+
+  /** onDenied calls fn({user_id, reason, id}) when a subscription is refused or revoked. */
+  onDenied(fn) {
+    return this.on("denied", fn);
+  }
+
+  /** onError calls fn({code, message, id}) for error frames and for client-side failures. */
+  onError(fn) {
+    return this.on("error", fn);
+  }
+
+  /** presence returns the last known presence of a watched user, or undefined. */
+  presence(userId) {
+    return this.#presence.get(userId);
+  }
+
+  /** presences returns a copy of every known presence, by user id. */
+  presences() {
+    return new Map(this.#presence);
+  }
+
+  /** connect opens the connection if it is new, suspended or waiting to retry. */
+  connect() {
+    if (this.#closed) throw new Error("greendot: the client is closed; create a new one");
+    if (this.#state === "connecting" || this.#state === "open") return;
+    this.#suspended = false;
+    this.#clearRetry();
+    this.#open();
+  }
+
+  /** close closes the connection for good, removes page listeners and rejects pending subscribes. */
+  close() {
+    if (this.#closed) return;
+    this.#closed = true;
+    this.#clearRetry();
+    this.#clearHidden();
+    this.#activity.cancel();
+    for (const off of this.#detach) off();
+    this.#detach = [];
+    const ws = this.#ws;
+    this.#dropSocket();
+    if (ws) ws.close(1000, "client closed");
+    for (const req of this.#pending.values()) req.reject(new Error("greendot: client closed"));
+    this.#pending.clear();
+    this.#setState("closed", {});
+  }
+
+  /**
+   * subscribe starts watching users. Their presence arrives through
+   * onChange, now and after every reconnect. The promise resolves with the
+   * first answer: {users, denied}. A denied user is not watched.
+   */
+  subscribe(ids) {
+    const list = checkIds(ids);
+    if (this.#closed) return Promise.reject(new Error("greendot: client closed"));
+    for (const id of list) this.#wanted.add(id);
+    const open = this.#state === "open";
+    const parts = subscribeChunks(list).map((chunk) => this.#request(chunk, open));
+    const answer = Promise.all(parts).then((answers) => ({
+      users: answers.flatMap((a) => a.users),
+      denied: answers.flatMap((a) => a.denied),
+    }));
+    // Most callers rely on onChange and never await this: a rejection they
+    // ignore (the client closed, or an error frame, which onError also
+    // reports) must not surface as an unhandled rejection.
+    answer.catch(() => {});
+    return answer;
+  }
+
+  /** unsubscribe stops watching users and forgets their presence. */
+  unsubscribe(ids) {
+    const list = checkIds(ids).filter((id) => this.#wanted.delete(id));
+    for (const id of list) this.#presence.delete(id);
+    if (this.#state === "open") {
+      for (const chunk of subscribeChunks(list, "unsubscribe")) this.#send({ type: "unsubscribe", user_ids: chunk });
+    }
+  }
+
+  /** setStatus chooses the user's status (online, away, busy or invisible) for all their devices. */
+  setStatus(status) {
+    checkStatus(status);
+    this.#chosen = status;
+    this.#send({ type: "set_status", status });
+  }
+
+  /**
+   * setToken gives a fresh token: it is sent on the open connection (an
+   * `auth` message) and used for every later connection.
+   */
+  setToken(token) {
+    if (typeof token !== "string" || token === "") throw new TypeError("greendot: token must be a non-empty string");
+    this.#token = token;
+    this.#send({ type: "auth", token });
+  }
+
+  /**
+   * send sends one protocol message as it is and reports whether the
+   * connection was open to take it. Most apps never need it.
+   */
+  send(message) {
+    if (message === null || typeof message !== "object" || typeof message.type !== "string") {
+      throw new TypeError('greendot: a message is an object with a string "type"');
+    }
+    return this.#send(message);
+  }
+
+  // --- connection ---
+
+  async #open() {
+    const seq = ++this.#connectSeq;
+    this.#setState("connecting", { attempt: this.#attempt });
+    let url;
+    try {
+      const token = typeof this.#token === "function" ? await this.#token() : this.#token;
+      if (token !== undefined && (typeof token !== "string" || token === "")) {
+        throw new TypeError("the token function must return a non-empty string");
+      }
+      url = this.#url(token);
+    } catch (err) {
+      if (seq !== this.#connectSeq || this.#closed || this.#suspended) return;
+      this.#emit("error", { code: "token_failed", message: `greendot: could not get a token: ${err?.message ?? err}` });
+      this.#retry({ code: 0, reason: "token_failed" });
+      return;
+    }
+    if (seq !== this.#connectSeq || this.#closed || this.#suspended) return;
+    let ws;
+    try {
+      ws = new this.#WS(url);
+    } catch (err) {
+      this.#emit("error", { code: "connect_failed", message: `greendot: ${err?.message ?? err}` });
+      this.#retry({ code: 0, reason: "connect_failed" });
+      return;
+    }
+    this.#ws = ws;
+    ws.onmessage = (ev) => {
+      if (ws === this.#ws) this.#message(ev.data);
+    };
+    ws.onclose = (ev) => {
+      if (ws === this.#ws) this.#lost(ev.code, ev.reason);
+    };
+    ws.onerror = () => {}; // a close event follows, with the code
+  }
+
+  #url(token) {
+    const o = this.#opts;
+    const base = typeof location !== "undefined" ? location.href : undefined;
+    let u;
+    if (o.url !== undefined) {
+      try {
+        u = new URL(o.url, base);
+      } catch {
+        throw new TypeError(`greendot: bad url ${JSON.stringify(o.url)}`);
+      }
+    } else if (base !== undefined) {
+      u = new URL("/ws", base);
+    } else {
+      throw new TypeError("greendot: no url given and no page location to derive one from");
+    }
+    if (u.protocol === "http:") u.protocol = "ws:";
+    else if (u.protocol === "https:") u.protocol = "wss:";
+    else if (u.protocol !== "ws:" && u.protocol !== "wss:") throw new TypeError(`greendot: url must be ws, wss, http or https (got ${u.protocol})`);
+    if (u.pathname === "/" || u.pathname === "") u.pathname = "/ws";
+    u.hash = "";
+    if (token) u.searchParams.set("token", token);
+    else if (o.user !== undefined) u.searchParams.set("user", o.user);
+    if (o.device !== undefined) u.searchParams.set("device", o.device);
+    return u.toString();
+  }
+
+  // lost handles the end of the open socket.
+  #lost(code, reason) {
+    const wasOpen = this.#hello !== null;
+    const lived = wasOpen ? Date.now() - this.#helloAt : 0;
+    this.#dropSocket();
+    if (this.#closed || this.#suspended) return;
+    if (wasOpen && lived >= this.#opts.stableAfterMs) this.#attempt = 0;
+    this.#retry({ code, reason });
+  }
+
+  // retry schedules the next connection attempt.
+  #retry(detail) {
+    let delay;
+    if (detail.code === 1001) {
+      // The gateway is draining: come back soon, but not all at once.
+      this.#attempt = 0;
+      delay = Math.floor(Math.random() * this.#opts.drainJitterMs);
+    } else {
+      delay = backoffDelay(this.#attempt, this.#opts.backoffBaseMs, this.#opts.backoffMaxMs);
+      this.#attempt++;
+    }
+    this.#clearRetry();
+    this.#retryTimer = setTimeout(() => {
+      this.#retryTimer = null;
+      this.#open();
+    }, delay);
+    this.#setState("reconnecting", { ...detail, delay, attempt: this.#attempt });
+  }
+
+  #clearRetry() {
+    if (this.#retryTimer !== null) {
+      clearTimeout(this.#retryTimer);
+      this.#retryTimer = null;
+    }
+  }
+
+  #dropSocket() {
+    const ws = this.#ws;
+    this.#ws = null;
+    this.#hello = null;
+    this.#connectSeq++;
+    if (this.#heartbeatTimer !== null) {
+      clearInterval(this.#heartbeatTimer);
+      this.#heartbeatTimer = null;
+    }
+    if (ws) {
+      ws.onmessage = null;
+      ws.onclose = null;
+    }
+  }
+
+  #send(msg) {
+    const ws = this.#ws;
+    if (!ws || this.#hello === null || ws.readyState !== 1) return false;
+    const data = JSON.stringify(msg);
+    if (data.length > MAX_MESSAGE_BYTES) throw new RangeError(`greendot: message of ${data.length} bytes is over ${MAX_MESSAGE_BYTES}`);
+    ws.send(data);
+    return true;
+  }
+
+  #setState(state, detail) {
+    if (state === this.#state && state !== "reconnecting") return;
+    this.#state = state;
+    this.#emit("state", state, detail);
+  }
+
+  #emit(event, ...args) {
+    const set = this.#listeners.get(event);
+    if (!set) return;
+    for (const fn of [...set]) {
+      try {
+        fn(...args);
+      } catch (err) {
+        report(err);
+      }
+    }
+  }
+
+  // --- frames ---
+
+  #message(data) {
+    if (typeof data !== "string") return; // the gateway sends text frames only
+    let m;
+    try {
+      m = JSON.parse(data);
+    } catch {
+      this.#emit("error", { code: "bad_frame", message: "greendot: the server sent a frame that is not JSON" });
+      return;
+    }
+    if (m === null || typeof m !== "object") return;
+    switch (m.type) {
+      case "hello":
+        this.#opened(m);
+        break;
+      case "presence_init":
+        for (const p of Array.isArray(m.users) ? m.users : []) this.#update(p);
+        this.#answered(m.id, (req) => {
+          req.init = true;
+          for (const p of Array.isArray(m.users) ? m.users : []) {
+            if (req.remaining.delete(p.user_id)) req.users.push(p);
+          }
+        });
+        break;
+      case "presence_batch":
+        for (const p of Array.isArray(m.updates) ? m.updates : []) this.#update(p);
+        break;
+      case "self":
+        this.#selfFrame(m);
+        break;
+      case "denied":
+        this.#denied(m);
+        break;
+      case "error": {
+        const err = { code: String(m.code ?? ""), message: String(m.message ?? ""), id: m.id };
+        const req = m.id !== undefined ? this.#pending.get(m.id) : undefined;
+        if (req) {
+          this.#pending.delete(m.id);
+          req.reject(Object.assign(new Error(`greendot: ${err.code}: ${err.message}`), { code: err.code }));
+        }
+        this.#emit("error", err);
+        break;
+      }
+      default:
+        // A message type from a newer server: ignore it.
+    }
+  }
+
+  #opened(hello) {
+    this.#hello = Object.freeze({ ...hello });
+    this.#helloAt = Date.now();
+    const every = Number(hello.heartbeat_interval_ms) > 0 ? Math.max(Number(hello.heartbeat_interval_ms), 100) : 15_000;
+    this.#heartbeatTimer = setInterval(() => this.#send({ type: "heartbeat" }), every);
+    this.#setState("open", { user_id: hello.user_id, conn_id: hello.conn_id });
+    if (this.#chosen !== undefined && this.#chosen !== hello.status) this.#send({ type: "set_status", status: this.#chosen });
+    this.#resubscribe();
+    if (this.#idleSent) this.#send({ type: "idle" });
+    else this.#activity.reset();
+  }
+
+  // resubscribe asks again for every watched user: first the requests still
+  // waiting for an answer, then the rest.
+  #resubscribe() {
+    const asked = new Set();
+    for (const [id, req] of [...this.#pending]) {
+      const ids = req.ids.filter((u) => this.#wanted.has(u));
+      if (ids.length === 0) {
+        this.#pending.delete(id);
+        req.resolve({ users: [], denied: [] });
+        continue;
+      }
+      req.ids = ids;
+      req.remaining = new Set(ids);
+      req.users = [];
+      req.denied = [];
+      req.init = false;
+      for (const u of ids) asked.add(u);
+      this.#send({ type: "subscribe", id, user_ids: ids });
+    }
+    const rest = [...this.#wanted].filter((u) => !asked.has(u));
+    for (const chunk of subscribeChunks(rest)) this.#send({ type: "subscribe", id: this.#nextId(), user_ids: chunk });
+  }
+
+  #request(ids, send) {
+    return new Promise((resolve, reject) => {
+      const id = this.#nextId();
+      this.#pending.set(id, { ids, remaining: new Set(ids), users: [], denied: [], init: false, resolve, reject });
+      if (send) this.#send({ type: "subscribe", id, user_ids: ids });
+    });
+  }
+
+  #nextId() {
+    this.#seq++;
+    return `s-${this.#seq}`;
+  }
+
+  // answered applies part of an answer to the request with this id, and
+  // resolves the request once every id in it is accounted for.
+  #answered(id, apply) {
+    if (id === undefined) return;
+    const req = this.#pending.get(id);
+    if (!req) return;
+    apply(req);
+    if (req.init && req.remaining.size === 0) {
+      this.#pending.delete(id);
+      req.resolve({ users: req.users, denied: req.denied });
+    }
+  }
+
+  #update(p) {
+    if (p === null || typeof p !== "object" || !validUserId(p.user_id) || typeof p.status !== "string") return;
+    if (!this.#wanted.has(p.user_id)) return; // unsubscribed meanwhile
+    const prev = this.#presence.get(p.user_id);
+    const next = Object.freeze({ ...p });
+    if (prev && prev.status === next.status && prev.last_seen === next.last_seen) return;
+    this.#presence.set(p.user_id, next);
+    this.#emit("change", p.user_id, next);
+  }
+
+  #selfFrame(m) {
+    const next = Object.freeze({ status: m.status, devices: Number(m.devices) || 0 });
+    // Another device chose a status: adopt it, so that a reconnect of this
+    // one does not undo that choice. An automatic away is not a choice.
+    if (this.#chosen !== undefined && m.status !== this.#chosen && m.status !== "away" && STATUSES.includes(m.status)) {
+      this.#chosen = m.status;
+    }
+    const prev = this.#self;
+    this.#self = next;
+    if (!prev || prev.status !== next.status || prev.devices !== next.devices) this.#emit("self", next);
+  }
+
+  #denied(m) {
+    const d = Object.freeze({ user_id: m.user_id, reason: m.reason, id: m.id });
+    if (typeof m.user_id === "string") {
+      this.#wanted.delete(m.user_id);
+      this.#presence.delete(m.user_id);
+    }
+    this.#answered(m.id, (req) => {
+      if (req.remaining.delete(m.user_id)) req.denied.push(d);
+    });
+    this.#emit("denied", d);
+  }
+
+  // --- page visibility and activity ---
+
+  #watchPage() {
+    const listen = (target, type, fn, opts) => {
+      target.addEventListener(type, fn, opts);
+      this.#detach.push(() => target.removeEventListener(type, fn, opts));
+    };
+    listen(document, "visibilitychange", () => this.#visibility());
+    const active = () => this.#active();
+    for (const type of ACTIVITY_EVENTS) listen(window, type, active, { capture: true, passive: true });
+    listen(window, "focus", active);
+    listen(window, "online", () => {
+      if (this.#state === "reconnecting") {
+        this.#attempt = 0;
+        this.connect();
+      }
+    });
+    if (document.visibilityState === "hidden") this.#hidden();
+  }
+
+  #visibility() {
+    if (this.#closed) return;
+    if (document.visibilityState === "hidden") {
+      this.#hidden();
+      return;
+    }
+    this.#clearHidden();
+    if (this.#suspended) {
+      this.#attempt = 0;
+      this.#idleSent = false;
+      this.connect();
+      return;
+    }
+    this.#active();
+  }
+
+  #hidden() {
+    this.#clearHidden();
+    this.#idleTimer = setTimeout(() => {
+      this.#idleTimer = null;
+      this.#idleSent = true;
+      this.#activity.cancel();
+      this.#send({ type: "idle" });
+    }, this.#opts.idleAfterMs);
+    this.#closeTimer = setTimeout(() => {
+      this.#closeTimer = null;
+      this.#suspend();
+    }, this.#opts.closeAfterMs);
+  }
+
+  #clearHidden() {
+    if (this.#idleTimer !== null) clearTimeout(this.#idleTimer);
+    if (this.#closeTimer !== null) clearTimeout(this.#closeTimer);
+    this.#idleTimer = this.#closeTimer = null;
+  }
+
+  // suspend closes the socket of a tab hidden for closeAfterMs; it opens
+  // again when the tab is visible.
+  #suspend() {
+    if (this.#closed) return;
+    this.#suspended = true;
+    this.#clearRetry();
+    const ws = this.#ws;
+    this.#dropSocket();
+    if (ws) ws.close(1000, "tab hidden");
+    this.#setState("suspended", {});
+  }
+
+  #active() {
+    if (this.#closed || (typeof document !== "undefined" && document.visibilityState === "hidden")) return;
+    if (this.#idleSent) {
+      // Back from idle: say so at once.
+      this.#idleSent = false;
+      this.#activity.reset();
+    }
+    this.#activity.call();
+  }
+}
+
+function checkStatus(s) {
+  if (!STATUSES.includes(s)) {
+    throw new TypeError(`greendot: status must be one of ${STATUSES.join(", ")} (got ${JSON.stringify(s)})`);
+  }
+}
+
+function checkIds(ids) {
+  if (typeof ids === "string") ids = [ids];
+  if (ids === null || typeof ids !== "object" || typeof ids[Symbol.iterator] !== "function") {
+    throw new TypeError("greendot: user ids must be an array of strings");
+  }
+  const out = [...new Set(ids)];
+  const bad = out.filter((id) => !validUserId(id));
+  if (bad.length > 0) {
+    throw new TypeError(`greendot: user ids are 1 to 64 characters of A-Z a-z 0-9 _ - (bad: ${bad.slice(0, 5).map((b) => JSON.stringify(b)).join(", ")})`);
+  }
+  return out;
+}
