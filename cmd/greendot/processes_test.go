@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,7 +33,8 @@ func TestProcesses(t *testing.T) {
 	reaper := start(t, "reaper", "--nats-url", natsURL, "--metrics-listen", reaperMetrics, "--sweep-interval", "1s", "--log-format", "json")
 	fanout := start(t, "fanout", "--nats-url", natsURL, "--metrics-listen", fanoutMetrics)
 	gw := start(t, append([]string{"gateway", "--nats-url", natsURL, "--listen", gwAddr, "--gateway-id", "gw-test",
-		"--dev-auth", "--jwt-secret-file", secretFile, "--jwt-issuer", "https://id.example"}, fast...)...)
+		"--dev-auth", "--jwt-secret-file", secretFile, "--jwt-issuer", "https://id.example",
+		"--allowed-origins", "https://app.example, https://admin.example"}, fast...)...)
 
 	for m, family := range map[string]string{reaperMetrics: "greendot_reaper_", fanoutMetrics: "greendot_fanout_", gwAddr: "greendot_gateway_"} {
 		natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
@@ -56,7 +58,13 @@ func TestProcesses(t *testing.T) {
 		}
 	}
 
-	alice := dial(t, "ws://"+gwAddr+"/ws?user=alice", client.Options{})
+	// Browsers may connect only from the allowed origins.
+	_, err := client.Dial(context.Background(), "ws://"+gwAddr+"/ws?user=alice", client.Options{Header: http.Header{"Origin": {"https://evil.example"}}})
+	var he *client.HandshakeError
+	if !errors.As(err, &he) || he.Status != http.StatusForbidden {
+		t.Errorf("dial from another origin: err = %v, want 403", err)
+	}
+	alice := dial(t, "ws://"+gwAddr+"/ws?user=alice", client.Options{Header: http.Header{"Origin": {"https://admin.example"}}})
 	defer systest.KeepAlive(alice, 300*time.Millisecond)()
 	if err := alice.Subscribe("s", "bob"); err != nil {
 		t.Fatal(err)
@@ -64,7 +72,8 @@ func TestProcesses(t *testing.T) {
 	systest.AwaitStatus(t, alice, "bob", presence.Offline)
 
 	// Bob proves who he is with a token signed with the secret in the file.
-	token, err := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{
+	var token string
+	token, err = jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.RegisteredClaims{
 		Subject: "bob", Issuer: "https://id.example", ExpiresAt: jwt.NewNumericDate(time.Now().Add(time.Hour)),
 	}).SignedString([]byte(secret))
 	if err != nil {
