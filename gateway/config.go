@@ -152,7 +152,10 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.ID == "" {
-		c.ID = "gw-" + nuid.Next()[:12]
+		// A whole nuid: its first 12 characters are the same for every
+		// id made by one process, so a prefix would give every gateway of
+		// a process (standalone mode, tests) the same id.
+		c.ID = "gw-" + nuid.Next()
 	}
 	if c.ConnTTL == 0 {
 		c.ConnTTL = DefaultConnTTL

@@ -65,6 +65,9 @@ type conn struct {
 	idle   bool   // the client said idle
 	// The write in flight: when it was sent and the away_at it carries.
 	flightAt, flightAway int64
+	// flightSent is when the write in flight was published (unix ns), for
+	// the KV latency metric.
+	flightSent int64
 
 	// Delivery state, guarded by pmu.
 	pmu     sync.Mutex
@@ -124,6 +127,11 @@ func (c *conn) writeTextLocked(payload []byte) error {
 	}
 	if err != nil {
 		c.s.metrics.writeErrors.Add(1)
+		if isTimeout(err) {
+			c.s.metrics.slowCloses.Inc()
+			go c.end(endClean, 0, "too slow: write timed out")
+			return err
+		}
 		go c.end(endClean, 0, "write failed")
 	}
 	return err
@@ -191,6 +199,13 @@ func (c *conn) end(kind endKind, code ws.StatusCode, reason string) {
 	if !s.bg.Go(settle) {
 		settle()
 	}
+}
+
+// isTimeout reports whether err is a write deadline passing: the client
+// does not read fast enough.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // isClosedErr reports whether err only says the socket is already closed.

@@ -182,6 +182,7 @@ func (c *conn) refresh(now int64) {
 	}
 	c.flightAt, c.flightAway = now, rec.AwayAt
 	inflight.Store(msg, c)
+	c.flightSent = time.Now().UnixNano()
 	if _, err := s.asyncJS.PublishMsgAsync(msg, presence.WriteConnOpts(s.keyTTL(), c.rev)...); err != nil {
 		inflight.Delete(msg)
 		c.kvMu.Unlock()
@@ -199,6 +200,7 @@ func (s *Service) refreshAcked(_ jetstream.JetStream, msg *nats.Msg, ack *jetstr
 		return
 	}
 	c := v.(*conn)
+	s.metrics.refreshLatency.Observe(float64(time.Now().UnixNano()-c.flightSent) / 1e9)
 	c.rev, c.awayAt = ack.Sequence, c.flightAway
 	c.writtenAt.Store(c.flightAt)
 	c.kvMu.Unlock()

@@ -27,6 +27,12 @@ type gatewayMetrics struct {
 	heartbeats    prometheus.Counter
 	eventsIn      prometheus.Counter
 	eventsDropped prometheus.Counter
+
+	// refreshLatency is kvLatency for the asynchronous TTL refreshes, from
+	// the publish to its acknowledgement.
+	refreshLatency  prometheus.Observer
+	statusConflicts prometheus.Counter
+	kicks           prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
@@ -56,7 +62,14 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Presence and self events received from NATS."),
 		eventsDropped: f.Counter("greendot_gateway_events_dropped_total",
 			"Events dropped because they were not newer than what watchers already had."),
+		statusConflicts: f.Counter("greendot_gateway_status_conflicts_total",
+			"Compare-and-set writes of a status record that lost to another writer and were retried."),
+		kicks: f.Counter("greendot_gateway_kicks_total",
+			"Connections closed by an operator's kick (greendot.gateway.kick)."),
 	}
+	m.refreshLatency = m.kvLatency.WithLabelValues("refresh_conn")
+	f.CounterFunc("greendot_gateway_write_errors_total",
+		"Writes to client sockets that failed (the socket is then closed).", func() float64 { return float64(m.writeErrors.Load()) })
 	f.GaugeFunc("greendot_gateway_connections",
 		"Live WebSocket connections.", func() float64 { return float64(s.registry.len()) })
 	f.GaugeFunc("greendot_gateway_watched_users",

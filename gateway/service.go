@@ -133,6 +133,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	s.store = store
+	store.OnConflict(s.metrics.statusConflicts.Inc)
 	s.asyncJS, err = jetstream.New(s.nc,
 		jetstream.WithPublishAsyncMaxPending(s.cfg.KVMaxPending),
 		jetstream.WithPublishAsyncTimeout(5*time.Second),
@@ -205,6 +206,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	go func() { accepted <- s.accept(ln, httpLn, &handshakes) }()
 
 	s.ready.Store(true)
+	ops, err := s.startAdmin(ln.Addr().String())
+	if err != nil {
+		// Clients are served without it; operators see why in the log.
+		s.log.Error("admin service not started", "err", err)
+	}
 	s.log.Info("gateway serving", "addr", ln.Addr().String(), "gateway", s.cfg.ID, "dev_auth", s.cfg.DevAuth, "policy", string(s.cfg.Policy))
 
 	var serveErr error
@@ -217,6 +223,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	// Shut down: refuse new work, close the sockets, then stop the loops.
 	s.draining.Store(true)
 	s.ready.Store(false)
+	if ops != nil {
+		if err := ops.Stop(); err != nil {
+			s.log.Error("stop admin service", "err", err)
+		}
+	}
 	_ = ln.Close()
 	if serveErr == nil {
 		<-accepted

@@ -25,7 +25,14 @@ type GatherOptions struct {
 	Want int
 	// Timeout bounds the whole gathering; zero means DefaultGatherTimeout.
 	Timeout time.Duration
+	// Gap, when not zero, stops gathering once a reply has arrived and no
+	// other followed for Gap (what `nats req --reply-timeout` does).
+	Gap time.Duration
 }
+
+// DefaultGap is the pause after which Instances stops waiting for more
+// instances to answer a ping.
+const DefaultGap = 300 * time.Millisecond
 
 // Gather publishes data on subject and collects the replies of every
 // responder (a scatter-gather, what `nats req --replies=0` does): until
@@ -50,12 +57,18 @@ func Gather(ctx context.Context, nc *nats.Conn, subject string, data []byte, opt
 	}
 	var out []*nats.Msg
 	for len(out) < maxReplies && (opts.Want <= 0 || len(out) < opts.Want) {
-		m, err := sub.NextMsgWithContext(ctx)
+		wait, cancelGap := ctx, context.CancelFunc(func() {})
+		if opts.Gap > 0 && len(out) > 0 {
+			wait, cancelGap = context.WithTimeout(ctx, opts.Gap)
+		}
+		m, err := sub.NextMsgWithContext(wait)
+		expired := wait.Err() != nil
+		cancelGap()
 		switch {
 		case errors.Is(err, nats.ErrNoResponders):
 			return nil, fmt.Errorf("%s: %w: no responders", subject, ErrNoReply)
-		case err != nil && ctx.Err() != nil:
-			// Gathered for the whole time.
+		case err != nil && expired:
+			// Gathered for the whole time, or the gap.
 		case err != nil:
 			return out, fmt.Errorf("gather %s: %w", subject, err)
 		}
@@ -123,10 +136,11 @@ func GatherJSON[T any](ctx context.Context, nc *nats.Conn, subject string, req a
 }
 
 // Instances returns the ping answer of every running instance of a micro
-// service (what `nats micro ls <service>` lists), gathered for timeout
-// (zero means DefaultGatherTimeout). No instance is not an error.
+// service (what `nats micro ls <service>` lists): the answers that arrive
+// within timeout (zero means DefaultGatherTimeout), until none came for
+// DefaultGap. No instance is not an error.
 func Instances(ctx context.Context, nc *nats.Conn, service string, timeout time.Duration) ([]micro.Ping, error) {
-	msgs, err := Gather(ctx, nc, PingSubject(service), nil, GatherOptions{Timeout: timeout})
+	msgs, err := Gather(ctx, nc, PingSubject(service), nil, GatherOptions{Timeout: timeout, Gap: DefaultGap})
 	if errors.Is(err, ErrNoReply) {
 		return nil, nil
 	}
@@ -146,7 +160,7 @@ func Instances(ctx context.Context, nc *nats.Conn, service string, timeout time.
 
 // Broadcast sends req to a broadcast endpoint of service and waits for the
 // reply of every instance: it first counts the instances with a ping
-// (gathered for timeout/2), then waits for that many replies until
+// (Instances, within timeout/2), then waits for that many replies until
 // timeout. An instance that started in between may answer too; one that
 // stopped in between makes Broadcast wait for the whole timeout. Zero
 // timeout means 2*DefaultGatherTimeout.

@@ -80,7 +80,8 @@ type Server struct {
 }
 
 // Start registers the micro service described by cfg on nc and starts
-// answering requests, on nc's own goroutines. The caller owns nc and calls
+// answering requests, on nc's own goroutines. It returns once the NATS
+// server has the service's subscriptions. The caller owns nc and calls
 // Stop before closing it.
 func Start(nc *nats.Conn, cfg ServiceConfig) (*Server, error) {
 	if cfg.Logger == nil {
@@ -138,6 +139,13 @@ func Start(nc *nats.Conn, cfg ServiceConfig) (*Server, error) {
 			cancel()
 			return nil, fmt.Errorf("micro endpoint %s: %w", e.Subject, err)
 		}
+	}
+	// Once Start returns, the server knows every subscription: a request
+	// sent on another connection reaches this instance.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		_ = svc.Stop()
+		cancel()
+		return nil, fmt.Errorf("micro service %s: flush: %w", cfg.Name, err)
 	}
 	return s, nil
 }

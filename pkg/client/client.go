@@ -177,7 +177,16 @@ func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
 			return protocol.ServerMessage{}, nil, err
 		}
 		if h.OpCode.IsControl() {
-			if err := c.ctl.Handle(h); err != nil {
+			ctl := c.ctl
+			if h.OpCode == ws.OpClose {
+				// The server may close the socket right after its close
+				// frame: a failed answer must not hide the close.
+				ctl.Dst = writerFunc(func(p []byte) (int, error) {
+					_, _ = c.writeLocked(p)
+					return len(p), nil
+				})
+			}
+			if err := ctl.Handle(h); err != nil {
 				var ce wsutil.ClosedError
 				if errors.As(err, &ce) {
 					return protocol.ServerMessage{}, nil, &CloseError{Code: ce.Code, Reason: ce.Reason}
