@@ -50,7 +50,7 @@ func chromiumPath(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("GREENDOT_CHROMIUM"); p != "" {
 		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("GREENDOT_CHROMIUM=%s: %v", p, err)
+			t.Fatalf("GREENDOT_CHROMIUM=%s: %v (unset it to use Debian's: apt-get install -y chromium)", p, err)
 		}
 		return p
 	}

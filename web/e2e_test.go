@@ -169,6 +169,18 @@ func TestBrowserHiddenTab(t *testing.T) {
 	bob.waitDot("alice", "online")
 	alice.waitDot("bob", "online")
 
+	// Hidden for a moment: away; visible again: online at once.
+	alice.setWindow(browser.WindowStateMinimized)
+	alice.wait("alice's tab is hidden", `document.visibilityState === "hidden"`)
+	bob.waitDot("alice", "away")
+	conn := alice.connID()
+	alice.setWindow(browser.WindowStateNormal)
+	bob.waitDot("alice", "online")
+	if got := alice.connID(); got != conn {
+		t.Errorf("alice reconnected (%s, then %s) where activity on the same connection was enough", conn, got)
+	}
+
+	// Hidden for longer: away, then offline.
 	alice.setWindow(browser.WindowStateMinimized)
 	alice.wait("alice's tab is hidden", `document.visibilityState === "hidden"`)
 	bob.waitDot("alice", "away")

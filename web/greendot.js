@@ -511,7 +511,9 @@ export class GreenDot {
     const ws = this.#ws;
     if (!ws || this.#hello === null || ws.readyState !== 1) return false;
     const data = JSON.stringify(msg);
-    if (data.length > MAX_MESSAGE_BYTES) throw new RangeError(`greendot: message of ${data.length} bytes is over ${MAX_MESSAGE_BYTES}`);
+    // A UTF-16 unit is at most 3 bytes of UTF-8: count bytes only when it matters.
+    const bytes = data.length * 3 <= MAX_MESSAGE_BYTES ? data.length : new TextEncoder().encode(data).length;
+    if (bytes > MAX_MESSAGE_BYTES) throw new RangeError(`greendot: a message of ${bytes} bytes is over ${MAX_MESSAGE_BYTES}`);
     ws.send(data);
     return true;
   }
