@@ -331,9 +331,12 @@ func (s *Service) sweepLoop(ctx context.Context) {
 // reaper saw, and reschedules every live connection's inactivity timer.
 //
 // It reads every status record first, then lists the live connection keys.
-// A connection in a record read before the listing, and absent from the
-// listing, had ended by then; if its gateway created it again afterwards,
-// the record's Rev for it changed, and it is left alone.
+// A connection in a record read before the listing and absent from the
+// listing is a candidate: the listing is not a snapshot (a key refreshed
+// while it runs can be missed), so each candidate's key is read from the
+// stream leader after the record, inside the compare-and-set, and only a
+// key that is gone removes the connection. If its gateway created the key
+// again meanwhile, the record's Rev for it changed, and it is left alone.
 func (s *Service) sweep(ctx context.Context) (int, error) {
 	type seen struct {
 		userID string
@@ -383,10 +386,21 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 		rec, _, written, err := s.store.UpdateStatus(ctx, r.userID, func(rec *presence.Record) error {
 			before, n = rec.Status, 0
 			for id, rev := range gone {
-				if c, ok := rec.Conns[id]; ok && c.Rev == rev {
-					delete(rec.Conns, id)
-					n++
+				c, ok := rec.Conns[id]
+				if !ok || c.Rev != rev {
+					continue
 				}
+				// The listing may miss a key written while it ran: read the
+				// key itself, after the record, before taking it as gone.
+				_, _, err := s.store.Conn(ctx, r.userID, id)
+				switch {
+				case err == nil:
+					continue
+				case !errors.Is(err, presence.ErrNotFound):
+					return err
+				}
+				delete(rec.Conns, id)
+				n++
 			}
 			if n == 0 {
 				return presence.ErrNoChange

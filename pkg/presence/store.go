@@ -488,9 +488,9 @@ func (s *Store) WatchStatus(ctx context.Context) (jetstream.KeyWatcher, error) {
 	return s.status.WatchAll(ctx)
 }
 
-// ScanStatus calls fn with every user's Record and revision, as of a
-// consistent moment (the records are read through one consumer on the stream
-// leader). It stops early if fn returns an error, and returns it.
+// ScanStatus calls fn with every user's Record and revision (see scan for
+// what a record written during the scan may show). It stops early if fn
+// returns an error, and returns it.
 func (s *Store) ScanStatus(ctx context.Context, fn func(userID string, rec Record, rev uint64) error) error {
 	return scan(ctx, s.status, func(e jetstream.KeyValueEntry) error {
 		var rec Record
@@ -501,8 +501,10 @@ func (s *Store) ScanStatus(ctx context.Context, fn func(userID string, rec Recor
 	})
 }
 
-// ScanConns calls fn with every live connection key and its record, as of a
-// consistent moment. It stops early if fn returns an error, and returns it.
+// ScanConns calls fn with every live connection key and its record (see
+// scan: a key written during the scan may be missed, so a key's absence
+// must be confirmed with Conn before anything is concluded from it). It
+// stops early if fn returns an error, and returns it.
 func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, rec ConnRecord, rev uint64) error) error {
 	return scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
 		userID, connID, ok := SplitConnKey(e.Key())
@@ -517,8 +519,8 @@ func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, re
 	})
 }
 
-// UserConns returns the live connection keys of one user, as of a
-// consistent moment.
+// UserConns returns the live connection keys of one user. Like a scan, it
+// may miss a key written while it runs.
 func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRecord, error) {
 	w, err := s.conns.Watch(ctx, ConnKeyFilter(userID), jetstream.IgnoreDeletes())
 	if err != nil {
@@ -542,7 +544,18 @@ func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRe
 	return out, ctx.Err()
 }
 
-// scan calls fn with the newest value of every live key of a bucket.
+// scan calls fn with the newest value of every live key of a bucket, as a
+// KV watcher delivers them up to its first nil entry.
+//
+// That is not a consistent snapshot. The watcher counts the messages it
+// delivers against the number pending when it started; a key written again
+// while it runs has its older message skipped and its newer one delivered
+// after those of other keys, possibly after the nil, and the pending counts
+// the server reports lag behind such writes. So a key that exists
+// throughout the scan can be missed if it is written during it (a live
+// connection's heartbeat refresh, every few seconds), and a key can be seen
+// in a revision newer than others'. Callers use a scan to find candidates,
+// and read each key they act on from the stream leader (Status, Conn).
 func scan(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
