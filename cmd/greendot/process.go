@@ -18,6 +18,7 @@ import (
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/web"
 )
 
 func gatewayCommand() *cli.Command {
@@ -26,7 +27,8 @@ func gatewayCommand() *cli.Command {
 		Usage: "run a gateway: client WebSockets on /ws and the HTTP API, against a NATS server",
 		Description: "A gateway authenticates clients (JWTs, or dev auth), keeps a connection key alive per socket,\n" +
 			"writes users' chosen statuses and delivers presence changes to watching sockets. It serves\n" +
-			"GET /healthz, /readyz and /metrics on --listen. Run as many as you need behind a load balancer.",
+			"GET /healthz, /readyz, /metrics and the browser client (/greendot.js) on --listen. Run as many\n" +
+			"as you need behind a load balancer.",
 		Flags:        concat(gatewayFlags(false), natsFlags(), logFlags()),
 		OnUsageError: usageError,
 		Action:       runGateway,
@@ -101,6 +103,7 @@ func runGateway(c *cli.Context) error {
 	if err := gatewayAuth(c, &cfg, log, false); err != nil {
 		return err
 	}
+	cfg.Static = web.Handler(web.Options{Logger: log}) // the browser client, /greendot.js
 	ln, err := net.Listen("tcp", c.String("listen"))
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)

@@ -52,6 +52,13 @@ func TestProcesses(t *testing.T) {
 		}
 	}
 
+	if code, body := httpGet(t, "http://"+gwAddr+"/greendot.js"); code != http.StatusOK || !strings.Contains(body, "GreenDot") {
+		t.Errorf("GET /greendot.js from the gateway = %d", code)
+	}
+	if code, _ := httpGet(t, "http://"+gwAddr+"/"); code != http.StatusNotFound {
+		t.Errorf("GET / from a gateway = %d, want 404: the demo is for standalone mode only", code)
+	}
+
 	for _, pair := range [][2]string{{"alice", "bob"}, {"bob", "alice"}} {
 		if code, _, stderr := runOnce(t, "graph", "follow", "--nats-url", natsURL, pair[0], pair[1]); code != 0 {
 			t.Fatalf("graph follow %v: exit %d: %s", pair, code, stderr)

@@ -22,6 +22,7 @@ import (
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/web"
 )
 
 // natsStartTimeout bounds the start of the embedded NATS server.
@@ -34,7 +35,9 @@ func standaloneCommand() *cli.Command {
 		Description: "The NATS server stores its data under --data and also listens on --nats-listen, so the nats CLI\n" +
 			"can inspect the state (nats --server nats://127.0.0.1:4222 kv ls). The gateway, reaper and fanout\n" +
 			"each use their own connection to it. Dev auth (?user=<id>) is on while --listen is a loopback\n" +
-			"address. On SIGINT or SIGTERM the gateway drains, then the reaper and fanout stop, then the NATS server.",
+			"address, and then the demo page is served at / (its endpoints write the graph for any ?user=).\n" +
+			"The browser client is at /greendot.js. On SIGINT or SIGTERM the gateway drains, then the reaper\n" +
+			"and fanout stop, then the NATS server.",
 		Flags: concat(
 			[]cli.Flag{
 				stringFlag(catEmbedded, "data", "./greendot-data", "directory of the embedded NATS server's JetStream storage"),
@@ -122,6 +125,25 @@ func runStandalone(c *cli.Context) error {
 		}
 		conns = append(conns, nc)
 	}
+	// The browser client is served at /greendot.js and, while dev auth is
+	// on and only this machine can connect, the demo at /.
+	loopback, err := isLoopback(c.String("listen"))
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	demo := gcfg.DevAuth && loopback
+	webOpts := web.Options{Demo: demo, Logger: log}
+	if demo {
+		openCtx, cancel := context.WithTimeout(c.Context, natsStartTimeout)
+		webOpts.Store, err = presence.Open(openCtx, conns[0], presence.BucketOptions{})
+		cancel()
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+	}
+	gcfg.Static = web.Handler(webOpts)
 	gw, err := gateway.New(conns[0], gcfg)
 	if err != nil {
 		_ = ln.Close()
@@ -173,7 +195,7 @@ func runStandalone(c *cli.Context) error {
 	readyErr := awaitReady(gwCtx, gw, gwDone)
 	switch {
 	case readyErr == nil:
-		fmt.Fprintln(c.App.Writer, readyLine(ln.Addr(), gcfg.DevAuth, srv, natsListen, c.String("data")))
+		fmt.Fprintln(c.App.Writer, readyLine(ln.Addr(), gcfg.DevAuth, demo, srv, natsListen, c.String("data")))
 	case errors.Is(readyErr, errStopped) || gwCtx.Err() != nil:
 		// Shutting down, or a part failed and says why itself.
 		readyErr = nil
@@ -214,18 +236,22 @@ func awaitReady(ctx context.Context, gw *gateway.Service, done <-chan struct{}) 
 }
 
 // readyLine is the one line standalone mode prints when it serves.
-func readyLine(addr net.Addr, devAuth bool, srv *server.Server, natsListen, data string) string {
+func readyLine(addr net.Addr, devAuth, demo bool, srv *server.Server, natsListen, data string) string {
 	base := dialHost(addr)
 	nats := "in-process only"
 	if natsListen != "" {
 		nats = "nats://" + dialHost(srv.Addr())
 	}
-	if devAuth {
-		return fmt.Sprintf("greendot standalone: connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted); HTTP API http://%s; NATS %s; data %s",
-			base, base, nats, data)
+	var how string
+	switch {
+	case demo:
+		how = fmt.Sprintf("open http://%s/ for the demo, or connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base, base)
+	case devAuth:
+		how = fmt.Sprintf("connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base)
+	default:
+		how = fmt.Sprintf("connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=); dev auth is off", base)
 	}
-	return fmt.Sprintf("greendot standalone: connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=); dev auth is off; HTTP API http://%s; NATS %s; data %s",
-		base, base, nats, data)
+	return fmt.Sprintf("greendot standalone: %s; NATS %s; data %s", how, nats, data)
 }
 
 // dialHost returns host:port to dial a listen address at: a listener on

@@ -28,7 +28,7 @@ import (
 
 // devReadyRE matches the line standalone mode prints when it serves with
 // dev auth; the submatches are the gateway's host:port and the NATS URL.
-var devReadyRE = regexp.MustCompile(`greendot standalone: connect to ws://([^/\s]+)/ws\?user=alice \(dev auth is on[^)]*\); HTTP API \S+; NATS ([^;]+); data `)
+var devReadyRE = regexp.MustCompile(`greendot standalone: open http://\S+/ for the demo, or connect to ws://([^/\s]+)/ws\?user=alice \(dev auth is on[^)]*\); NATS ([^;]+); data `)
 
 // jwtReadyRE matches the line standalone mode prints without dev auth.
 var jwtReadyRE = regexp.MustCompile(`greendot standalone: connect to ws://([^/\s]+)/ws with a JWT .*; dev auth is off;`)
@@ -141,6 +141,12 @@ func TestStandalone(t *testing.T) {
 	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != http.StatusOK {
 		t.Errorf("GET /readyz = %d %s", code, body)
 	}
+	if code, body := httpGet(t, "http://"+addr+"/"); code != http.StatusOK || !strings.Contains(body, "<html") {
+		t.Errorf("GET / (the demo) = %d %.200s", code, body)
+	}
+	if code, body := httpGet(t, "http://"+addr+"/demo/api/graph?user=alice"); code != http.StatusOK || !strings.Contains(body, "bob") {
+		t.Errorf("GET /demo/api/graph?user=alice = %d %s, want alice's graph with bob", code, body)
+	}
 
 	startStop := time.Now()
 	if code := p.stop(t); code != 0 {
@@ -237,6 +243,13 @@ func TestStandaloneFromEnvironment(t *testing.T) {
 		m := p.awaitOutput(t, jwtReadyRE)
 		if strings.Contains(p.stderr.String(), "DEV AUTH IS ON") {
 			t.Errorf("dev auth warning with GREENDOT_DEV_AUTH=false:\n%s", p.stderr)
+		}
+		// No demo without dev auth: its endpoints take ?user= on trust.
+		if code, _ := httpGet(t, "http://"+m[1]+"/"); code != http.StatusNotFound {
+			t.Errorf("GET / without dev auth = %d, want 404", code)
+		}
+		if code, body := httpGet(t, "http://"+m[1]+"/greendot.js"); code != http.StatusOK || !strings.Contains(body, "GreenDot") {
+			t.Errorf("GET /greendot.js = %d", code)
 		}
 		_, err := client.Dial(context.Background(), "ws://"+m[1]+"/ws?user=alice", client.Options{})
 		var he *client.HandshakeError
