@@ -1,0 +1,482 @@
+package presence_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// openStore runs an embedded server and opens the buckets on it.
+func openStore(t *testing.T, opts presence.BucketOptions) (*presence.Store, *nats.Conn) {
+	t.Helper()
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	st, err := presence.Open(context.Background(), nc, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, nc
+}
+
+func connsKV(t *testing.T, st *presence.Store) jetstream.KeyValue {
+	t.Helper()
+	kv, err := st.JetStream().KeyValue(context.Background(), presence.ConnsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// TestUpdateStatusConcurrent: writers racing on one record by
+// compare-and-set lose no update.
+func TestUpdateStatusConcurrent(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	const writers, each = 8, 25
+	var conflicts sync.Mutex
+	lost := 0
+	st.OnConflict(func() {
+		conflicts.Lock()
+		lost++
+		conflicts.Unlock()
+	})
+
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range each {
+				id := fmt.Sprintf("w%d-%d", w, i)
+				_, _, written, err := st.UpdateStatus(ctx, "alice", func(r *presence.Record) error {
+					r.SetConn(id, presence.ConnInfo{Gateway: "g"})
+					return nil
+				})
+				if err != nil || !written {
+					t.Errorf("add %s: written %v, %v", id, written, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+
+	rec, rev, err := st.Status(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Conns) != writers*each || rec.Devices != writers*each {
+		t.Errorf("%d connections, %d devices after %d adds", len(rec.Conns), rec.Devices, writers*each)
+	}
+	// Every add changed the device count, so each bumped SelfVer once.
+	if rec.SelfVer != writers*each {
+		t.Errorf("SelfVer = %d, want %d: an update was lost or applied twice", rec.SelfVer, writers*each)
+	}
+	if rev == 0 {
+		t.Error("no revision")
+	}
+	t.Logf("%d writes, %d compare-and-set conflicts", writers*each, lost)
+}
+
+func TestUpdateStatusNoChange(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+
+	// A user with no record: the mutation sees a zero record and the
+	// write creates it.
+	rec, rev, written, err := st.UpdateStatus(ctx, "bob", func(r *presence.Record) error {
+		if r.Status != "" || len(r.Conns) != 0 {
+			t.Errorf("a missing record reads as %+v", r)
+		}
+		r.Chosen = presence.Busy
+		return nil
+	})
+	if err != nil || !written || rev == 0 || rec.Chosen != presence.Busy {
+		t.Fatalf("create: %+v, rev %d, written %v, %v", rec, rev, written, err)
+	}
+
+	// ErrNoChange writes nothing and returns the current record.
+	got, gotRev, written, err := st.UpdateStatus(ctx, "bob", func(r *presence.Record) error {
+		return presence.ErrNoChange
+	})
+	if err != nil || written || gotRev != rev || got.Chosen != presence.Busy {
+		t.Errorf("no change: %+v, rev %d (want %d), written %v, %v", got, gotRev, rev, written, err)
+	}
+	if _, now, _ := st.Status(ctx, "bob"); now != rev {
+		t.Errorf("revision moved from %d to %d without a write", rev, now)
+	}
+
+	// Any other error comes back as it is, and nothing is written.
+	boom := errors.New("boom")
+	if _, _, written, err := st.UpdateStatus(ctx, "bob", func(r *presence.Record) error { return boom }); !errors.Is(err, boom) || written {
+		t.Errorf("failing mutation: written %v, %v", written, err)
+	}
+	if _, now, _ := st.Status(ctx, "bob"); now != rev {
+		t.Errorf("revision moved from %d to %d after a failed mutation", rev, now)
+	}
+}
+
+func TestStatusAfterDelete(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+
+	if _, rev, err := st.Status(ctx, "carol"); !errors.Is(err, presence.ErrNotFound) || rev != 0 {
+		t.Errorf("never written: rev %d, %v; want ErrNotFound at 0", rev, err)
+	}
+	_, rev, _, err := st.UpdateStatus(ctx, "carol", func(r *presence.Record) error {
+		r.SetConn("c1", presence.ConnInfo{Gateway: "g"})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An operator deletes the record: it reads as missing, at the marker's
+	// revision, and the next update creates it over the marker.
+	if err := st.DeleteStatus(ctx, "carol"); err != nil {
+		t.Fatal(err)
+	}
+	_, markerRev, err := st.Status(ctx, "carol")
+	if !errors.Is(err, presence.ErrNotFound) || markerRev <= rev {
+		t.Errorf("deleted: rev %d, %v; want ErrNotFound above %d", markerRev, err, rev)
+	}
+	rec, newRev, written, err := st.UpdateStatus(ctx, "carol", func(r *presence.Record) error {
+		if len(r.Conns) != 0 {
+			t.Errorf("a deleted record reads as %+v", r)
+		}
+		r.SetConn("c2", presence.ConnInfo{Gateway: "g"})
+		return nil
+	})
+	if err != nil || !written || newRev <= markerRev || rec.Status != presence.Online {
+		t.Errorf("after delete: %+v, rev %d, written %v, %v", rec, newRev, written, err)
+	}
+}
+
+// TestConnLifecycle re-checks the JetStream facts (DESIGN.md) the gateway
+// and reaper stand on, through the Store.
+func TestConnLifecycle(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{MarkerTTL: time.Second})
+	ctx := context.Background()
+	kv := connsKV(t, st)
+
+	w, err := kv.Watch(ctx, presence.ConnKeyFilter("dave"), jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	next := func() jetstream.KeyValueEntry {
+		t.Helper()
+		select {
+		case e := <-w.Updates():
+			return e
+		case <-time.After(10 * time.Second):
+			t.Fatal("no entry from the watcher within 10s")
+			return nil
+		}
+	}
+
+	rec := presence.ConnRecord{Gateway: "g", Since: 1, ActiveAt: 1}
+	created := time.Now()
+	rev, err := st.CreateConn(ctx, "dave", "d1", rec, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Operation() != jetstream.KeyValuePut || e.Revision() != rev {
+		t.Fatalf("watcher: %v at %d, want the put at %d", e.Operation(), e.Revision(), rev)
+	}
+	// Create fails while the key lives.
+	if _, err := st.CreateConn(ctx, "dave", "d1", rec, time.Second); err == nil {
+		t.Error("created a key that exists")
+	}
+
+	// Fact 4: the key expires by itself and watchers see a purge marker.
+	e := next()
+	expired := time.Now()
+	if e.Operation() != jetstream.KeyValuePurge || e.Revision() <= rev {
+		t.Fatalf("watcher: %v at %d, want an expiry marker after %d", e.Operation(), e.Revision(), rev)
+	}
+	if took := expired.Sub(created); took < time.Second || took > 3*time.Second {
+		t.Errorf("the key expired %v after it was created with a 1s TTL", took)
+	}
+	_, markerRev, err := st.Conn(ctx, "dave", "d1")
+	if !errors.Is(err, presence.ErrNotFound) || markerRev != e.Revision() {
+		t.Errorf("expired key: rev %d, %v; want ErrNotFound at the marker's %d", markerRev, err, e.Revision())
+	}
+	// A watcher started now still sees the marker, until the marker TTL.
+	late, err := kv.Watch(ctx, presence.ConnKeyFilter("dave"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := <-late.Updates()
+	_ = late.Stop()
+	if first == nil || first.Operation() != jetstream.KeyValuePurge {
+		t.Errorf("a later watcher's first entry: %v, want the marker", first)
+	}
+
+	// Fact 6: a key is created again over its expiry marker.
+	rev2, err := st.CreateConn(ctx, "dave", "d1", rec, time.Minute)
+	if err != nil {
+		t.Fatalf("create over the marker: %v", err)
+	}
+	if rev2 <= markerRev {
+		t.Errorf("recreated at %d, not after the marker at %d", rev2, markerRev)
+	}
+	_ = next()
+
+	// Compare-and-set writes: a wrong revision is refused, and says so.
+	if _, err := st.WriteConn(ctx, "dave", "d1", rec, time.Minute, rev2+10); !presence.IsWrongLastSequence(err) {
+		t.Errorf("write at a wrong revision: %v, want a wrong-last-sequence error", err)
+	}
+	if _, err := st.WriteConn(ctx, "dave", "d1", rec, time.Minute, rev); !presence.IsWrongLastSequence(err) {
+		t.Errorf("write at an old revision: %v, want a wrong-last-sequence error", err)
+	}
+
+	// Fact 2: a write with a TTL replaces the key's TTL. Refreshed with
+	// 2s, the key outlives the 1s it was first given.
+	rev3, err := st.CreateConn(ctx, "dave", "d2", rec, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = next()
+	refreshed := time.Now()
+	rev4, err := st.WriteConn(ctx, "dave", "d2", rec, 2*time.Second, rev3)
+	if err != nil || rev4 <= rev3 {
+		t.Fatalf("refresh: rev %d, %v", rev4, err)
+	}
+	if e := next(); e.Operation() != jetstream.KeyValuePut || e.Revision() != rev4 {
+		t.Fatalf("watcher: %v at %d, want the refresh at %d", e.Operation(), e.Revision(), rev4)
+	}
+	if e := next(); e.Operation() != jetstream.KeyValuePurge || e.Key() != presence.ConnKey("dave", "d2") {
+		t.Fatalf("watcher: %v of %s, want d2's expiry", e.Operation(), e.Key())
+	}
+	if took := time.Since(refreshed); took < 2*time.Second {
+		t.Errorf("the refreshed key expired %v after a write with a 2s TTL", took)
+	}
+	// A write to a key that is gone is refused: the gateway must create
+	// it again.
+	if _, err := st.WriteConn(ctx, "dave", "d2", rec, time.Minute, rev4); !presence.IsWrongLastSequence(err) {
+		t.Errorf("write to an expired key: %v, want a wrong-last-sequence error", err)
+	}
+
+	// A purge removes a key at once; its marker stays for the marker TTL,
+	// then vanishes.
+	if _, err := st.CreateConn(ctx, "dave", "d3", rec, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	_ = next()
+	if err := st.PurgeConn(ctx, "dave", "d3"); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(); e.Operation() != jetstream.KeyValuePurge || e.Key() != presence.ConnKey("dave", "d3") {
+		t.Fatalf("watcher: %v of %s, want d3's purge", e.Operation(), e.Key())
+	}
+	natstest.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+		_, rev, err := st.Conn(ctx, "dave", "d3")
+		if !errors.Is(err, presence.ErrNotFound) || rev != 0 {
+			return fmt.Errorf("d3: rev %d, %v; want nothing left", rev, err)
+		}
+		return nil
+	})
+
+	if presence.IsWrongLastSequence(nil) || presence.IsWrongLastSequence(errors.New("x")) {
+		t.Error("IsWrongLastSequence is true for an unrelated error")
+	}
+}
+
+// TestConnReadDuringRefresh: a key refreshed again and again is always
+// found by Conn, which reads the newest message from the stream leader. The
+// sweep relies on it to confirm that a connection is gone.
+func TestConnReadDuringRefresh(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	const n = 20
+	revs := make([]uint64, n)
+	for i := range n {
+		var err error
+		if revs[i], err = st.CreateConn(ctx, "erin", fmt.Sprintf("e%d", i), presence.ConnRecord{Gateway: "g"}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			for i := range n {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				rev, err := st.WriteConn(ctx, "erin", fmt.Sprintf("e%d", i), presence.ConnRecord{Gateway: "g"}, time.Minute, revs[i])
+				if err != nil {
+					t.Errorf("refresh: %v", err)
+					return
+				}
+				revs[i] = rev
+			}
+		}
+	})
+	for round := range 100 {
+		for i := range n {
+			if _, _, err := st.Conn(ctx, "erin", fmt.Sprintf("e%d", i)); err != nil {
+				t.Errorf("round %d: e%d: %v", round, i, err)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+func TestScans(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{MarkerTTL: time.Second})
+	ctx := context.Background()
+
+	for _, u := range []string{"a", "b", "c"} {
+		if _, _, _, err := st.UpdateStatus(ctx, u, func(r *presence.Record) error {
+			r.Chosen = presence.Busy
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var users []string
+	if err := st.ScanStatus(ctx, func(userID string, rec presence.Record, rev uint64) error {
+		if rec.Chosen != presence.Busy || rev == 0 {
+			t.Errorf("%s: %+v at %d", userID, rec, rev)
+		}
+		users = append(users, userID)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(users)
+	if !slices.Equal(users, []string{"a", "b", "c"}) {
+		t.Errorf("scanned %v", users)
+	}
+	stopErr := errors.New("enough")
+	n := 0
+	if err := st.ScanStatus(ctx, func(string, presence.Record, uint64) error { n++; return stopErr }); !errors.Is(err, stopErr) || n != 1 {
+		t.Errorf("stopping early: %d calls, %v", n, err)
+	}
+
+	for _, k := range [][2]string{{"a", "1"}, {"a", "2"}, {"b", "1"}, {"b", "2"}} {
+		if _, err := st.CreateConn(ctx, k[0], k[1], presence.ConnRecord{Gateway: "g", Device: k[1]}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.PurgeConn(ctx, "b", "2"); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	if err := st.ScanConns(ctx, func(userID, connID string, rec presence.ConnRecord, rev uint64) error {
+		if rec.Device != connID || rev == 0 {
+			t.Errorf("%s.%s: %+v at %d", userID, connID, rec, rev)
+		}
+		keys = append(keys, presence.ConnKey(userID, connID))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"a.1", "a.2", "b.1"}) {
+		t.Errorf("scanned keys %v, want the live ones", keys)
+	}
+	conns, err := st.UserConns(ctx, "a")
+	if err != nil || len(conns) != 2 || conns["1"].Device != "1" {
+		t.Errorf("UserConns(a) = %v, %v", conns, err)
+	}
+	if conns, err := st.UserConns(ctx, "nobody"); err != nil || len(conns) != 0 {
+		t.Errorf("UserConns(nobody) = %v, %v", conns, err)
+	}
+}
+
+func TestGraph(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+
+	for _, e := range [][2]string{{"a", "b"}, {"a", "c"}, {"b", "a"}, {"c", "b"}} {
+		if err := st.Follow(ctx, e[0], e[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := st.Follows(ctx, "a", "b"); !ok || err != nil {
+		t.Errorf("a follows b: %v, %v", ok, err)
+	}
+	if ok, err := st.Follows(ctx, "b", "c"); ok || err != nil {
+		t.Errorf("b follows c: %v, %v", ok, err)
+	}
+	following, err := st.Following(ctx, "a")
+	slices.Sort(following)
+	if err != nil || !slices.Equal(following, []string{"b", "c"}) {
+		t.Errorf("a follows %v, %v", following, err)
+	}
+	followers, err := st.Followers(ctx, "b")
+	slices.Sort(followers)
+	if err != nil || !slices.Equal(followers, []string{"a", "c"}) {
+		t.Errorf("b's followers %v, %v", followers, err)
+	}
+	if err := st.Unfollow(ctx, "a", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := st.Follows(ctx, "a", "b"); ok {
+		t.Error("a still follows b after unfollowing")
+	}
+	if err := st.Follow(ctx, "a", "b.c"); !errors.Is(err, presence.ErrInvalidUserID) {
+		t.Errorf("follow an invalid id: %v", err)
+	}
+	if err := st.Unfollow(ctx, "", "b"); !errors.Is(err, presence.ErrInvalidUserID) {
+		t.Errorf("unfollow an invalid id: %v", err)
+	}
+
+	if s, err := st.Settings(ctx, "a"); err != nil || s.LastSeenVisibility() != presence.Contacts {
+		t.Errorf("default settings: %+v, %v", s, err)
+	}
+	if err := st.SetSettings(ctx, "a", presence.Settings{LastSeen: presence.Nobody}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := st.Settings(ctx, "a"); err != nil || s.LastSeen != presence.Nobody {
+		t.Errorf("settings: %+v, %v", s, err)
+	}
+	if err := st.SetSettings(ctx, "a", presence.Settings{LastSeen: "friends"}); !errors.Is(err, presence.ErrInvalidVisibility) {
+		t.Errorf("set an unknown visibility: %v", err)
+	}
+	if err := st.SetSettings(ctx, "a b", presence.Settings{}); !errors.Is(err, presence.ErrInvalidUserID) {
+		t.Errorf("set settings of an invalid id: %v", err)
+	}
+}
+
+// TestEnsureBucket: opening is idempotent, and brings an existing bucket
+// to the configuration asked for.
+func TestEnsureBucket(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx := context.Background()
+	if _, err := presence.Open(ctx, nc, presence.BucketOptions{MarkerTTL: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := presence.Open(ctx, nc, presence.BucketOptions{MarkerTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := connsKV(t, st)
+	status, err := kv.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if status.LimitMarkerTTL() != 5*time.Second || status.History() != 1 {
+		t.Errorf("conns bucket: marker TTL %v, history %d", status.LimitMarkerTTL(), status.History())
+	}
+	if err := st.Ready(ctx); err != nil {
+		t.Errorf("Ready: %v", err)
+	}
+	if _, err := presence.Open(ctx, nc, presence.BucketOptions{Replicas: 9}); err == nil {
+		t.Error("opened with invalid options")
+	}
+}
