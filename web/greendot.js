@@ -135,9 +135,12 @@ function checkDuration(name, v) {
   }
 }
 
+// report reports an exception thrown by a listener without letting it
+// break the client: as an uncaught error in a browser, on the console
+// elsewhere (where an uncaught error could end the process).
 function report(err) {
   if (typeof reportError === "function") reportError(err);
-  else setTimeout(() => { throw err; });
+  else console.error("greendot: a listener threw:", err);
 }
 
 /**
