@@ -16,6 +16,9 @@
 //
 // Records carry version counters (pv, sv) that their writers bump on every
 // such change, so a fanout that skipped revisions (History keeps a few) or
-// restarted still knows what moved; gateways drop events whose revision is
-// not newer than what they have, so duplicates from redelivery are harmless.
+// restarted still knows what moved. A fanout skips a revision no newer
+// than one it already handled for the user (delivered again after a lost
+// acknowledgement), and gateways drop events whose revision is not newer
+// than what they have, so duplicates from redelivery, or from several
+// fanouts, are harmless.
 package fanout

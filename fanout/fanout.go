@@ -79,7 +79,9 @@ type Service struct {
 	ready atomic.Pointer[presence.Store]
 }
 
-type versions struct{ pub, self uint64 }
+// versions are what this instance last published of a user: the record's
+// public and self versions, and the revision they came from.
+type versions struct{ pub, self, rev uint64 }
 
 // New validates cfg and returns a fanout that will use nc. It starts no
 // goroutines and does no I/O. The caller owns nc.
@@ -184,8 +186,17 @@ func (s *Service) process(msg jetstream.Msg) error {
 	}
 
 	last, known := s.sent[userID]
+	if known && rev <= last.rev {
+		// Handled already, or older than a revision that was: delivered
+		// again because an acknowledgement was lost. What it says is out
+		// of date; publishing it would also set this memory back.
+		s.metrics.ignored.WithLabelValues("stale").Inc()
+		return nil
+	}
 	// A deleted record (an operator's `nats kv del`) makes the user offline
-	// to everyone; its versions start over, so forget what was sent.
+	// to everyone; its versions start over from zero (see below). Versions
+	// lower than those published mean the same, seen by an instance that
+	// did not handle the deletion.
 	if deleted || !known || rec.PubVer > last.pub || rec.PubVer < last.pub {
 		ev := presence.Event{UserID: userID, Status: presence.Offline, Rev: rev}
 		if !deleted {
@@ -218,9 +229,10 @@ func (s *Service) process(msg jetstream.Msg) error {
 		clear(s.sent)
 	}
 	if deleted {
-		delete(s.sent, userID)
+		// Versions start over from zero in a record made again.
+		s.sent[userID] = versions{rev: rev}
 	} else {
-		s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer}
+		s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer, rev: rev}
 	}
 	s.cached.Store(int64(len(s.sent)))
 	return nil

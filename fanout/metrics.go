@@ -31,7 +31,7 @@ func newFanoutMetrics(reg prometheus.Registerer, s *Service) *fanoutMetrics {
 		self: f.Counter("greendot_fanout_self_events_published_total",
 			"Self events published on presence.gw.<gateway>.self, one per gateway holding a connection of the user."),
 		ignored: f.CounterVec("greendot_fanout_revisions_ignored_total",
-			"Revisions acknowledged without an event because they are not greendot's, by reason: invalid_key, undecodable.", "reason"),
+			"Revisions acknowledged without an event, by reason: not greendot's (invalid_key, undecodable), or delivered again after a newer one was handled (stale).", "reason"),
 		failed: f.Counter("greendot_fanout_revisions_failed_total",
 			"Revisions that could not be processed (metadata, publish) and were handed back for redelivery."),
 		processing: f.Histogram("greendot_fanout_processing_seconds",

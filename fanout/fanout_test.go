@@ -1,0 +1,324 @@
+package fanout_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// bench is an embedded NATS server, a store that plays the gateways' part,
+// and subscriptions that see what fanouts publish.
+type bench struct {
+	t      *testing.T
+	srv    *server.Server
+	nc     *nats.Conn
+	store  *presence.Store
+	events *nats.Subscription // every public event
+}
+
+func newBench(t *testing.T, srv *server.Server, opts ...nats.Option) *bench {
+	t.Helper()
+	if srv == nil {
+		srv = natstest.RunServer(t)
+	}
+	nc := natstest.Connect(t, srv, opts...)
+	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &bench{t: t, srv: srv, nc: nc, store: store}
+	b.events = b.subscribe(presence.EventWildcard)
+	return b
+}
+
+func (b *bench) subscribe(subject string) *nats.Subscription {
+	b.t.Helper()
+	sub, err := b.nc.SubscribeSync(subject)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if err := b.nc.Flush(); err != nil {
+		b.t.Fatal(err)
+	}
+	return sub
+}
+
+// startFanout runs a fanout on its own connection until the returned
+// function (or the end of the test) stops it.
+func (b *bench) startFanout(cfg fanout.Config, opts ...nats.Option) (stop func()) {
+	b.t.Helper()
+	f, err := fanout.New(natstest.Connect(b.t, b.srv, opts...), cfg)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					b.t.Errorf("fanout: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				b.t.Errorf("fanout did not stop within 30s")
+			}
+		})
+	}
+	b.t.Cleanup(stop)
+	natstest.CheckFor(b.t, 10*time.Second, 10*time.Millisecond, func() error { return f.Ready(ctx) })
+	return stop
+}
+
+// update changes a user's record as a gateway would, and returns the
+// record and its revision.
+func (b *bench) update(user string, mutate func(*presence.Record)) (presence.Record, uint64) {
+	b.t.Helper()
+	rec, rev, written, err := b.store.UpdateStatus(context.Background(), user, func(r *presence.Record) error {
+		mutate(r)
+		return nil
+	})
+	if err != nil || !written {
+		b.t.Fatalf("update %s: written %v, %v", user, written, err)
+	}
+	return rec, rev
+}
+
+// barrier writes a change of a user nobody else uses and returns once its
+// event was published: every revision written before it has been handled
+// by then (one fanout handles revisions in order).
+func (b *bench) barrier() {
+	b.t.Helper()
+	n := time.Now().UnixNano()
+	_, rev := b.update("barrier", func(r *presence.Record) {
+		if len(r.Conns) == 0 {
+			r.SetConn(fmt.Sprint(n), presence.ConnInfo{Gateway: "gw-barrier"})
+		} else {
+			r.Conns = nil
+		}
+	})
+	if ev := b.nextEvent(); ev.UserID != "barrier" || ev.Rev != rev {
+		b.t.Fatalf("unexpected event before the barrier: %+v", ev)
+	}
+}
+
+func (b *bench) nextEvent() presence.Event {
+	b.t.Helper()
+	return next[presence.Event](b.t, b.events)
+}
+
+func next[T any](t *testing.T, sub *nats.Subscription) T {
+	t.Helper()
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("%s: %v", sub.Subject, err)
+	}
+	var v T
+	if err := json.Unmarshal(m.Data, &v); err != nil {
+		t.Fatalf("%s: %s: %v", sub.Subject, m.Data, err)
+	}
+	return v
+}
+
+// none checks that nothing more arrived on sub.
+func none(t *testing.T, sub *nats.Subscription) {
+	t.Helper()
+	if n, _, err := sub.Pending(); err != nil || n != 0 {
+		m, _ := sub.NextMsg(0)
+		t.Errorf("%s: %d more messages (%v), the first: %s", sub.Subject, n, err, m.Data)
+	}
+}
+
+func TestEvents(t *testing.T) {
+	b := newBench(t, nil)
+	b.startFanout(fanout.Config{})
+	gw1 := b.subscribe(presence.SelfSubject("gw1"))
+	gw2 := b.subscribe(presence.SelfSubject("gw2"))
+
+	// Online: one public event with the record's revision, and the
+	// user's own state to the gateway holding the connection.
+	rec, rev := b.update("alice", func(r *presence.Record) { r.SetConn("a1", presence.ConnInfo{Gateway: "gw1"}) })
+	ev := b.nextEvent()
+	if ev != (presence.Event{UserID: "alice", Status: presence.Online, LastSeen: rec.LastSeen, Rev: rev, At: rec.Updated}) {
+		t.Errorf("event = %+v, want online at rev %d", ev, rev)
+	}
+	if self := next[presence.SelfEvent](t, gw1); self != (presence.SelfEvent{UserID: "alice", Status: presence.Online, Devices: 1, Rev: rev}) {
+		t.Errorf("self = %+v", self)
+	}
+
+	// A second device on another gateway: nobody else can see it, so no
+	// public event; both gateways learn the device count.
+	_, rev = b.update("alice", func(r *presence.Record) { r.SetConn("a2", presence.ConnInfo{Gateway: "gw2"}) })
+	for _, sub := range []*nats.Subscription{gw1, gw2} {
+		if self := next[presence.SelfEvent](t, sub); self.Devices != 2 || self.Rev != rev || self.Status != presence.Online {
+			t.Errorf("%s: self = %+v, want online with 2 devices at %d", sub.Subject, self, rev)
+		}
+	}
+	b.barrier()
+
+	// Busy: a public event.
+	_, rev = b.update("alice", func(r *presence.Record) { r.Chosen = presence.Busy })
+	if ev := b.nextEvent(); ev.Status != presence.Busy || ev.Rev != rev {
+		t.Errorf("event = %+v, want busy at %d", ev, rev)
+	}
+	for _, sub := range []*nats.Subscription{gw1, gw2} {
+		if self := next[presence.SelfEvent](t, sub); self.Status != presence.Busy || self.Rev != rev {
+			t.Errorf("%s: self = %+v, want busy at %d", sub.Subject, self, rev)
+		}
+	}
+
+	// Invisible looks offline to others; the user's own devices see the
+	// truth.
+	_, rev = b.update("alice", func(r *presence.Record) { r.Chosen = presence.Invisible })
+	if ev := b.nextEvent(); ev.Status != presence.Offline || ev.Rev != rev {
+		t.Errorf("event = %+v, want offline at %d", ev, rev)
+	}
+	for _, sub := range []*nats.Subscription{gw1, gw2} {
+		if self := next[presence.SelfEvent](t, sub); self.Status != presence.Invisible || self.Rev != rev {
+			t.Errorf("%s: self = %+v, want invisible at %d", sub.Subject, self, rev)
+		}
+	}
+
+	// An invisible user's devices going idle or closing changes nothing
+	// others see.
+	b.update("alice", func(r *presence.Record) {
+		for id, c := range r.Conns {
+			c.Idle = true
+			r.Conns[id] = c
+		}
+	})
+	_, rev = b.update("alice", func(r *presence.Record) {
+		c := r.Conns["a2"]
+		c.Closing = true
+		r.Conns["a2"] = c
+	})
+	b.barrier()
+	// The closing connection's gateway is no longer told.
+	if self := next[presence.SelfEvent](t, gw1); self.Devices != 1 || self.Rev != rev {
+		t.Errorf("self = %+v, want 1 device at %d", self, rev)
+	}
+	b.barrier()
+	none(t, gw2)
+
+	// Visible again, then every connection gone: offline, with last_seen.
+	b.update("alice", func(r *presence.Record) { r.Chosen = presence.Online })
+	if ev := b.nextEvent(); ev.Status != presence.Away {
+		t.Errorf("event = %+v, want away (every connection idle)", ev)
+	}
+	rec, rev = b.update("alice", func(r *presence.Record) { r.Conns = nil })
+	if ev := b.nextEvent(); ev.Status != presence.Offline || ev.Rev != rev || ev.LastSeen != rec.LastSeen || ev.LastSeen == 0 {
+		t.Errorf("event = %+v, want offline at %d with last_seen %d", ev, rev, rec.LastSeen)
+	}
+
+	// An operator deletes the record: offline, at the marker's revision.
+	b.update("bob", func(r *presence.Record) { r.SetConn("b1", presence.ConnInfo{Gateway: "gw1"}) })
+	if ev := b.nextEvent(); ev.UserID != "bob" || ev.Status != presence.Online {
+		t.Errorf("event = %+v, want bob online", ev)
+	}
+	if err := b.store.DeleteStatus(context.Background(), "bob"); err != nil {
+		t.Fatal(err)
+	}
+	_, markerRev, _ := b.store.Status(context.Background(), "bob")
+	if ev := b.nextEvent(); ev.UserID != "bob" || ev.Status != presence.Offline || ev.Rev != markerRev {
+		t.Errorf("event = %+v, want bob offline at the marker's %d", ev, markerRev)
+	}
+	// Versions start over in a record made again; its first change is
+	// published.
+	b.update("bob", func(r *presence.Record) { r.SetConn("b2", presence.ConnInfo{Gateway: "gw1"}) })
+	if ev := b.nextEvent(); ev.UserID != "bob" || ev.Status != presence.Online {
+		t.Errorf("event = %+v, want bob online again", ev)
+	}
+
+	// Keys that are not user ids, and values that are not records, are
+	// skipped without stopping the fanout.
+	kv, err := b.store.JetStream().KeyValue(context.Background(), presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), "carol", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(context.Background(), "dave.x", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	b.barrier()
+}
+
+// TestRestartPublishesTheTruth: a fanout that starts over (its memory of
+// what it published is gone) publishes what the newest revisions say, and
+// never an older revision again.
+func TestRestartPublishesTheTruth(t *testing.T) {
+	b := newBench(t, nil)
+	stop := b.startFanout(fanout.Config{})
+	b.update("erin", func(r *presence.Record) { r.SetConn("e1", presence.ConnInfo{Gateway: "gw1"}) })
+	b.update("erin", func(r *presence.Record) { r.Chosen = presence.Busy })
+	b.nextEvent()
+	b.nextEvent()
+	stop()
+
+	// Written while no fanout runs: a device change only.
+	_, rev := b.update("erin", func(r *presence.Record) { r.SetConn("e2", presence.ConnInfo{Gateway: "gw1"}) })
+	b.startFanout(fanout.Config{})
+	ev := b.nextEvent()
+	if ev.UserID != "erin" || ev.Status != presence.Busy || ev.Rev != rev {
+		t.Errorf("after a restart: %+v, want erin busy at %d", ev, rev)
+	}
+	b.barrier()
+}
+
+// TestRedelivery: revisions whose acknowledgement never reaches the server
+// are delivered again and again. A revision delivered again after a newer
+// one was published must not be published again: its event would say what
+// is no longer true (gateways drop it by revision, but every gateway
+// watching the user receives it, and the fanout's memory would go back).
+func TestRedelivery(t *testing.T) {
+	srv := natstest.RunServerWithOptions(t, &server.Options{
+		Users: []*server.User{
+			{Username: "operator", Password: "pw"},
+			{Username: "fanout", Password: "pw", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{">"}, Deny: []string{"$JS.ACK.>"}},
+			}},
+		},
+	})
+	b := newBench(t, srv, nats.UserInfo("operator", "pw"))
+	b.startFanout(fanout.Config{AckWait: 100 * time.Millisecond},
+		nats.UserInfo("fanout", "pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+
+	_, rev1 := b.update("frank", func(r *presence.Record) { r.SetConn("f1", presence.ConnInfo{Gateway: "gw1"}) })
+	if ev := b.nextEvent(); ev.Rev != rev1 || ev.Status != presence.Online {
+		t.Fatalf("event = %+v, want online at %d", ev, rev1)
+	}
+	_, rev2 := b.update("frank", func(r *presence.Record) { r.Chosen = presence.Busy })
+	newest := rev1
+	deadline := time.Now().Add(time.Second) // ten redeliveries of each
+	for time.Now().Before(deadline) {
+		m, err := b.events.NextMsg(time.Until(deadline))
+		if err != nil {
+			break // nothing more within the window
+		}
+		var ev presence.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Rev <= newest {
+			t.Fatalf("revision %d (%s) published again after %d was", ev.Rev, ev.Status, newest)
+		}
+		newest = ev.Rev
+	}
+	if newest != rev2 {
+		t.Errorf("newest event at %d, want %d", newest, rev2)
+	}
+}
