@@ -21,9 +21,9 @@ import (
 )
 
 // demoURL returns the demo page's URL on base, as user, with extra query
-// parameters.
+// parameters (which win over fastPage's: the page reads the first of each).
 func demoURL(base, user string, extra ...string) string {
-	return base + "/?user=" + user + "&" + strings.Join(append([]string{fastPage}, extra...), "&")
+	return base + "/?user=" + user + "&" + strings.Join(append(extra, fastPage), "&")
 }
 
 // follow follows someone through the page's form, as a person would: type
@@ -65,7 +65,9 @@ func TestBrowserTwoUsers(t *testing.T) {
 	gw := sys.Gateway()
 	c := startChrome(t)
 
-	alice := c.open("alice", demoURL(gw.HTTP, "alice"))
+	// alice's page reads the graph only after her own changes (no polling
+	// within the test), so what she follows must show at once.
+	alice := c.open("alice", demoURL(gw.HTTP, "alice", "graph_poll_ms=600000"))
 	alice.waitSelf("online")
 	if got := alice.text("#me-devices"); got != "(1 device)" {
 		t.Errorf("alice's device count: %q", got)

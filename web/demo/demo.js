@@ -214,32 +214,45 @@ function start(me) {
     $("privacy-select").value = graph.lastSeen;
   }
 
-  // refresh reads the graph and watches everyone who is a mutual follower.
-  let refreshing = null;
-  async function refresh() {
-    if (refreshing) return refreshing;
-    refreshing = (async () => {
-      try {
-        const g = await api("graph");
-        graph.following = new Map(g.following.map((f) => [f.user_id, f.follows_you]));
-        graph.followers = g.followers;
-        graph.lastSeen = g.last_seen;
-        const watched = new Set(client.subscriptions);
-        const want = [...graph.following].filter(([, back]) => back).map(([id]) => id).filter((id) => !watched.has(id));
-        const gone = [...watched].filter((id) => !graph.following.get(id));
-        if (gone.length > 0) client.unsubscribe(gone);
-        renderAll();
-        if (want.length > 0) {
-          for (const id of want) denied.delete(id);
-          client.subscribe(want).then(() => renderAll(), () => {});
-        }
-      } catch (err) {
-        console.warn("greendot demo: reading the follow graph failed:", err);
-      } finally {
-        refreshing = null;
+  // load reads the graph and watches everyone who is a mutual follower.
+  async function load() {
+    try {
+      const g = await api("graph");
+      graph.following = new Map(g.following.map((f) => [f.user_id, f.follows_you]));
+      graph.followers = g.followers;
+      graph.lastSeen = g.last_seen;
+      const watched = new Set(client.subscriptions);
+      const want = [...graph.following].filter(([, back]) => back).map(([id]) => id).filter((id) => !watched.has(id));
+      const gone = [...watched].filter((id) => !graph.following.get(id));
+      if (gone.length > 0) client.unsubscribe(gone);
+      renderAll();
+      if (want.length > 0) {
+        for (const id of want) denied.delete(id);
+        client.subscribe(want).then(() => renderAll(), () => {});
       }
-    })();
-    return refreshing;
+    } catch (err) {
+      console.warn("greendot demo: reading the follow graph failed:", err);
+    }
+  }
+
+  // refresh runs load, or, when a load is running (it may have read the
+  // graph before a change just made), runs one more after it.
+  let running = null;
+  let queued = null;
+  function refresh() {
+    if (!running) {
+      running = load().finally(() => {
+        running = null;
+      });
+      return running;
+    }
+    if (!queued) {
+      queued = running.then(() => {
+        queued = null;
+        return refresh();
+      });
+    }
+    return queued;
   }
 
   async function follow(id, both) {
