@@ -742,7 +742,7 @@ export class GreenDot {
   // suspend closes the socket of a tab hidden for closeAfterMs; it opens
   // again when the tab is visible.
   #suspend() {
-    if (this.#closed) return;
+    if (this.#closed || this.#state === "new") return; // not connected yet: nothing to pause
     this.#suspended = true;
     this.#clearRetry();
     const ws = this.#ws;
