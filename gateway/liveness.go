@@ -158,7 +158,12 @@ func (c *conn) recreateLocked(ctx context.Context) error {
 	if _, _, err := s.addToRecord(ctx, c); err != nil {
 		return err
 	}
-	s.log.Info("connection key was gone: created it again", "user_id", c.userID, "conn_id", c.connID)
+	// One line per connection at debug: after a NATS outage every
+	// connection may take this path. greendot_gateway_kv_writes_total
+	// {kind="create"} counts them.
+	if s.log.Enabled(ctx, levelDebug) {
+		s.log.LogAttrs(ctx, levelDebug, "connection key was gone: created it again", attrUser(c.userID), attrConn(c.connID))
+	}
 	return nil
 }
 
