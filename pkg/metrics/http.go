@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
+
+// ReadyTimeout bounds one readiness check of OpsHandler.
+const ReadyTimeout = 2 * time.Second
 
 // OpsHandler serves what a process without an HTTP API of its own (the
 // reaper, the fanout) offers operators on --metrics-listen:
@@ -16,7 +20,7 @@ import (
 //	              when ready returns an error (NATS not connected, buckets missing)
 //	GET /metrics  the metrics gathered by g, in the Prometheus text format
 //
-// A nil ready means always ready.
+// A nil ready means always ready; a readiness check gets ReadyTimeout.
 func OpsHandler(g prometheus.Gatherer, ready func(context.Context) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -24,7 +28,9 @@ func OpsHandler(g prometheus.Gatherer, ready func(context.Context) error) http.H
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if ready != nil {
-			if err := ready(r.Context()); err != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
+			defer cancel()
+			if err := ready(ctx); err != nil {
 				writeStatus(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
 				return
 			}
