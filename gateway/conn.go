@@ -180,14 +180,28 @@ func (c *conn) end(kind endKind, code ws.StatusCode, reason string) {
 	}
 	c.pollMu.Unlock()
 	s.unwatch(c)
-	if code != 0 && c.wmu.TryLock() {
-		var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
-		buf := bytes.NewBuffer(b[:0])
-		_ = ws.WriteFrame(buf, ws.NewCloseFrame(ws.NewCloseFrameBody(code, reason)))
-		_ = c.writeRaw(buf.Bytes(), time.Second)
+	switch {
+	case code == 0:
+		_ = c.nc.Close()
+	case c.wmu.TryLock():
+		c.writeClose(code, reason)
 		c.wmu.Unlock()
+		_ = c.nc.Close()
+	default:
+		// A frame is being written: the close frame follows it, so that
+		// the client learns why it was closed. Writers after it see the
+		// connection closed and write nothing; the one in progress ends
+		// within WriteTimeout.
+		closeAfter := func() {
+			c.wmu.Lock()
+			c.writeClose(code, reason)
+			c.wmu.Unlock()
+			_ = c.nc.Close()
+		}
+		if !s.bg.Go(closeAfter) {
+			go closeAfter()
+		}
 	}
-	_ = c.nc.Close()
 	s.hub.removeConn(c)
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
@@ -199,6 +213,15 @@ func (c *conn) end(kind endKind, code ws.StatusCode, reason string) {
 	if !s.bg.Go(settle) {
 		settle()
 	}
+}
+
+// writeClose writes a close frame with a short deadline; the caller holds
+// wmu.
+func (c *conn) writeClose(code ws.StatusCode, reason string) {
+	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
+	buf := bytes.NewBuffer(b[:0])
+	_ = ws.WriteFrame(buf, ws.NewCloseFrame(ws.NewCloseFrameBody(code, reason)))
+	_ = c.writeRaw(buf.Bytes(), time.Second)
 }
 
 // isTimeout reports whether err is a write deadline passing: the client
