@@ -56,7 +56,9 @@ type frameSink interface {
 //
 // decode returns an *errFrame for a protocol violation, after which the
 // connection must be closed; or nil. It returns nil early if sink asks to
-// stop.
+// stop. Between calls the decoder holds at most maxMsg plus one frame
+// header (ws.MaxHeaderSize) bytes, and what it finds does not depend on how
+// the bytes are cut into calls.
 func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 	if len(d.partial) > 0 {
 		data = append(d.partial, data...)
@@ -87,6 +89,12 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 			return errTooBig
 		}
 		hlen := len(data) - r.Len()
+		// A control frame between the fragments of a message shares the
+		// message's budget: the decoder never holds more than maxMsg plus
+		// one frame header, however the bytes arrive.
+		if h.OpCode.IsControl() && d.fragmented && int64(len(d.frag)+hlen)+h.Length > int64(maxMsg+ws.MaxHeaderSize) {
+			return errTooBig
+		}
 		if int64(len(data)-hlen) < h.Length {
 			d.keep(data)
 			return nil

@@ -1,0 +1,418 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"reflect"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// The fuzz targets of the gateway. Their seed corpora are checked in under
+// testdata/fuzz/<target>/ and run with every `go test`; to fuzz, run one
+// target at a time for a bounded time, e.g.
+//
+//	go test ./gateway -run '^$' -fuzz '^FuzzDecodeClient$' -fuzztime 20s
+//	go test ./gateway -run '^$' -fuzz '^FuzzFrameDecoder$' -fuzztime 20s
+//	go test ./gateway -run '^$' -fuzz '^FuzzClientMessage$' -fuzztime 20s
+
+// FuzzDecodeClient feeds arbitrary bytes to protocol.DecodeClient, the
+// decoding of every client message: it must never panic, must refuse
+// anything that is not a JSON object with a string type with an error
+// wrapping protocol.ErrBadRequest, and what it accepts must survive a
+// round trip through encoding.
+func FuzzDecodeClient(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"heartbeat"}`,
+		`{"type":"subscribe","id":"1","user_ids":["bob","carol"]}`,
+		`{"type":"subscribe","all":true}`,
+		`{"type":"set_status","status":"busy","id":"x"}`,
+		`{"type":"auth","token":"a.b.c"}`,
+		`{"type":"unsubscribe","user_ids":[]}`,
+		` {"type":"idle"} `,
+		`{"type":5}`,
+		`{"type":"subscribe","user_ids":"bob"}`,
+		`{"type":"subscribe","user_ids":[1]}`,
+		`{"type":"x","all":"yes"}`,
+		`[]`, `null`, `"heartbeat"`, `{`, ``,
+		`{"type":"heartbeat","type":"activity"}`,
+		`{"type":"\u0000"}`,
+		`{"TYPE":"heartbeat"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m := protocol.ClientMessage{Type: "stale", ID: "stale", UserIDs: []string{"stale"}}
+		err := protocol.DecodeClient(data, &m)
+		if err != nil {
+			if !errors.Is(err, protocol.ErrBadRequest) {
+				t.Fatalf("DecodeClient(%q) = %v, which does not wrap ErrBadRequest", data, err)
+			}
+			if err.Error() == "" {
+				t.Fatalf("DecodeClient(%q): error without a message", data)
+			}
+			return
+		}
+		if m.Type == "" {
+			t.Fatalf("DecodeClient(%q) accepted a message without a type: %+v", data, m)
+		}
+		if trimmed := bytes.TrimSpace(data); len(trimmed) == 0 || trimmed[0] != '{' {
+			t.Fatalf("DecodeClient(%q) accepted something that is not an object", data)
+		}
+		enc, err := json.Marshal(&m)
+		if err != nil {
+			t.Fatalf("encode %+v: %v", m, err)
+		}
+		var again protocol.ClientMessage
+		if err := protocol.DecodeClient(enc, &again); err != nil {
+			t.Fatalf("DecodeClient(%s), the encoding of %+v: %v", enc, m, err)
+		}
+		if !reflect.DeepEqual(normalize(m), normalize(again)) {
+			t.Fatalf("round trip of %q: %+v, then %+v", data, m, again)
+		}
+	})
+}
+
+// normalize makes an empty user_ids array and a missing one compare equal
+// (the encoding leaves out an empty one).
+func normalize(m protocol.ClientMessage) protocol.ClientMessage {
+	if len(m.UserIDs) == 0 {
+		m.UserIDs = nil
+	}
+	return m
+}
+
+// fuzzMaxMsg is the message size limit of FuzzFrameDecoder: the smallest a
+// gateway can be configured with, so that the fuzzer reaches it easily.
+const fuzzMaxMsg = 256
+
+// decoded is what a decoder passed to its sink: a message (op 0) or a
+// control frame.
+type decoded struct {
+	op      ws.OpCode
+	payload string
+}
+
+// recorder is a frameSink that records what it is given.
+type recorder struct{ got []decoded }
+
+func (r *recorder) message(p []byte) bool {
+	r.got = append(r.got, decoded{0, string(p)})
+	return true
+}
+
+func (r *recorder) control(op ws.OpCode, p []byte) bool {
+	r.got = append(r.got, decoded{op, string(p)})
+	return true
+}
+
+// FuzzFrameDecoder feeds arbitrary bytes, cut into arbitrary pieces, to the
+// decoder that turns what a socket reads into messages and control
+// frames. It must never panic, never hold more than the message size limit
+// plus a frame header (14 bytes), hand over only valid UTF-8 messages
+// within the limit and control payloads of at most 125 bytes, and find the
+// same messages and the same error however the bytes are cut.
+func FuzzFrameDecoder(f *testing.F) {
+	mask := func(op ws.OpCode, fin bool, payload string) []byte {
+		fr := ws.NewFrame(op, fin, []byte(payload))
+		fr = ws.MaskFrameInPlaceWith(fr, [4]byte{0x5a, 0x01, 0xc3, 0x7e})
+		b, err := ws.CompileFrame(fr)
+		if err != nil {
+			f.Fatal(err)
+		}
+		return b
+	}
+	join := func(frames ...[]byte) []byte { return bytes.Join(frames, nil) }
+	seeds := [][]byte{
+		mask(ws.OpText, true, `{"type":"heartbeat"}`),
+		join(mask(ws.OpText, false, `{"type":`), mask(ws.OpPing, true, "p"), mask(ws.OpContinuation, true, `"idle"}`)),
+		join(mask(ws.OpText, true, "a"), mask(ws.OpText, true, "b"), mask(ws.OpClose, true, "\x03\xe8bye")),
+		mask(ws.OpBinary, true, "x"),
+		mask(ws.OpText, true, string(make([]byte, fuzzMaxMsg+1))),
+		mask(ws.OpText, true, "\xff"),
+		{0x81, 0x05, 'h', 'e', 'l', 'l', 'o'},               // unmasked
+		{0x83, 0x80, 1, 2, 3, 4},                            // reserved op code
+		{0x09, 0x80, 1, 2, 3, 4},                            // fragmented ping
+		{0x81, 0xff, 0x80, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4}, // length with the top bit set
+	}
+	// A ping in the middle of a fragmented message of the largest size,
+	// arriving in pieces.
+	f.Add(join(mask(ws.OpText, false, string(bytes.Repeat([]byte("m"), fuzzMaxMsg))),
+		mask(ws.OpPing, true, string(bytes.Repeat([]byte("p"), ws.MaxControlFramePayloadSize))),
+		mask(ws.OpContinuation, true, "")), []byte{255, 100})
+	for _, s := range seeds {
+		f.Add(s, []byte{0})
+		f.Add(s, []byte{2, 5, 0, 200})
+	}
+	f.Fuzz(func(t *testing.T, data, cuts []byte) {
+		var whole decoder
+		wr := &recorder{}
+		werr := whole.decode(bytes.Clone(data), fuzzMaxMsg, wr)
+		checkDecoded(t, wr.got)
+
+		var pieces decoder
+		pr := &recorder{}
+		var perr error
+		rest := data
+		for i := 0; len(rest) > 0; i++ {
+			n := len(rest)
+			if len(cuts) > 0 {
+				n = min(n, int(cuts[i%len(cuts)])+1)
+			}
+			// A fresh slice each time: the decoder must not keep what it
+			// is given.
+			chunk := bytes.Clone(rest[:n])
+			rest = rest[n:]
+			perr = pieces.decode(chunk, fuzzMaxMsg, pr)
+			clear(chunk)
+			if perr != nil {
+				break
+			}
+			if held := pieces.buffered(); held > fuzzMaxMsg+ws.MaxHeaderSize {
+				t.Fatalf("decoder holds %d bytes, more than %d+%d", held, fuzzMaxMsg, ws.MaxHeaderSize)
+			}
+		}
+		if !reflect.DeepEqual(wr.got, pr.got) {
+			t.Fatalf("whole: %q; in pieces: %q", wr.got, pr.got)
+		}
+		var wf, pf *errFrame
+		switch {
+		case (werr == nil) != (perr == nil):
+			t.Fatalf("whole: %v; in pieces: %v", werr, perr)
+		case werr != nil && (!errors.As(werr, &wf) || !errors.As(perr, &pf)):
+			t.Fatalf("errors are not protocol violations: %v, %v", werr, perr)
+		case werr != nil && (wf.code != pf.code || wf.reason != pf.reason):
+			t.Fatalf("whole: %d %s; in pieces: %d %s", wf.code, wf.reason, pf.code, pf.reason)
+		case werr == nil && whole.buffered() != pieces.buffered():
+			t.Fatalf("whole holds %d bytes, in pieces %d", whole.buffered(), pieces.buffered())
+		}
+		if werr == nil && whole.buffered() > fuzzMaxMsg+ws.MaxHeaderSize {
+			t.Fatalf("decoder holds %d bytes", whole.buffered())
+		}
+	})
+}
+
+// checkDecoded checks what a decoder handed over.
+func checkDecoded(t *testing.T, got []decoded) {
+	t.Helper()
+	for _, d := range got {
+		switch d.op {
+		case 0:
+			if len(d.payload) > fuzzMaxMsg || !utf8.ValidString(d.payload) {
+				t.Fatalf("message of %d bytes handed over: %q", len(d.payload), d.payload)
+			}
+		case ws.OpPing, ws.OpPong, ws.OpClose:
+			if len(d.payload) > ws.MaxControlFramePayloadSize {
+				t.Fatalf("control frame of %d bytes handed over", len(d.payload))
+			}
+		default:
+			t.Fatalf("op code %v handed over", d.op)
+		}
+	}
+}
+
+// fuzzGateway is a gateway on an embedded NATS server, with one client
+// socket that FuzzClientMessage sends to and a bystander whose state must
+// not change.
+type fuzzGateway struct {
+	svc       *Service
+	url       string
+	store     *presence.Store
+	conn      *client.Conn
+	bystander presence.Record
+	n         int
+}
+
+func startFuzzGateway(f *testing.F) *fuzzGateway {
+	srv := natstest.RunServer(f)
+	nc := natstest.Connect(f, srv)
+	svc, err := New(nc, Config{
+		DevAuth:   true,
+		ConnTTL:   5 * time.Minute,
+		RateLimit: 1e6,
+		RateBurst: 1e6,
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, ln) }()
+	f.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			f.Errorf("serve: %v", err)
+		}
+	})
+	natstest.CheckFor(f, 10*time.Second, 10*time.Millisecond, func() error { return svc.Ready(ctx) })
+	g := &fuzzGateway{svc: svc, url: "ws://" + ln.Addr().String() + WebSocketPath, store: svc.store}
+	for _, e := range [][2]string{{"fuzzer", "friend"}, {"friend", "fuzzer"}} {
+		if err := g.store.Follow(ctx, e[0], e[1]); err != nil {
+			f.Fatal(err)
+		}
+	}
+	friend, err := client.Dial(ctx, g.url+"?user=friend", client.Options{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = friend.Abort() })
+	if g.bystander, _, err = g.store.Status(ctx, "friend"); err != nil {
+		f.Fatal(err)
+	}
+	return g
+}
+
+// socket returns the fuzzer's socket, connecting it again if the previous
+// input closed it.
+func (g *fuzzGateway) socket(t *testing.T) *client.Conn {
+	if g.conn == nil {
+		c, err := client.Dial(context.Background(), g.url+"?user=fuzzer", client.Options{})
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		g.conn = c
+	}
+	return g.conn
+}
+
+// FuzzClientMessage sends arbitrary text messages on a real socket to a
+// real gateway. Every input must be answered as PROTOCOL.md says: with
+// frames of known types and codes, replies echoing the message's id, the
+// socket kept open (or closed with 1007 for invalid UTF-8, 1009 for an
+// oversized message, 1008 for a bad auth), the gateway still serving the
+// next message, and another user's status record untouched.
+func FuzzClientMessage(f *testing.F) {
+	for _, s := range []string{
+		`{"type":"heartbeat"}`,
+		`{"type":"activity","id":"a"}`,
+		`{"type":"idle"}`,
+		`{"type":"set_status","status":"busy","id":"s"}`,
+		`{"type":"set_status","status":"invisible"}`,
+		`{"type":"set_status","status":"offline","id":"bad"}`,
+		`{"type":"subscribe","id":"1","user_ids":["friend","stranger","bad id"]}`,
+		`{"type":"subscribe","id":"2","user_ids":["fuzzer","fuzzer"]}`,
+		`{"type":"subscribe","all":true,"id":"all"}`,
+		`{"type":"subscribe","id":"none","user_ids":[]}`,
+		`{"type":"unsubscribe","user_ids":["friend"]}`,
+		`{"type":"auth","token":"x","id":"t"}`,
+		`{"type":"dance","id":"d"}`,
+		`{"id":"no-type"}`,
+		`not json`,
+		"\xff",
+	} {
+		f.Add([]byte(s))
+	}
+	g := startFuzzGateway(f)
+	maxMsg := g.svc.cfg.MaxMessageSize
+	knownTypes := map[string]bool{
+		protocol.TypePresenceInit: true, protocol.TypePresenceBatch: true, protocol.TypeSelf: true,
+		protocol.TypeDenied: true, protocol.TypeError: true,
+	}
+	knownCodes := map[string]bool{
+		protocol.CodeBadRequest: true, protocol.CodeUnknownType: true, protocol.CodeInvalidStatus: true,
+		protocol.CodeUnauthorized: true,
+	}
+	knownReasons := map[string]bool{
+		protocol.ReasonNotMutualFollowers: true, protocol.ReasonInvalidUserID: true, protocol.ReasonNotAllowed: true,
+		protocol.ReasonTooManySubscriptions: true,
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := g.socket(t)
+		defer func() {
+			if t.Failed() {
+				// Whatever state the socket is in, the next input starts
+				// on a new one.
+				_ = c.Abort()
+				g.conn = nil
+			}
+		}()
+		var m protocol.ClientMessage
+		decodeErr := protocol.DecodeClient(data, &m)
+		var wantClose ws.StatusCode
+		switch {
+		case len(data) > maxMsg:
+			wantClose = ws.StatusMessageTooBig
+		case !utf8.Valid(data):
+			wantClose = ws.StatusInvalidFramePayloadData
+		case decodeErr == nil && m.Type == protocol.TypeAuth:
+			wantClose = ws.StatusPolicyViolation // no token is valid here
+		}
+		if err := c.SendRaw(ws.OpText, data); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		g.n++
+		syncID := fmt.Sprintf("\x00sync-%d", g.n)
+		if wantClose == 0 {
+			if err := c.Subscribe(syncID, "fuzzer"); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		for range 10_000 {
+			msg, raw, err := c.Read()
+			if err != nil {
+				var ce *client.CloseError
+				closed := errors.As(err, &ce) && ce.Code == wantClose
+				// The gateway stops reading at the header of an oversized
+				// frame; bytes it never read turn its close into a reset
+				// when there are more than its read buffer holds.
+				reset := wantClose == ws.StatusMessageTooBig && len(data) > g.svc.readSize()-ws.MaxHeaderSize
+				if wantClose == 0 || !closed && !reset {
+					t.Fatalf("after %q: %v (%s), want close %d", data, err, raw, wantClose)
+				}
+				_ = c.Abort()
+				g.conn = nil
+				break
+			}
+			if !knownTypes[msg.Type] {
+				t.Fatalf("after %q: frame of unknown type: %s", data, raw)
+			}
+			if msg.ID == syncID {
+				if msg.Type != protocol.TypePresenceInit {
+					t.Fatalf("sync answered with %s", raw)
+				}
+				break
+			}
+			switch msg.Type {
+			case protocol.TypeError:
+				if !knownCodes[msg.Code] || msg.Message == "" {
+					t.Fatalf("after %q: %s", data, raw)
+				}
+				if decodeErr == nil && msg.ID != m.ID {
+					t.Fatalf("after %q: error does not echo id %q: %s", data, m.ID, raw)
+				}
+			case protocol.TypeDenied:
+				if !knownReasons[msg.Reason] || msg.ID != m.ID {
+					t.Fatalf("after %q: %s", data, raw)
+				}
+			case protocol.TypePresenceInit:
+				if msg.ID != m.ID {
+					t.Fatalf("after %q: presence_init does not echo id %q: %s", data, m.ID, raw)
+				}
+			}
+		}
+		rec, _, err := g.store.Status(context.Background(), "friend")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(rec.Conns, g.bystander.Conns) || rec.Status != g.bystander.Status {
+			t.Fatalf("after %q: the friend's record changed: %+v, was %+v", data, rec, g.bystander)
+		}
+	})
+}
