@@ -1,0 +1,651 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/systest"
+)
+
+// handFrame builds one client frame by hand, so that it can break the
+// rules a WebSocket library enforces: fin, the three reserved bits, any
+// op code (4 bits), masked or not, and a payload length field that may lie
+// (length < 0 means the real length).
+func handFrame(fin bool, rsv, op byte, masked bool, length int64, payload []byte) []byte {
+	var b bytes.Buffer
+	b0 := rsv<<4 | op&0x0f
+	if fin {
+		b0 |= 0x80
+	}
+	b.WriteByte(b0)
+	if length < 0 {
+		length = int64(len(payload))
+	}
+	var m byte
+	if masked {
+		m = 0x80
+	}
+	switch {
+	case length < 126:
+		b.WriteByte(m | byte(length))
+	case length <= 0xffff:
+		b.WriteByte(m | 126)
+		_ = binary.Write(&b, binary.BigEndian, uint16(length))
+	default:
+		b.WriteByte(m | 127)
+		_ = binary.Write(&b, binary.BigEndian, uint64(length))
+	}
+	p := bytes.Clone(payload)
+	if masked {
+		key := [4]byte{0x37, 0xfa, 0x21, 0x3d}
+		b.Write(key[:])
+		for i := range p {
+			p[i] ^= key[i%4]
+		}
+	}
+	b.Write(p)
+	return b.Bytes()
+}
+
+// text is a masked, final text frame: what a well-behaved client sends.
+func text(payload string) []byte {
+	return handFrame(true, 0, byte(ws.OpText), true, -1, []byte(payload))
+}
+
+// closePayload is the payload of a close frame.
+func closePayload(code uint16, reason string) []byte {
+	return append(binary.BigEndian.AppendUint16(nil, code), reason...)
+}
+
+// metricValue returns the value of a counter or gauge of g with the given
+// labels (a sum over series when labels is nil).
+func metricValue(tb testing.TB, g *systest.Gateway, name string, labels map[string]string) float64 {
+	tb.Helper()
+	families, err := g.Registry().Gather()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	sum := 0.0
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range f.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				sum += c.GetValue()
+			}
+			if gg := m.GetGauge(); gg != nil {
+				sum += gg.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// awaitOffline waits until user has no connection left in their status
+// record: nothing a socket did left it online.
+func awaitOffline(tb testing.TB, sys *systest.System, user string) {
+	tb.Helper()
+	natstest.CheckFor(tb, 10*time.Second, 20*time.Millisecond, func() error {
+		rec, err := sys.StatusOf(user)
+		if err != nil {
+			return err
+		}
+		if rec.Status != presence.Offline || len(rec.Conns) != 0 {
+			return fmt.Errorf("%s: %+v, want offline with no connection", user, rec)
+		}
+		return nil
+	})
+}
+
+func TestFrameViolationsClose(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	by := newBystander(t, sys, gw)
+	big := strings.Repeat("x", gateway.DefaultMaxMessageSize+1)
+	half := []byte(strings.Repeat("y", gateway.DefaultMaxMessageSize/2+1))
+	tests := []struct {
+		name   string
+		frames [][]byte
+		code   ws.StatusCode
+	}{
+		{"binary frame", [][]byte{handFrame(true, 0, byte(ws.OpBinary), true, -1, []byte(`{"type":"heartbeat"}`))}, ws.StatusUnsupportedData},
+		{"fragmented binary", [][]byte{handFrame(false, 0, byte(ws.OpBinary), true, -1, []byte("ab"))}, ws.StatusUnsupportedData},
+		{"frame over the size limit", [][]byte{text(big)}, ws.StatusMessageTooBig},
+		{"length field over the limit", [][]byte{handFrame(true, 0, byte(ws.OpText), true, 1<<40, nil)}, ws.StatusMessageTooBig},
+		{"fragments over the size limit", [][]byte{
+			handFrame(false, 0, byte(ws.OpText), true, -1, half),
+			handFrame(true, 0, byte(ws.OpContinuation), true, -1, half),
+		}, ws.StatusMessageTooBig},
+		{"unmasked frame", [][]byte{handFrame(true, 0, byte(ws.OpText), false, -1, []byte(`{"type":"heartbeat"}`))}, ws.StatusProtocolError},
+		{"reserved data op code", [][]byte{handFrame(true, 0, 0x3, true, -1, []byte("x"))}, ws.StatusProtocolError},
+		{"reserved control op code", [][]byte{handFrame(true, 0, 0xb, true, -1, []byte("x"))}, ws.StatusProtocolError},
+		{"reserved bit", [][]byte{handFrame(true, 4, byte(ws.OpText), true, -1, []byte(`{"type":"heartbeat"}`))}, ws.StatusProtocolError},
+		{"fragmented ping", [][]byte{handFrame(false, 0, byte(ws.OpPing), true, -1, []byte("x"))}, ws.StatusProtocolError},
+		{"ping over 125 bytes", [][]byte{handFrame(true, 0, byte(ws.OpPing), true, -1, bytes.Repeat([]byte("p"), 126))}, ws.StatusProtocolError},
+		{"length with the top bit set", [][]byte{{0x81, 0x80 | 127, 0x80, 0, 0, 0, 0, 0, 0, 1, 1, 2, 3, 4}}, ws.StatusProtocolError},
+		{"continuation with nothing to continue", [][]byte{handFrame(true, 0, byte(ws.OpContinuation), true, -1, []byte("x"))}, ws.StatusProtocolError},
+		{"new message inside a fragmented one", [][]byte{
+			handFrame(false, 0, byte(ws.OpText), true, -1, []byte(`{"type":`)),
+			text(`{"type":"heartbeat"}`),
+		}, ws.StatusProtocolError},
+		{"ping inside a fragmented message at the size limit", [][]byte{
+			// 4090 bytes of message and a 36-byte ping frame: over
+			// 4096 + 14.
+			handFrame(false, 0, byte(ws.OpText), true, -1, bytes.Repeat([]byte("f"), gateway.DefaultMaxMessageSize-6)),
+			handFrame(true, 0, byte(ws.OpPing), true, -1, bytes.Repeat([]byte("p"), 30)),
+		}, ws.StatusMessageTooBig},
+		{"invalid UTF-8", [][]byte{text("{\"type\":\"\xff\xfe\"}")}, ws.StatusInvalidFramePayloadData},
+		{"UTF-8 split over fragments, then cut", [][]byte{
+			handFrame(false, 0, byte(ws.OpText), true, -1, []byte("{\"type\":\"\xe2\x82")),
+			handFrame(true, 0, byte(ws.OpContinuation), true, -1, []byte("\"}")),
+		}, ws.StatusInvalidFramePayloadData},
+		{"close with a one-byte payload", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, []byte{3})}, ws.StatusProtocolError},
+		{"close code not in use (999)", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(999, ""))}, ws.StatusProtocolError},
+		{"close code reserved (1005)", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(1005, ""))}, ws.StatusProtocolError},
+		{"close code undefined (1016)", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(1016, ""))}, ws.StatusProtocolError},
+		{"close code out of range (5000)", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(5000, ""))}, ws.StatusProtocolError},
+		{"close reason not UTF-8", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(1000, "\xff"))}, ws.StatusProtocolError},
+		// The well-formed closes, for contrast: echoed.
+		{"empty close", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, nil)}, ws.StatusNormalClosure},
+		{"close 1001", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(1001, "bye"))}, ws.StatusGoingAway},
+		{"close 4000", [][]byte{handFrame(true, 0, byte(ws.OpClose), true, -1, closePayload(4000, "app"))}, 4000},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := secDial(t, gw, "mallory")
+			// One write, so that the gateway reads every byte before it
+			// closes (unread bytes would turn its close into a reset).
+			if err := c.WriteBytes(bytes.Join(tt.frames, nil)); err != nil {
+				t.Fatal(err)
+			}
+			code, seen := awaitClose(t, c, systest.EventTimeout)
+			if code != tt.code {
+				t.Errorf("closed with %d, want %d (frames before: %+v)", code, tt.code, seen)
+			}
+			by.check(t)
+		})
+	}
+	// Every hostile socket is gone, and so is mallory.
+	awaitOffline(t, sys, "mallory")
+	if n := gw.Conns(); n != 2 {
+		t.Errorf("gateway holds %d connections, want the 2 bystanders", n)
+	}
+}
+
+func TestValidFramingAccepted(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	c := secDial(t, gw, "alice")
+	// A fragmented message with a ping between its fragments, a message
+	// of exactly the size limit, a frame with a needlessly long length
+	// field: all fine.
+	sub := `{"type":"subscribe","id":"frag","user_ids":["alice"]}`
+	exact := `{"type":"heartbeat","pad":"` + strings.Repeat("z", gateway.DefaultMaxMessageSize-len(`{"type":"heartbeat","pad":""}`)) + `"}`
+	long := []byte(`{"type":"subscribe","id":"long","user_ids":["alice"]}`)
+	frames := [][]byte{
+		handFrame(false, 0, byte(ws.OpText), true, -1, []byte(sub[:10])),
+		handFrame(true, 0, byte(ws.OpPing), true, -1, []byte("ping")),
+		handFrame(false, 0, byte(ws.OpContinuation), true, -1, []byte(sub[10:20])),
+		handFrame(true, 0, byte(ws.OpContinuation), true, -1, []byte(sub[20:])),
+		text(exact),
+	}
+	if err := c.WriteBytes(bytes.Join(frames, nil)); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, c, systest.EventTimeout, "presence_init frag", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypePresenceInit && m.ID == "frag"
+	})
+	// 64-bit length field for a short payload, written a byte at a time.
+	lf := handFrame(true, 0, byte(ws.OpText), true, -1, long)
+	var lb bytes.Buffer
+	lb.WriteByte(lf[0])
+	lb.WriteByte(0x80 | 127)
+	_ = binary.Write(&lb, binary.BigEndian, uint64(len(long)))
+	lb.Write(lf[2:])
+	for _, b := range lb.Bytes() {
+		if err := c.WriteBytes([]byte{b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	systest.Await(t, c, systest.EventTimeout, "presence_init long", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypePresenceInit && m.ID == "long"
+	})
+}
+
+func TestRateLimit(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	by := newBystander(t, sys, gw)
+	cfg := gw.Config()
+	hb := text(`{"type":"heartbeat"}`)
+
+	t.Run("burst", func(t *testing.T) {
+		// A burst a little over the bucket: a few rate_limited errors, and
+		// the socket stays open.
+		c := secDial(t, gw, "mallory")
+		over := 5
+		if err := c.WriteBytes(bytes.Repeat(hb, cfg.RateBurst+over)); err != nil {
+			t.Fatal(err)
+		}
+		limited := 0
+		for _, m := range stillOpen(t, c, time.Now().Add(time.Second)) {
+			if m.Type == protocol.TypeError {
+				if m.Code != protocol.CodeRateLimited || m.Message == "" {
+					t.Errorf("error %+v, want rate_limited", m)
+				}
+				limited++
+			}
+		}
+		if limited < 1 || limited > over {
+			t.Errorf("%d rate_limited errors for %d messages over the burst", limited, over)
+		}
+		subscribeSelf(t, c, "after-burst")
+		by.check(t)
+	})
+
+	t.Run("sustained", func(t *testing.T) {
+		// Far over the bucket: RateStrikes errors, then close 1008.
+		c := secDial(t, gw, "mallory")
+		n := cfg.RateBurst + cfg.RateStrikes + 5
+		if err := c.WriteBytes(bytes.Repeat(hb, n)); err != nil {
+			t.Fatal(err)
+		}
+		code, seen := awaitClose(t, c, systest.EventTimeout)
+		if code != protocol.ClosePolicy {
+			t.Errorf("closed with %d, want %d", code, protocol.ClosePolicy)
+		}
+		limited := 0
+		for _, m := range seen {
+			if m.Type == protocol.TypeError && m.Code == protocol.CodeRateLimited {
+				limited++
+			}
+		}
+		if limited != cfg.RateStrikes {
+			t.Errorf("%d rate_limited errors before the close, want %d", limited, cfg.RateStrikes)
+		}
+		by.check(t)
+	})
+
+	t.Run("pings count too", func(t *testing.T) {
+		c := secDial(t, gw, "mallory")
+		ping := handFrame(true, 0, byte(ws.OpPing), true, -1, []byte("p"))
+		n := cfg.RateBurst + cfg.RateStrikes + 5
+		if err := c.WriteBytes(bytes.Repeat(ping, n)); err != nil {
+			t.Fatal(err)
+		}
+		if code, _ := awaitClose(t, c, systest.EventTimeout); code != protocol.ClosePolicy {
+			t.Errorf("closed with %d, want %d", code, protocol.ClosePolicy)
+		}
+		by.check(t)
+	})
+	awaitOffline(t, sys, "mallory")
+}
+
+// connWrites counts the revisions of a connection key written while fn
+// runs, with a KV watcher on the key.
+func connWrites(tb testing.TB, sys *systest.System, user, connID string, fn func()) int {
+	tb.Helper()
+	ctx := context.Background()
+	kv, err := sys.Store.JetStream().KeyValue(ctx, presence.ConnsBucket)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	key := presence.ConnKey(user, connID)
+	first, err := kv.Get(ctx, key)
+	if err != nil {
+		tb.Fatalf("connection key: %v", err)
+	}
+	w, err := kv.Watch(ctx, key, jetstream.UpdatesOnly())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	fn()
+	// Every revision after the first one up to the newest one now is what
+	// fn caused.
+	last, err := kv.Get(ctx, key)
+	if err != nil {
+		tb.Fatalf("connection key: %v", err)
+	}
+	if last.Revision() == first.Revision() {
+		return 0
+	}
+	n := 0
+	timeout := time.After(5 * time.Second)
+	for {
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				continue
+			}
+			n++
+			if e.Revision() >= last.Revision() {
+				return n
+			}
+		case <-timeout:
+			tb.Fatalf("watcher did not reach revision %d (saw %d writes)", last.Revision(), n)
+		}
+	}
+}
+
+func TestHeartbeatWritesAreBounded(t *testing.T) {
+	for _, ttl := range []time.Duration{time.Second, 30 * time.Second} {
+		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
+			sys := secStart(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: ttl / 3}})
+			gw := sys.Gateway()
+			every := min(5*time.Second, ttl/3)
+			c := secDial(t, gw, "alice")
+			before := metricValue(t, gw, "greendot_gateway_kv_writes_total", map[string]string{"kind": "refresh"})
+			start := time.Now()
+			const period = 3 * time.Second
+			hbs := 0
+			writes := connWrites(t, sys, "alice", c.Hello.ConnID, func() {
+				// Heartbeats as fast as the rate limit lets them through,
+				// for three seconds: three TTLs when the TTL is 1s.
+				tick := time.NewTicker(time.Second / time.Duration(gw.Config().RateLimit) * 2)
+				defer tick.Stop()
+				for time.Since(start) < period {
+					<-tick.C
+					if err := c.Heartbeat(); err != nil {
+						t.Fatal(err)
+					}
+					hbs++
+				}
+			})
+			elapsed := time.Since(start)
+			refreshes := metricValue(t, gw, "greendot_gateway_kv_writes_total", map[string]string{"kind": "refresh"}) - before
+			limit := int(elapsed/every) + 1
+			t.Logf("%d heartbeats in %v: %d key writes seen, %v refreshes counted, at most %d allowed", hbs, elapsed, writes, refreshes, limit)
+			if writes > limit || int(refreshes) > limit {
+				t.Errorf("%d key writes (%v refreshes) for %d heartbeats in %v; want at most one per %v (%d)", writes, refreshes, hbs, elapsed, every, limit)
+			}
+			if ttl == time.Second && writes < int(period/time.Second) {
+				t.Errorf("%d key writes in %v with a 1s TTL: the key cannot have stayed alive", writes, elapsed)
+			}
+			// Heartbeats kept the connection live all along.
+			subscribeSelf(t, c, "alive")
+			rec, err := sys.StatusOf("alice")
+			if err != nil || rec.Status != presence.Online || len(rec.Conns) != 1 {
+				t.Errorf("alice after heartbeats: %+v %v, want online with one connection", rec, err)
+			}
+		})
+	}
+}
+
+func TestSubscriptionLimits(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.Gateway()
+	by := newBystander(t, sys, gw)
+	c := secDial(t, gw, "mallory")
+	defer systest.KeepAlive(c, systest.Heartbeat)()
+	ids := func(from, n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("u%d", from+i)
+		}
+		return out
+	}
+
+	// More than 100 ids in one subscribe: an error, nothing subscribed.
+	if err := c.Subscribe("big", ids(0, gateway.DefaultMaxSubscribeIDs+1)...); err != nil {
+		t.Fatal(err)
+	}
+	m := systest.Await(t, c, systest.EventTimeout, "answer to big", func(m protocol.ServerMessage) bool { return m.ID == "big" })
+	if m.Type != protocol.TypeError || m.Code != protocol.CodeBadRequest {
+		t.Errorf("subscribe with %d ids: %+v, want error bad_request", gateway.DefaultMaxSubscribeIDs+1, m)
+	}
+
+	// 500 subscriptions in five subscribes of 100: all allowed.
+	for i := range gateway.DefaultMaxSubscriptions / gateway.DefaultMaxSubscribeIDs {
+		id := fmt.Sprintf("s%d", i)
+		if err := c.Subscribe(id, ids(i*100, 100)...); err != nil {
+			t.Fatal(err)
+		}
+		m := systest.Await(t, c, systest.EventTimeout, "answer to "+id, func(m protocol.ServerMessage) bool { return m.ID == id })
+		if m.Type != protocol.TypePresenceInit || len(m.Users) != 100 {
+			t.Fatalf("subscribe %s: %s with %d users, want presence_init with 100", id, m.Type, len(m.Users))
+		}
+	}
+	// The 501st is denied; one already watched is still answered.
+	if err := c.Subscribe("more", "u0", "u500"); err != nil {
+		t.Fatal(err)
+	}
+	m = systest.Await(t, c, systest.EventTimeout, "presence_init more", func(m protocol.ServerMessage) bool { return m.ID == "more" })
+	if m.Type != protocol.TypePresenceInit || len(m.Users) != 1 || m.Users[0].UserID != "u0" {
+		t.Errorf("presence_init = %+v, want u0 only", m)
+	}
+	d := systest.Await(t, c, systest.EventTimeout, "denied u500", func(m protocol.ServerMessage) bool { return m.ID == "more" })
+	if d.Type != protocol.TypeDenied || d.UserID != "u500" || d.Reason != protocol.ReasonTooManySubscriptions {
+		t.Errorf("denied = %+v, want u500 too_many_subscriptions", d)
+	}
+	// Room again after an unsubscribe.
+	if err := c.Send(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, UserIDs: []string{"u1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Subscribe("room", "u500"); err != nil {
+		t.Fatal(err)
+	}
+	m = systest.Await(t, c, systest.EventTimeout, "presence_init room", func(m protocol.ServerMessage) bool { return m.ID == "room" })
+	if m.Type != protocol.TypePresenceInit || len(m.Users) != 1 {
+		t.Errorf("after an unsubscribe: %+v, want presence_init of u500", m)
+	}
+	if metricValue(t, gw, "greendot_gateway_watched_users", nil) < 500 {
+		t.Errorf("watched users gauge below 500")
+	}
+	by.check(t)
+
+	// The HTTP query: 500 ids answered, 501 refused with 400, a body over
+	// 64 KiB with 413.
+	h := bearer(secLongToken(t, "mallory"))
+	var q queryAnswer
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", h, map[string]any{"user_ids": ids(0, gateway.DefaultMaxQueryIDs)}, &q); st != http.StatusOK || len(q.Users) != gateway.DefaultMaxQueryIDs {
+		t.Errorf("query of %d ids: %d with %d users", gateway.DefaultMaxQueryIDs, st, len(q.Users))
+	}
+	var e apiErr
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", h, map[string]any{"user_ids": ids(0, gateway.DefaultMaxQueryIDs+1)}, &e); st != http.StatusBadRequest || e.Error != "bad_request" {
+		t.Errorf("query of %d ids: %d %+v, want 400 bad_request", gateway.DefaultMaxQueryIDs+1, st, e)
+	}
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", h, map[string]any{"user_ids": []string{strings.Repeat("a", 70<<10)}}, &e); st != http.StatusRequestEntityTooLarge {
+		t.Errorf("query body over 64 KiB: %d %+v, want 413", st, e)
+	}
+	by.check(t)
+}
+
+// trickle writes data to nc a byte at a time, every interval, until it is
+// all written or a write fails.
+func trickle(nc net.Conn, data string, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for i := range len(data) {
+		<-t.C
+		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := nc.Write([]byte{data[i]}); err != nil {
+			return
+		}
+	}
+}
+
+func TestSlowHandshakeIsCut(t *testing.T) {
+	const timeout = time.Second
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
+	tok := secLongToken(t, "slowpoke")
+	tests := []struct {
+		name, data string
+	}{
+		{"first bytes", "GET /w"},
+		{"upgrade headers", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer " + tok + "\r\n\r\n"},
+		{"HTTP API headers", "GET /api/presence/users/slowpoke HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + tok + "\r\n\r\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nc, err := net.Dial("tcp", gw.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			start := time.Now()
+			// A byte every 100ms: the whole request would take far longer
+			// than the handshake timeout.
+			go trickle(nc, tt.data, 100*time.Millisecond)
+			_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
+			got, err := io.ReadAll(nc)
+			took := time.Since(start)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("still open after %v", took)
+			}
+			if bytes.HasPrefix(got, []byte("HTTP/1.1 101")) || bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
+				t.Fatalf("slow request was served: %q", got)
+			}
+			if took < timeout-100*time.Millisecond || took > timeout+2*time.Second {
+				t.Errorf("cut after %v, want about %v", took, timeout)
+			}
+		})
+	}
+	if n := gw.Conns(); n != 0 {
+		t.Errorf("gateway holds %d connections", n)
+	}
+	rec, err := sys.StatusOf("slowpoke")
+	if err != nil || len(rec.Conns) != 0 {
+		t.Errorf("slowpoke registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
+// TestSlowReader runs a client that stops reading while it floods the
+// gateway with requests and the users it watches keep changing: what waits
+// for its socket stays bounded by its subscriptions, the blocked write
+// times out, and the socket is closed and counted as slow, while everyone
+// else carries on.
+func TestSlowReader(t *testing.T) {
+	const (
+		watched      = 20
+		writeTimeout = 500 * time.Millisecond
+	)
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.StartGateway(gateway.Config{
+		Policy:       gateway.PolicyEveryone,
+		WriteTimeout: writeTimeout,
+		RateLimit:    100_000,
+		RateBurst:    100_000,
+	})
+	var users []*client.Conn
+	var names []string
+	for i := range watched {
+		name := fmt.Sprintf("busy%d", i)
+		c := secDial(t, sys.Gateway(), name)
+		defer systest.KeepAlive(c, systest.Heartbeat)()
+		users, names = append(users, c), append(names, name)
+	}
+	sloth := secDial(t, gw, "sloth")
+	if err := sloth.Subscribe("w", names...); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, sloth, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypePresenceInit && m.ID == "w"
+	})
+	// From now on sloth never reads. It floods subscribes of invalid ids,
+	// each answered with 100 denied frames, until its socket fills up.
+	junk := make([]string, 100)
+	for i := range junk {
+		junk[i] = fmt.Sprintf("x.%030d", i) // not a user id; 100 of them fit a message
+	}
+	flood := make(chan struct{})
+	go func() {
+		defer close(flood)
+		for range 5000 {
+			_ = sloth.NetConn().SetWriteDeadline(time.Now().Add(2 * time.Second))
+			if err := sloth.Subscribe("j", junk...); err != nil {
+				return
+			}
+		}
+	}()
+
+	// Meanwhile the watched users keep changing, ten times a second each
+	// (under the rate limit), until sloth is gone.
+	var changes sync.WaitGroup
+	stopChanges := make(chan struct{})
+	for _, c := range users {
+		changes.Go(func() {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for i := range 300 {
+				select {
+				case <-stopChanges:
+					return
+				case <-tick.C:
+				}
+				st := "busy"
+				if i%2 == 1 {
+					st = "online"
+				}
+				if c.SetStatus(st) != nil {
+					return
+				}
+			}
+		})
+	}
+	maxPending, polls := 0, 0
+	natstest.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		n, ok := gw.PendingUpdates("sloth", sloth.Hello.ConnID)
+		if !ok {
+			return nil // closed
+		}
+		polls++
+		maxPending = max(maxPending, n)
+		if n > watched {
+			t.Fatalf("%d presence changes wait for a socket watching %d users", n, watched)
+		}
+		return fmt.Errorf("sloth still connected, %d changes pending", n)
+	})
+	close(stopChanges)
+	changes.Wait()
+	<-flood
+	if maxPending == 0 {
+		t.Errorf("no change ever waited for the blocked socket: the test did not block it")
+	}
+	t.Logf("sloth closed after %d polls; at most %d pending changes", polls, maxPending)
+	if got := metricValue(t, gw, "greendot_gateway_slow_socket_closes_total", nil); got != 1 {
+		t.Errorf("slow socket closes = %v, want 1", got)
+	}
+	if err := awaitGone(t, sloth, 5*time.Second); err == nil {
+		t.Errorf("sloth's socket still open")
+	}
+	awaitOffline(t, sys, "sloth")
+	by.check(t)
+}
