@@ -62,7 +62,7 @@ func (s *Service) adminLoad() map[string]any {
 		"connections":        s.registry.len(),
 		"users":              s.hub.userCount(),
 		"watched_users":      s.hub.targetCount(),
-		"all_watchers":       len(s.online.allWatchers()),
+		"all_watchers":       s.online.allCount(),
 		"pending_deliveries": s.flusher.pending(),
 		"draining":           s.draining.Load(),
 	}
@@ -219,6 +219,13 @@ func (h *hub) userCount() int {
 	h.umu.RLock()
 	defer h.umu.RUnlock()
 	return len(h.users)
+}
+
+// allCount returns how many sockets watch every user.
+func (o *onlineIndex) allCount() int {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return len(o.all)
 }
 
 // allWatchers returns the sockets watching every user (global presence).
