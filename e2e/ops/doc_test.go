@@ -572,8 +572,11 @@ func (r *runner) micro(words []string) (output, error) {
 	if err != nil {
 		return output{}, err
 	}
+	// How many instances answer: the scene runs two gateways, a reaper
+	// and a fanout.
+	instances := map[string]int{admin.GatewayService: 2, admin.ReaperService: 1, admin.FanoutService: 1}
 	var subject string
-	want := 0
+	want := 4
 	switch words[0] {
 	case "ls", "list", "ping":
 		subject = "$SRV.PING"
@@ -591,6 +594,7 @@ func (r *runner) micro(words []string) (output, error) {
 		if words[0] == "stats" {
 			subject = admin.StatsSubject(pos[0])
 		}
+		want = instances[pos[0]]
 		if len(pos) == 2 {
 			subject += "." + pos[1]
 			want = 1
@@ -598,7 +602,7 @@ func (r *runner) micro(words []string) (output, error) {
 	default:
 		return output{}, fmt.Errorf("nats micro %s is not run by this test", words[0])
 	}
-	msgs, err := admin.Gather(r.ctx, r.sc.nc, subject, nil, admin.GatherOptions{Want: want, Timeout: time.Second, Gap: admin.DefaultGap})
+	msgs, err := admin.Gather(r.ctx, r.sc.nc, subject, nil, admin.GatherOptions{Want: want, Timeout: 5 * time.Second})
 	if err != nil {
 		return output{}, err
 	}

@@ -31,8 +31,9 @@ type GatherOptions struct {
 }
 
 // DefaultGap is the pause after which Instances stops waiting for more
-// instances to answer a ping.
-const DefaultGap = 300 * time.Millisecond
+// instances to answer a ping: long enough for a busy process on another
+// server of a cluster, short enough for a person waiting.
+const DefaultGap = 500 * time.Millisecond
 
 // Gather publishes data on subject and collects the replies of every
 // responder (a scatter-gather, what `nats req --replies=0` does): until
