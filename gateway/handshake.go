@@ -125,7 +125,13 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	_, err := u.Upgrade(struct {
 		io.Reader
 		io.Writer
-	}{br, nc})
+	}{&headLimiter{r: br, n: maxRequestHead}, nc})
+	if errors.Is(err, errHeadTooLarge) {
+		s.metrics.upgrades.WithLabelValues("too_large").Inc()
+		_, _ = io.WriteString(nc, "HTTP/1.1 431 Request Header Fields Too Large\r\n"+
+			"Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+
+			errHeadTooLarge.Error()+"\n")
+	}
 	if err == nil && br.Buffered() > 0 {
 		err = errors.New("data sent before the upgrade was answered")
 	}
@@ -185,6 +191,34 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		s.log.LogAttrs(s.ctx, levelDebug, "connection opened", attrUser(c.userID), attrConn(c.connID))
 	}
 	s.watchSocket(c)
+}
+
+// maxRequestHead bounds the request line and headers of an upgrade
+// request, as net/http's MaxHeaderBytes does for the HTTP API: gobwas/ws
+// reads a header line of any length into memory.
+const maxRequestHead = 32 << 10
+
+// errHeadTooLarge refuses an upgrade request whose head is over
+// maxRequestHead bytes.
+var errHeadTooLarge = fmt.Errorf("request line and headers over %d bytes", maxRequestHead)
+
+// headLimiter reads at most n bytes from r, then fails with
+// errHeadTooLarge.
+type headLimiter struct {
+	r io.Reader
+	n int
+}
+
+func (l *headLimiter) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if len(p) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= n
+	return n, err
 }
 
 // prefixConn is a connection whose first bytes were already read.
