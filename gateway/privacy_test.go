@@ -142,7 +142,10 @@ func TestLastSeenVisibility(t *testing.T) {
 				tcase
 				w, tg   string
 				wc, tgc *client.Conn
-				stop    func()
+				// gc is a second socket of the watcher, watching everyone
+				// (everyone policy only).
+				gc   *client.Conn
+				stop func()
 			}
 			runs := make([]*run, len(pol.cases))
 			for i, tc := range pol.cases {
@@ -163,6 +166,10 @@ func TestLastSeenVisibility(t *testing.T) {
 				r.stop = systest.KeepAlive(r.tgc, systest.Heartbeat)
 				r.wc = secDial(t, gw, r.w)
 				defer systest.KeepAlive(r.wc, systest.Heartbeat)()
+				if pol.policy == gateway.PolicyEveryone {
+					r.gc = secDial(t, gw, r.w, "global")
+					defer systest.KeepAlive(r.gc, systest.Heartbeat)()
+				}
 			}
 			check := func(r *run, where string, p presence.Presence, truth int64) {
 				t.Helper()
@@ -213,6 +220,19 @@ func TestLastSeenVisibility(t *testing.T) {
 				for where, p := range everyAPIView(t, gw, r.w, r.tg, r.contact && r.follows, pol.policy == gateway.PolicyEveryone) {
 					check(r, where, p, truth(r.tg))
 				}
+				if r.gc != nil {
+					if err := r.gc.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
+						t.Fatal(err)
+					}
+					init := systest.Await(t, r.gc, systest.EventTimeout, "presence_init all", func(m protocol.ServerMessage) bool {
+						return m.Type == protocol.TypePresenceInit && m.ID == "all"
+					})
+					p, ok := presenceOf(init, r.tg)
+					if !ok {
+						t.Fatalf("%s: global presence_init %+v lacks %s", r.name, init, r.tg)
+					}
+					check(r, "global presence_init", p, truth(r.tg))
+				}
 			}
 
 			// The targets leave: the offline batch and every HTTP answer.
@@ -225,6 +245,10 @@ func TestLastSeenVisibility(t *testing.T) {
 			for _, r := range runs {
 				p := systest.AwaitStatus(t, r.wc, r.tg, presence.Offline)
 				check(r, "presence_batch", p, truth(r.tg))
+				if r.gc != nil {
+					p := systest.AwaitStatus(t, r.gc, r.tg, presence.Offline)
+					check(r, "global presence_batch", p, truth(r.tg))
+				}
 				for where, p := range everyAPIView(t, gw, r.w, r.tg, r.contact && r.follows, false) {
 					check(r, where, p, truth(r.tg))
 				}

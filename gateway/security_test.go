@@ -429,6 +429,66 @@ func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
 	}
 }
 
+func TestUpgradeHeadIsBounded(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	by := newBystander(t, sys, gw)
+	auth := "Authorization: Bearer " + secLongToken(t, "alice")
+	many := make([]string, 0, 3001)
+	for range 3000 {
+		many = append(many, "X-Many: 0123456789")
+	}
+	tests := []struct {
+		name   string
+		target string
+		extra  []string
+		status string
+	}{
+		{"large header within the bound", "/ws", []string{"X-Pad: " + strings.Repeat("a", 20<<10), auth}, "101"},
+		{"header line over the bound", "/ws", []string{"X-Pad: " + strings.Repeat("a", 40<<10), auth}, "431"},
+		{"request line over the bound", "/ws?pad=" + strings.Repeat("a", 40<<10), []string{auth}, "431"},
+		{"many headers over the bound", "/ws", append(many, auth), "431"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if line := rawUpgrade(t, gw.Addr, tt.target, tt.extra...); !strings.HasPrefix(line, "HTTP/1.1 "+tt.status) {
+				t.Errorf("answer %q, want %s", line, tt.status)
+			}
+		})
+	}
+
+	// A header line that never ends: the gateway stops reading it at the
+	// bound instead of holding all of it.
+	nc, err := net.Dial("tcp", gw.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	go func() {
+		_, _ = io.WriteString(nc, "GET /ws HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		for range 1600 { // 100 MiB, if it were all read
+			_ = nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+			if _, err := nc.Write(chunk); err != nil {
+				return
+			}
+		}
+	}()
+	start := time.Now()
+	_ = nc.SetReadDeadline(start.Add(10 * time.Second))
+	answer, err := io.ReadAll(nc)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("endless header still read after %v", time.Since(start))
+	}
+	// The gateway answers 431 and closes; the bytes it never read may turn
+	// its close into a reset that discards the answer.
+	if len(answer) > 0 && !bytes.HasPrefix(answer, []byte("HTTP/1.1 431")) {
+		t.Errorf("endless header answered %q", answer)
+	}
+	by.check(t)
+}
+
 func TestOriginCheck(t *testing.T) {
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
 	gw := sys.Gateway()
