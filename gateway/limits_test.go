@@ -546,6 +546,61 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 	by.check(t)
 }
 
+// TestIdleConnectionFlood opens hundreds of TCP connections that never
+// send a byte: a real client still connects and is served meanwhile, and
+// the gateway cuts every idle one at the handshake timeout.
+func TestIdleConnectionFlood(t *testing.T) {
+	const (
+		flood   = 500
+		timeout = time.Second
+	)
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
+	idle := make([]net.Conn, 0, flood)
+	start := time.Now()
+	for range flood {
+		nc, err := net.Dial("tcp", gw.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		idle = append(idle, nc)
+	}
+	c := secDial(t, gw, "alice")
+	defer systest.KeepAlive(c, systest.Heartbeat)()
+	subscribeSelf(t, c, "during-flood")
+	var wg sync.WaitGroup
+	cut := make(chan time.Duration, flood)
+	for _, nc := range idle {
+		wg.Go(func() {
+			_ = nc.SetReadDeadline(start.Add(timeout + 10*time.Second))
+			var b [1]byte
+			_, err := nc.Read(b[:])
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Errorf("idle connection still open after %v", time.Since(start))
+				return
+			}
+			cut <- time.Since(start)
+		})
+	}
+	wg.Wait()
+	close(cut)
+	latest := time.Duration(0)
+	for d := range cut {
+		latest = max(latest, d)
+	}
+	if latest > timeout+3*time.Second {
+		t.Errorf("the last idle connection was cut %v after it opened; want about %v", latest, timeout)
+	}
+	if n := gw.Conns(); n != 1 {
+		t.Errorf("gateway holds %d connections, want alice's only", n)
+	}
+	subscribeSelf(t, c, "after-flood")
+	by.check(t)
+}
+
 // TestSlowReader runs a client that stops reading while it floods the
 // gateway with requests and the users it watches keep changing: what waits
 // for its socket stays bounded by its subscriptions, the blocked write
