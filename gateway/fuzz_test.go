@@ -363,7 +363,7 @@ func FuzzClientMessage(f *testing.F) {
 				t.Fatalf("send: %v", err)
 			}
 		}
-		_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		for range 10_000 {
 			msg, raw, err := c.Read()
 			if err != nil {
