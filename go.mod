@@ -3,6 +3,7 @@ module github.com/greendot/greendot
 go 1.26.0
 
 require (
+	github.com/HdrHistogram/hdrhistogram-go v1.4.0
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/gobwas/ws v1.5.0

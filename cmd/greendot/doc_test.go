@@ -93,7 +93,7 @@ func cliDoc(app *cli.App) string {
 		}
 	}
 	for _, c := range app.Commands {
-		if len(c.Subcommands) > 0 {
+		if len(visible(c.Subcommands)) > 0 {
 			fmt.Fprintf(&b, "\n## greendot %s\n\n%s.\n", c.Name, text(capitalize(c.Usage)))
 			if c.Description != "" {
 				fmt.Fprintf(&b, "\n%s\n", text(unwrap(c.Description)))
@@ -115,16 +115,29 @@ type leaf struct {
 	cmd  *cli.Command
 }
 
-// leaves returns the commands under c (c itself when it has none) with
-// their full command lines.
+// leaves returns the commands under c (c itself when it has none that are
+// not hidden) with their full command lines.
 func leaves(c *cli.Command, parent string) []leaf {
 	path := parent + " " + c.Name
-	if len(c.Subcommands) == 0 {
+	subs := visible(c.Subcommands)
+	if len(subs) == 0 {
 		return []leaf{{path, c}}
 	}
 	var out []leaf
-	for _, s := range c.Subcommands {
+	for _, s := range subs {
 		out = append(out, leaves(s, path)...)
+	}
+	return out
+}
+
+// visible returns the commands that are not hidden, such as the internal
+// "greendot bench worker".
+func visible(cmds []*cli.Command) []*cli.Command {
+	var out []*cli.Command
+	for _, c := range cmds {
+		if !c.Hidden {
+			out = append(out, c)
+		}
 	}
 	return out
 }

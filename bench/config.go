@@ -1,0 +1,258 @@
+package bench
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// The scenarios.
+const (
+	// ScenarioIdle holds the connections with heartbeats and measures the
+	// gateways' memory and CPU per connection and their KV write rate.
+	ScenarioIdle = "idle"
+	// ScenarioPropagation has targets change status at a given rate and
+	// measures how long their watchers take to see each change.
+	ScenarioPropagation = "propagation"
+	// ScenarioDeath stops the targets' heartbeats without closing their
+	// sockets and measures how long after the TTL their watchers see them
+	// offline.
+	ScenarioDeath = "death"
+	// ScenarioChurn replaces connections at a given rate and counts the
+	// false offline events watchers see.
+	ScenarioChurn = "churn"
+	// ScenarioStorm restarts gateways and measures how long their clients
+	// take to be connected again.
+	ScenarioStorm = "storm"
+)
+
+// Scenarios lists every scenario, in the order the documentation gives.
+var Scenarios = []string{ScenarioIdle, ScenarioPropagation, ScenarioDeath, ScenarioChurn, ScenarioStorm}
+
+// Default limits.
+const (
+	// DefaultConnsPerWorker keeps a worker process well under a 20,000
+	// open file limit.
+	DefaultConnsPerWorker = 15000
+	// DefaultConnsPerGateway keeps a gateway process well under a 20,000
+	// open file limit.
+	DefaultConnsPerGateway = 15000
+	// connsPerSource keeps each loopback source address well inside the
+	// ephemeral port range (32768-60999 by default).
+	connsPerSource = 20000
+)
+
+// Config configures a bench run. Zero fields get the defaults their
+// comments state.
+type Config struct {
+	// Scenario is one of Scenarios; empty means idle.
+	Scenario string `json:"scenario"`
+	// Conns is the number of live connections; zero means 1000.
+	Conns int `json:"conns"`
+	// Targets, Watchers and Follows shape the watched part of the
+	// connections: Watchers each follow Follows of the Targets. Zero
+	// Targets means none in idle and Conns/10 (at most 1000) otherwise;
+	// zero Watchers means as many as targets; zero Follows means
+	// min(10, targets per worker).
+	Targets  int `json:"targets"`
+	Watchers int `json:"watchers"`
+	Follows  int `json:"follows"`
+
+	// Workers is the number of worker processes; zero means enough for
+	// ConnsPerWorker each. ConnsPerWorker zero means 15000.
+	Workers        int `json:"workers"`
+	ConnsPerWorker int `json:"conns_per_worker"`
+	// Gateways is the number of gateway processes started; zero means
+	// enough for ConnsPerGateway each. ConnsPerGateway zero means 15000.
+	Gateways        int `json:"gateways"`
+	ConnsPerGateway int `json:"conns_per_gateway"`
+	// Sources is the number of loopback source addresses (127.0.0.2 and
+	// up); zero means one per 20,000 connections.
+	Sources int `json:"sources"`
+
+	// NATSURL, when set, is used instead of an embedded NATS server.
+	NATSURL string `json:"nats_url,omitempty"`
+	// GatewayURLs, when set, are used instead of starting gateways,
+	// reaper and fanout (storm needs gateways of its own).
+	GatewayURLs []string `json:"gateway_urls,omitempty"`
+	// GatewayArgs are more flags for the gateways started.
+	GatewayArgs []string `json:"gateway_args,omitempty"`
+	// Timings of the gateways started; zero leaves the gateway's default.
+	ConnTTL           time.Duration `json:"conn_ttl,omitempty"`
+	HeartbeatInterval time.Duration `json:"heartbeat_interval,omitempty"`
+	BatchInterval     time.Duration `json:"batch_interval,omitempty"`
+	OfflineGrace      time.Duration `json:"offline_grace,omitempty"`
+
+	// ConnectRate bounds dials per second over all workers; zero means no
+	// bound. ConnectConcurrency bounds the dials in progress per worker;
+	// zero means 64.
+	ConnectRate        float64 `json:"connect_rate,omitempty"`
+	ConnectConcurrency int     `json:"connect_concurrency"`
+	// DialTimeout bounds one dial, handshake and hello; zero means 30s.
+	DialTimeout time.Duration `json:"dial_timeout"`
+
+	// Duration is the measurement window (idle) or how long changes
+	// (propagation) or replacements (churn) go on; zero means 30s.
+	Duration time.Duration `json:"duration"`
+	// Rate is status changes per second over all targets (propagation;
+	// zero means one per target per second, at most 1000) or connection
+	// replacements per second (churn; zero means 1000).
+	Rate float64 `json:"rate"`
+	// Jitter is the longest a client waits before reconnecting after a
+	// storm's restart; zero means 5s.
+	Jitter time.Duration `json:"jitter"`
+	// StormSignal stops the gateways in a storm: "term" (drain, the
+	// default) or "kill".
+	StormSignal string `json:"storm_signal"`
+	// StormGateways is how many gateways a storm restarts; zero means all.
+	StormGateways int `json:"storm_gateways"`
+
+	// Repeat runs the scenario this many times, each on a fresh system;
+	// zero means 1.
+	Repeat int `json:"repeat"`
+	// Binary is the greendot executable to start gateways, reapers,
+	// fanouts and workers from; empty means this process's own.
+	Binary string `json:"-"`
+	// InProcessWorkers runs the workers as goroutines of this process
+	// instead of processes (for tests).
+	InProcessWorkers bool `json:"-"`
+	// Logger receives progress; nil discards it.
+	Logger *slog.Logger `json:"-"`
+
+	// run names this run's users and gateways.
+	run string
+}
+
+// withDefaults returns cfg with zero fields set.
+func (c Config) withDefaults() (Config, error) {
+	if c.Scenario == "" {
+		c.Scenario = ScenarioIdle
+	}
+	c.Conns = cmpOr(c.Conns, 1000)
+	c.ConnsPerWorker = cmpOr(c.ConnsPerWorker, DefaultConnsPerWorker)
+	c.ConnsPerGateway = cmpOr(c.ConnsPerGateway, DefaultConnsPerGateway)
+	if c.Workers == 0 {
+		c.Workers = ceilDiv(c.Conns, c.ConnsPerWorker)
+	}
+	if c.Gateways == 0 {
+		if len(c.GatewayURLs) > 0 {
+			c.Gateways = len(c.GatewayURLs)
+		} else {
+			c.Gateways = ceilDiv(c.Conns, c.ConnsPerGateway)
+		}
+	}
+	if c.Sources == 0 {
+		c.Sources = min(MaxSources, ceilDiv(c.Conns, connsPerSource))
+	}
+	if c.Scenario != ScenarioIdle && c.Targets == 0 {
+		c.Targets = max(c.Workers, min(1000, c.Conns/10))
+	}
+	if c.Targets > 0 && c.Watchers == 0 {
+		c.Watchers = c.Targets
+	}
+	if c.Watchers > 0 && c.Follows == 0 {
+		c.Follows = max(1, min(10, c.Targets/c.Workers))
+	}
+	c.ConnectConcurrency = cmpOr(c.ConnectConcurrency, 64)
+	c.DialTimeout = cmpOr(c.DialTimeout, 30*time.Second)
+	c.Duration = cmpOr(c.Duration, 30*time.Second)
+	if c.Rate == 0 {
+		switch c.Scenario {
+		case ScenarioPropagation:
+			c.Rate = float64(min(1000, c.Targets))
+		case ScenarioChurn:
+			c.Rate = 1000
+		}
+	}
+	c.Jitter = cmpOr(c.Jitter, 5*time.Second)
+	c.StormSignal = cmpOr(c.StormSignal, "term")
+	c.Repeat = cmpOr(c.Repeat, 1)
+	if c.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return c, fmt.Errorf("%w: find the greendot executable: %v", ErrInvalidConfig, err)
+		}
+		c.Binary = exe
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// Validate reports whether c (with defaults) can be run.
+func (c *Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	known := false
+	for _, s := range Scenarios {
+		known = known || s == c.Scenario
+	}
+	switch {
+	case !known:
+		return bad("scenario %q: want idle, propagation, death, churn or storm", c.Scenario)
+	case c.Conns < 1:
+		return bad("conns %d: want at least 1", c.Conns)
+	case c.Targets+c.Watchers > c.Conns:
+		return bad("%d targets and %d watchers do not fit in %d connections", c.Targets, c.Watchers, c.Conns)
+	case c.Scenario != ScenarioIdle && (c.Targets == 0 || c.Watchers == 0):
+		return bad("scenario %s needs targets and watchers", c.Scenario)
+	case c.Workers < 1 || ceilDiv(c.Conns, c.Workers) > c.ConnsPerWorker:
+		return bad("%d workers for %d connections: at most %d per worker", c.Workers, c.Conns, c.ConnsPerWorker)
+	case c.Gateways < 1:
+		return bad("gateways %d: want at least 1", c.Gateways)
+	case len(c.GatewayURLs) > 0 && c.Gateways != len(c.GatewayURLs):
+		return bad("%d gateways but %d gateway URLs", c.Gateways, len(c.GatewayURLs))
+	case len(c.GatewayURLs) > 0 && c.Scenario == ScenarioStorm:
+		return bad("storm restarts gateways: it cannot use --gateway-url")
+	case len(c.GatewayURLs) > 0 && c.Watchers > 0 && c.NATSURL == "":
+		return bad("with --gateway-url, watchers need --nats-url to write the follow graph")
+	case c.Sources < 0 || c.Sources > MaxSources:
+		return bad("sources %d: want 1 to %d", c.Sources, MaxSources)
+	case ceilDiv(c.Conns, max(c.Sources, 1)) > 28000:
+		return bad("%d connections over %d source addresses: at most 28000 each fit the ephemeral port range", c.Conns, c.Sources)
+	case c.ConnectRate < 0 || c.Rate < 0:
+		return bad("rates must not be negative")
+	case c.ConnectConcurrency < 1:
+		return bad("connect concurrency %d: want at least 1", c.ConnectConcurrency)
+	case c.Duration <= 0 || c.Duration > maxCommandTime:
+		return bad("duration %v: want more than 0 and at most %v", c.Duration, maxCommandTime)
+	case c.Scenario == ScenarioPropagation && c.Rate <= 0, c.Scenario == ScenarioChurn && c.Rate <= 0:
+		return bad("scenario %s needs a positive rate", c.Scenario)
+	case c.StormSignal != "term" && c.StormSignal != "kill":
+		return bad("storm signal %q: want term or kill", c.StormSignal)
+	case c.StormGateways < 0 || c.StormGateways > c.Gateways:
+		return bad("storm gateways %d: want 0 (all) to %d", c.StormGateways, c.Gateways)
+	case c.Repeat < 1 || c.Repeat > 100:
+		return bad("repeat %d: want 1 to 100", c.Repeat)
+	case c.ConnTTL < 0 || c.HeartbeatInterval < 0 || c.BatchInterval < 0 || c.OfflineGrace < 0 || c.Jitter < 0 || c.DialTimeout < 0:
+		return bad("durations must not be negative")
+	}
+	return c.layout().Validate()
+}
+
+// layout places the run's connections.
+func (c *Config) layout() Layout {
+	return Layout{
+		Run:      c.run,
+		Targets:  c.Targets,
+		Watchers: c.Watchers,
+		Idle:     c.Conns - c.Targets - c.Watchers,
+		Follows:  c.Follows,
+		Workers:  c.Workers,
+		Gateways: c.Gateways,
+		Sources:  c.Sources,
+	}
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
+
+func cmpOr[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
