@@ -126,15 +126,21 @@ func (c *conn) writeTextLocked(payload []byte) error {
 		framePool.Put(fb)
 	}
 	if err != nil {
-		c.s.metrics.writeErrors.Add(1)
-		if isTimeout(err) {
-			c.s.metrics.slowCloses.Inc()
-			go c.end(endClean, 0, "too slow: write timed out")
-			return err
-		}
-		go c.end(endClean, 0, "write failed")
+		c.writeFailed(err)
 	}
 	return err
+}
+
+// writeFailed counts a failed write and closes the connection, whose frame
+// stream is now cut: as too slow when the write's deadline passed.
+func (c *conn) writeFailed(err error) {
+	c.s.metrics.writeErrors.Add(1)
+	if isTimeout(err) {
+		c.s.metrics.slowCloses.Inc()
+		go c.end(endClean, 0, "too slow: write timed out")
+		return
+	}
+	go c.end(endClean, 0, "write failed")
 }
 
 // writeRaw writes b with a deadline; the caller holds wmu.
@@ -161,7 +167,7 @@ func (c *conn) writeControl(op ws.OpCode, payload []byte) {
 	buf := bytes.NewBuffer(b[:0])
 	_ = ws.WriteFrame(buf, ws.NewFrame(op, true, payload))
 	if err := c.writeRaw(buf.Bytes(), c.s.cfg.WriteTimeout); err != nil {
-		go c.end(endClean, 0, "write failed")
+		c.writeFailed(err)
 	}
 }
 
