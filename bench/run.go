@@ -468,8 +468,8 @@ func (r *runner) propagation(ctx context.Context) error {
 	r.addLatency("set_status to presence_batch", lat, true, "<= 50")
 	r.add("status changes sent", float64(sent), "count", "")
 	r.add("status change rate", float64(sent)/r.cfg.Duration.Seconds(), "changes/s", fmt.Sprintf(">= %g", r.cfg.Rate))
-	r.add("changes seen by watchers", float64(sum(replies, "delivered")), "count",
-		fmt.Sprintf("= %d expected", sum(replies, "expected")))
+	r.add("changes expected by watchers", float64(sum(replies, "expected")), "count", "")
+	r.add("changes seen by watchers", float64(sum(replies, "delivered")), "count", "= expected")
 	r.add("watcher views not converged after settling", float64(sum(replies, "mismatches")), "count", "= 0")
 	r.add("changes whose send was not found", float64(sum(replies, "stale")), "count", "= 0")
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
@@ -497,8 +497,8 @@ func (r *runner) death(ctx context.Context) error {
 	r.add("connection TTL", ttl.Seconds(), "s", "")
 	r.addLatency("offline seen after TTL", h, false, "<= 1000")
 	r.add("targets silenced", float64(sum(replies, "silenced")), "count", fmt.Sprintf("= %d", r.l.Targets))
-	r.add("offline seen by watchers", float64(sum(replies, "seen")), "count",
-		fmt.Sprintf("= %d expected", sum(replies, "expected")))
+	r.add("offline sightings expected", float64(sum(replies, "expected")), "count", "")
+	r.add("offline seen by watchers", float64(sum(replies, "seen")), "count", "= expected")
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
 	return nil

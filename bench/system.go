@@ -390,7 +390,7 @@ func parseGatewayURL(s string) (*gateway, error) {
 		s = "ws://" + s
 	}
 	u, err := url.Parse(s)
-	if err != nil || u.Host == "" {
+	if err != nil || u.Hostname() == "" || strings.Trim(u.Hostname(), ":") == "" {
 		return nil, fmt.Errorf("%w: gateway URL %q: want ws://host:port/ws or host:port", ErrInvalidConfig, raw)
 	}
 	scheme := "ws"

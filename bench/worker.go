@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"sync"
 	"sync/atomic"
@@ -577,7 +578,9 @@ func (w *worker) startHeartbeats() {
 			slices := max(1, int(time.Duration(w.hbInterval.Load())/heartbeatTick))
 			for i := k % slices; i < len(w.conns); i += slices {
 				v := w.conns[i]
-				if _, err := w.send(v, (*client.Conn).Heartbeat); err != nil {
+				// A connection closed meanwhile (churn, storm) is not an
+				// error of the heartbeat.
+				if _, err := w.send(v, (*client.Conn).Heartbeat); err != nil && !errors.Is(err, net.ErrClosed) {
 					w.errs.add("heartbeat of %s: %v", v.user, err)
 				}
 			}

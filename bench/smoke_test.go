@@ -1,0 +1,168 @@
+package bench_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/bench"
+)
+
+// buildGreendot builds the greendot binary, whose gateways, reaper and
+// fanout the bench starts as processes.
+func buildGreendot(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "greendot")
+	build := exec.Command(goTool, "build", "-o", bin, "github.com/greendot/greendot/cmd/greendot")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestSmoke runs every scenario small and fast, and checks that what it
+// reports is correct: every connection made, every watcher seeing every
+// change, no false offline. It never checks speed.
+func TestSmoke(t *testing.T) {
+	bin := buildGreendot(t)
+	logger := slog.New(slog.DiscardHandler)
+	if os.Getenv("GREENDOT_TEST_LOG") != "" {
+		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	base := bench.Config{
+		Conns:    300,
+		Targets:  30,
+		Watchers: 30,
+		Follows:  5,
+		Workers:  2,
+		Gateways: 2,
+		Duration: 2 * time.Second,
+		Binary:   bin,
+		Logger:   logger,
+		// Fast timings, so death and churn show what they must within
+		// seconds.
+		ConnTTL:      2 * time.Second,
+		OfflineGrace: time.Second,
+		Jitter:       500 * time.Millisecond,
+		// Workers in this process run under the race detector, and
+		// their protocol is checked end to end.
+		InProcessWorkers: true,
+	}
+	tests := []struct {
+		name  string
+		edit  func(*bench.Config)
+		want  map[string]float64 // figure -> exact value
+		equal [][2]string        // figures that must be equal
+	}{
+		{
+			name: "idle",
+			edit: func(c *bench.Config) { c.Targets, c.Watchers, c.Duration = 0, 0, time.Second },
+			want: map[string]float64{"connections held by the gateways": 300},
+		},
+		{
+			name: "propagation",
+			edit: func(c *bench.Config) {
+				// Each target changes once, so no change can be coalesced
+				// away: every watcher must see every one.
+				c.Rate = 15
+				// The workers are processes: 'greendot bench worker'.
+				c.InProcessWorkers = false
+			},
+			want: map[string]float64{
+				"status changes sent":                        30,
+				"watcher views not converged after settling": 0,
+				"changes whose send was not found":           0,
+				"false offline":                              0,
+			},
+			equal: [][2]string{{"changes seen by watchers", "changes expected by watchers"}},
+		},
+		{
+			name: "death",
+			want: map[string]float64{"targets silenced": 30, "false offline": 0},
+		},
+		{
+			name: "churn",
+			edit: func(c *bench.Config) { c.Rate = 100 },
+			want: map[string]float64{"false offline": 0, "connect errors": 0},
+		},
+		{
+			name: "storm",
+			want: map[string]float64{"clients reconnected": 300, "clients never closed by the restart": 0},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := base
+			cfg.Scenario = tt.name
+			if tt.edit != nil {
+				tt.edit(&cfg)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			rep, err := bench.Run(ctx, cfg)
+			if err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			for _, run := range rep.Runs {
+				for _, e := range run.Errors {
+					t.Logf("worker error example: %s", e)
+				}
+			}
+			get := func(name string) float64 {
+				t.Helper()
+				s, ok := rep.Figure(name)
+				if !ok {
+					t.Fatalf("no figure %q in the report", name)
+				}
+				return s.Median
+			}
+			common := map[string]float64{
+				"connections":               300,
+				"connections failed":        0,
+				"unexpected disconnections": 0,
+			}
+			if cfg.Watchers > 0 {
+				common["watchers subscribed"] = 30
+				common["subscriptions denied"] = 0
+				common["false offline (at subscribe)"] = 0
+			}
+			for name, want := range common {
+				if name == "unexpected disconnections" && tt.name == "idle" {
+					continue
+				}
+				if got := get(name); got != want {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+			for name, want := range tt.want {
+				if got := get(name); got != want {
+					t.Errorf("%s = %v, want %v", name, got, want)
+				}
+			}
+			for _, pair := range tt.equal {
+				if a, b := get(pair[0]), get(pair[1]); a != b {
+					t.Errorf("%s = %v, want %s = %v", pair[0], a, pair[1], b)
+				}
+			}
+			switch tt.name {
+			case "death":
+				if seen, want := get("offline seen by watchers"), get("offline sightings expected"); seen != want {
+					t.Errorf("offline seen by watchers = %v, want %v", seen, want)
+				}
+			case "churn":
+				if get("connects") == 0 {
+					t.Error("churn made no connections")
+				}
+			}
+		})
+	}
+}
