@@ -101,6 +101,20 @@ func DecodeClient(data []byte, m *ClientMessage) error {
 	if len(data) == 0 || data[0] != '{' {
 		return fmt.Errorf("%w: a message is a JSON object", ErrBadRequest)
 	}
+	// The messages a client sends most (a heartbeat per socket per
+	// interval) skip the JSON decoder when written in their usual form;
+	// the result is the same.
+	switch string(data) {
+	case `{"type":"heartbeat"}`:
+		m.Type = TypeHeartbeat
+		return nil
+	case `{"type":"activity"}`:
+		m.Type = TypeActivity
+		return nil
+	case `{"type":"idle"}`:
+		m.Type = TypeIdle
+		return nil
+	}
 	if err := json.Unmarshal(data, m); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) && te.Field != "" {
