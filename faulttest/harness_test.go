@@ -1,0 +1,650 @@
+package faulttest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/natsconn"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/reaper"
+)
+
+// verbose turns on the logs of servers, services and child processes.
+var verbose = os.Getenv("GREENDOT_TEST_LOG") != ""
+
+// testLogger returns the logger of in-process services: quiet unless
+// GREENDOT_TEST_LOG is set.
+func testLogger(name string) *slog.Logger {
+	if verbose {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("proc", name)
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// waitFor calls f until it returns nil, or fails the test with f's last
+// error after total. Every wait of this package is bounded by it.
+func waitFor(tb testing.TB, total time.Duration, what string, f func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%s: not after %v: %v", what, total, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// --- The greendot binary ---------------------------------------------------
+
+var binary struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// TestMain removes the built binary once every test has run.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binary.dir != "" {
+		_ = os.RemoveAll(binary.dir)
+	}
+	os.Exit(code)
+}
+
+// greendotBinary builds cmd/greendot once per test run and returns its path.
+func greendotBinary(tb testing.TB) string {
+	tb.Helper()
+	binary.once.Do(func() {
+		dir, err := os.MkdirTemp("", "greendot-faulttest-")
+		if err != nil {
+			binary.err = err
+			return
+		}
+		binary.dir = dir
+		path := filepath.Join(dir, "greendot")
+		gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+		if _, err := os.Stat(gobin); err != nil {
+			gobin = "go"
+		}
+		cmd := exec.Command(gobin, "build", "-o", path, "github.com/greendot/greendot/cmd/greendot")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binary.err = fmt.Errorf("go build cmd/greendot: %v\n%s", err, out)
+			return
+		}
+		binary.path = path
+	})
+	if binary.err != nil {
+		tb.Fatal(binary.err)
+	}
+	return binary.path
+}
+
+// repoFile returns the path of a file of the repository, from this
+// package's directory.
+func repoFile(name string) string { return filepath.Join("..", filepath.FromSlash(name)) }
+
+// --- NATS servers loaded from the repository's configuration -------------
+
+// natsNode is one NATS server of a test. It can be shut down and started
+// again on the same ports with the same storage.
+type natsNode struct {
+	name              string
+	storeDir          string
+	port, clusterPort int
+	srv               *server.Server
+}
+
+// natsCluster is a set of NATS servers started from the repository's own
+// configuration: three nodes from nats.conf, routed into one cluster, or a
+// single server from deploy/nats/single.conf. Greendot's processes connect
+// with the users and permissions of deploy/nats/accounts.conf, and every
+// permission violation the servers log is kept: a test that sees one
+// fails.
+type natsCluster struct {
+	tb    testing.TB
+	nodes []*natsNode
+	viol  *violations
+}
+
+// startCluster starts n JetStream servers on loopback (n is 1 or 3) and
+// waits until JetStream has a meta leader and every node is current. They
+// are shut down when the test ends; a permission violation logged by any
+// of them fails the test.
+func startCluster(tb testing.TB, n int) *natsCluster {
+	tb.Helper()
+	c := &natsCluster{tb: tb, viol: &violations{}}
+	tb.Cleanup(func() {
+		c.shutdown()
+		if v := c.viol.take(); len(v) > 0 {
+			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(v, "\n"))
+		}
+	})
+	for i := range n {
+		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: tb.TempDir(), port: freePort(tb)}
+		if n > 1 {
+			nd.clusterPort = freePort(tb)
+		}
+		c.nodes = append(c.nodes, nd)
+	}
+	for i := range n {
+		c.start(i)
+	}
+	c.waitReady()
+	return c
+}
+
+// options loads node i's configuration: nats.conf for a cluster node,
+// deploy/nats/single.conf for a single server, with the environment those
+// files read.
+func (c *natsCluster) options(i int) *server.Options {
+	c.tb.Helper()
+	nd := c.nodes[i]
+	file := "nats.conf"
+	if nd.clusterPort == 0 {
+		file = "deploy/nats/single.conf"
+	}
+	var routes []int
+	for _, other := range c.nodes {
+		routes = append(routes, other.clusterPort)
+	}
+	env := confEnv(nd.name, nd.storeDir, nd.port, nd.clusterPort, routes)
+	for k, v := range env {
+		c.tb.(*testing.T).Setenv(k, v)
+	}
+	o, err := server.ProcessConfigFile(repoFile(file))
+	if err != nil {
+		c.tb.Fatalf("load %s: %v", file, err)
+	}
+	o.NoSigs = true
+	return o
+}
+
+// start starts node i.
+func (c *natsCluster) start(i int) {
+	c.tb.Helper()
+	nd := c.nodes[i]
+	srv, err := server.NewServer(c.options(i))
+	if err != nil {
+		c.tb.Fatalf("nats %s: %v", nd.name, err)
+	}
+	srv.SetLoggerV2(c.viol, false, false, false)
+	go srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		c.tb.Fatalf("nats %s did not start", nd.name)
+	}
+	nd.srv = srv
+}
+
+// kill shuts node i down at once: its clients and routes are cut, its
+// JetStream leaders vanish without handing over (no lame duck mode).
+func (c *natsCluster) kill(i int) {
+	nd := c.nodes[i]
+	if nd.srv == nil {
+		return
+	}
+	nd.srv.Shutdown()
+	nd.srv.WaitForShutdown()
+	nd.srv = nil
+}
+
+// restart starts node i again on its ports, with its storage.
+func (c *natsCluster) restart(i int) {
+	c.tb.Helper()
+	c.start(i)
+}
+
+func (c *natsCluster) shutdown() {
+	for i := range c.nodes {
+		c.kill(i)
+	}
+}
+
+// running returns the servers that run.
+func (c *natsCluster) running() []*server.Server {
+	var out []*server.Server
+	for _, nd := range c.nodes {
+		if nd.srv != nil {
+			out = append(out, nd.srv)
+		}
+	}
+	return out
+}
+
+// urls returns the client URLs of every node, comma-separated, as
+// --nats-url takes them.
+func (c *natsCluster) urls() string {
+	var out []string
+	for _, nd := range c.nodes {
+		out = append(out, fmt.Sprintf("nats://127.0.0.1:%d", nd.port))
+	}
+	return strings.Join(out, ",")
+}
+
+// urlsAs returns urls with a user's credentials in each URL, for
+// in-process services.
+func (c *natsCluster) urlsAs(user string) string {
+	return strings.ReplaceAll(c.urls(), "nats://", "nats://"+user+":"+rolePasswords[user]+"@")
+}
+
+// waitReady waits until the running nodes are routed to each other, one of
+// them leads JetStream's meta group and all are current.
+func (c *natsCluster) waitReady() {
+	c.tb.Helper()
+	waitFor(c.tb, 60*time.Second, "nats cluster ready", func() error {
+		srvs := c.running()
+		leader := false
+		for _, s := range srvs {
+			if !s.JetStreamEnabled() {
+				return fmt.Errorf("%s: jetstream not enabled", s.Name())
+			}
+			if len(c.nodes) == 1 {
+				return nil
+			}
+			if s.NumRoutes() < len(srvs)-1 {
+				return fmt.Errorf("%s has %d routes", s.Name(), s.NumRoutes())
+			}
+			if !s.JetStreamIsCurrent() {
+				return fmt.Errorf("%s is not current", s.Name())
+			}
+			leader = leader || s.JetStreamIsLeader()
+		}
+		if !leader {
+			return errors.New("no meta leader")
+		}
+		return nil
+	})
+}
+
+// streamLeader returns the index of the node leading a stream of the
+// global account, or -1.
+func (c *natsCluster) streamLeader(stream string) int {
+	for i, nd := range c.nodes {
+		if nd.srv != nil && nd.srv.JetStreamIsStreamLeader(greendotAccount, stream) {
+			return i
+		}
+	}
+	return -1
+}
+
+// waitStreamsCurrent waits until every running node is current on every
+// bucket's stream, and each stream has a leader.
+func (c *natsCluster) waitStreamsCurrent(timeout time.Duration) {
+	c.tb.Helper()
+	if len(c.nodes) == 1 {
+		return
+	}
+	waitFor(c.tb, timeout, "bucket streams current", func() error {
+		for _, b := range []string{presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket} {
+			stream := presence.StreamName(b)
+			if c.streamLeader(stream) < 0 {
+				return fmt.Errorf("%s has no leader", stream)
+			}
+			for _, s := range c.running() {
+				if !s.JetStreamIsStreamCurrent(greendotAccount, stream) {
+					return fmt.Errorf("%s is not current on %s", stream, s.Name())
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// greendotAccount is the account of deploy/nats/accounts.conf that holds
+// greendot's buckets.
+const greendotAccount = "GREENDOT"
+
+// connect returns an operator's connection to the cluster, with the
+// reconnect behaviour every greendot process has.
+func (c *natsCluster) connect(name string) *nats.Conn {
+	c.tb.Helper()
+	nc, err := natsconn.Connect(natsconn.Options{URL: c.urls(), Name: name, User: "operator", Password: rolePasswords["operator"], Logger: testLogger(name)})
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	c.tb.Cleanup(nc.Close)
+	return nc
+}
+
+// openStore creates greendot's buckets with the given replicas, as
+// `greendot buckets` does, and returns a store over an operator's
+// connection.
+func (c *natsCluster) openStore(replicas int) *presence.Store {
+	c.tb.Helper()
+	nc := c.connect("faulttest operator")
+	var store *presence.Store
+	// Right after the cluster formed, placing three replicas can fail
+	// for a moment.
+	waitFor(c.tb, 60*time.Second, "create buckets", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var err error
+		store, err = presence.Open(ctx, nc, presence.BucketOptions{Replicas: replicas})
+		return err
+	})
+	c.waitStreamsCurrent(60 * time.Second)
+	return store
+}
+
+// --- In-process services ---------------------------------------------------
+
+// service is a gateway, reaper or fanout running in the test process over
+// its own NATS connection.
+type service struct {
+	name   string
+	nc     *nats.Conn
+	cancel context.CancelFunc
+	done   chan error
+	// ws is a gateway's WebSocket URL, http the base of its HTTP API.
+	ws, http string
+}
+
+// runService connects to urls and runs fn until the service is stopped or
+// the test ends.
+func runService(tb testing.TB, name, urls string, fn func(ctx context.Context, nc *nats.Conn) error) *service {
+	tb.Helper()
+	nc, err := natsconn.Connect(natsconn.Options{URL: urls, Name: name, Logger: testLogger(name)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &service{name: name, nc: nc, cancel: cancel, done: make(chan error, 1)}
+	go func() { s.done <- fn(ctx, nc) }()
+	tb.Cleanup(func() { s.stop(tb) })
+	return s
+}
+
+// stop cancels the service, waits for it to return, and closes its
+// connection. It may be called more than once.
+func (s *service) stop(tb testing.TB) {
+	tb.Helper()
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	s.cancel = nil
+	select {
+	case err := <-s.done:
+		if err != nil {
+			tb.Errorf("%s stopped with error: %v", s.name, err)
+		}
+	case <-time.After(60 * time.Second):
+		tb.Errorf("%s did not stop within 60s", s.name)
+	}
+	s.nc.Close()
+}
+
+// gatewayConfig is the gateway configuration of the fault tests: dev auth,
+// short batches, and the given timings.
+func gatewayConfig(id string, t timings) gateway.Config {
+	cfg := gateway.Config{
+		Logger:            testLogger(id),
+		Buckets:           presence.BucketOptions{Replicas: t.replicas},
+		ID:                id,
+		ConnTTL:           t.ttl,
+		HeartbeatInterval: t.heartbeat,
+		OfflineGrace:      t.grace,
+		BatchInterval:     10 * time.Millisecond,
+		DevAuth:           true,
+		DrainPeriod:       t.drain,
+	}
+	if t.edit != nil {
+		t.edit(&cfg)
+	}
+	return cfg
+}
+
+// startGateway runs a gateway in the test process on a loopback listener.
+func startGateway(tb testing.TB, urls, id string, t timings) *service {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var svc *gateway.Service
+	ready := make(chan struct{})
+	s := runService(tb, id, urls, func(ctx context.Context, nc *nats.Conn) error {
+		g, err := gateway.New(nc, gatewayConfig(id, t))
+		if err != nil {
+			close(ready)
+			_ = ln.Close()
+			return err
+		}
+		svc = g
+		close(ready)
+		return g.Serve(ctx, ln)
+	})
+	<-ready
+	if svc == nil {
+		tb.Fatalf("gateway %s did not start", id)
+	}
+	s.ws = "ws://" + ln.Addr().String() + gateway.WebSocketPath
+	s.http = "http://" + ln.Addr().String()
+	waitFor(tb, 60*time.Second, "gateway "+id+" ready", func() error {
+		return svc.Ready(context.Background())
+	})
+	return s
+}
+
+// startReaper runs a reaper in the test process.
+func startReaper(tb testing.TB, urls, name string, t timings) *service {
+	tb.Helper()
+	cfg := reaper.Config{
+		Logger:        testLogger(name),
+		Buckets:       presence.BucketOptions{Replicas: t.replicas},
+		SweepInterval: 5 * time.Second,
+		AckWait:       t.ackWait,
+	}
+	return runService(tb, name, urls, func(ctx context.Context, nc *nats.Conn) error {
+		r, err := reaper.New(nc, cfg)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
+	})
+}
+
+// startFanout runs a fanout in the test process.
+func startFanout(tb testing.TB, urls, name string, t timings) *service {
+	tb.Helper()
+	cfg := fanout.Config{
+		Logger:  testLogger(name),
+		Buckets: presence.BucketOptions{Replicas: t.replicas},
+		AckWait: t.ackWait,
+	}
+	return runService(tb, name, urls, func(ctx context.Context, nc *nats.Conn) error {
+		f, err := fanout.New(nc, cfg)
+		if err != nil {
+			return err
+		}
+		return f.Run(ctx)
+	})
+}
+
+// timings are the settings a fault test runs its system with.
+type timings struct {
+	ttl, heartbeat, grace, drain, ackWait time.Duration
+	replicas                              int
+	// edit, when set, changes an in-process gateway's configuration.
+	edit func(*gateway.Config)
+}
+
+// gatewayArgs returns the command line flags of a child gateway with t.
+func (t timings) gatewayArgs() []string {
+	args := []string{
+		"--conn-ttl", t.ttl.String(),
+		"--heartbeat-interval", t.heartbeat.String(),
+		"--offline-grace", t.grace.String(),
+		"--batch-interval", "10ms",
+		"--replicas", fmt.Sprint(t.replicas),
+	}
+	if t.drain > 0 {
+		args = append(args, "--drain-period", t.drain.String())
+	}
+	return args
+}
+
+// --- Child processes of the greendot binary -------------------------------
+
+// child is a greendot process started from the built binary. Its log lines
+// (JSON, on stderr) are kept, and shown when the test fails.
+type child struct {
+	tb   testing.TB
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+
+	mu    sync.Mutex
+	lines []string
+}
+
+// startChild runs `greendot args...` with JSON logs. It is killed when the
+// test ends, if it still runs.
+func startChild(tb testing.TB, name string, args ...string) *child {
+	tb.Helper()
+	bin := greendotBinary(tb)
+	args = append(args, "--log-format", "json", "--log-level", "debug")
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "GREENDOT_NATS_PASSWORD=", "GREENDOT_NATS_USER=")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", name, err)
+	}
+	c := &child{tb: tb, name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64*1024), 1024*1024)
+		for sc.Scan() {
+			line := sc.Text()
+			if verbose {
+				fmt.Fprintf(os.Stderr, "[%s] %s\n", name, line)
+			}
+			c.mu.Lock()
+			c.lines = append(c.lines, line)
+			c.mu.Unlock()
+		}
+		c.err = cmd.Wait()
+		close(c.done)
+	}()
+	tb.Cleanup(func() {
+		c.signal(syscall.SIGKILL)
+		c.wait(30 * time.Second)
+		if tb.Failed() {
+			c.mu.Lock()
+			lines := c.lines
+			if len(lines) > 60 {
+				lines = lines[len(lines)-60:]
+			}
+			tb.Logf("last log lines of %s:\n%s", name, strings.Join(lines, "\n"))
+			c.mu.Unlock()
+		}
+	})
+	return c
+}
+
+// signal sends sig to the process, if it still runs.
+func (c *child) signal(sig syscall.Signal) {
+	select {
+	case <-c.done:
+	default:
+		_ = c.cmd.Process.Signal(sig)
+	}
+}
+
+// wait waits until the process has exited and returns its error, or fails
+// the test after timeout.
+func (c *child) wait(timeout time.Duration) error {
+	select {
+	case <-c.done:
+		return c.err
+	case <-time.After(timeout):
+		c.tb.Errorf("%s did not exit within %v", c.name, timeout)
+		return errors.New("did not exit")
+	}
+}
+
+// kill ends the process with SIGKILL and waits until it is gone.
+func (c *child) kill() {
+	c.tb.Helper()
+	c.signal(syscall.SIGKILL)
+	_ = c.wait(30 * time.Second)
+}
+
+// logField waits until the process logs a line with message msg and
+// returns the value of its attribute key.
+func (c *child) logField(timeout time.Duration, msg, key string) string {
+	c.tb.Helper()
+	var val string
+	waitFor(c.tb, timeout, fmt.Sprintf("%s logs %q", c.name, msg), func() error {
+		select {
+		case <-c.done:
+			return fmt.Errorf("exited: %v", c.err)
+		default:
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, l := range c.lines {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) != nil || m["msg"] != msg {
+				continue
+			}
+			val = fmt.Sprint(m[key])
+			return nil
+		}
+		return errors.New("not yet")
+	})
+	return val
+}
+
+// startChildGateway runs a gateway child process with dev auth on a
+// loopback port and returns it with its WebSocket URL.
+func startChildGateway(tb testing.TB, urls, id string, t timings) (*child, string) {
+	tb.Helper()
+	args := append([]string{"gateway", "--listen", "127.0.0.1:0", "--dev-auth", "--gateway-id", id, "--nats-url", urls}, t.gatewayArgs()...)
+	c := startChild(tb, id, args...)
+	addr := c.logField(60*time.Second, "gateway serving", "addr")
+	return c, "ws://" + addr + gateway.WebSocketPath
+}
+
+// startChildWorker runs a reaper or fanout child process and waits until
+// it consumes.
+func startChildWorker(tb testing.TB, kind, name, urls string, t timings) *child {
+	tb.Helper()
+	args := []string{kind, "--nats-url", urls, "--replicas", fmt.Sprint(t.replicas), "--ack-wait", t.ackWait.String()}
+	if kind == "reaper" {
+		args = append(args, "--sweep-interval", "5s")
+	}
+	c := startChild(tb, name, args...)
+	c.logField(60*time.Second, kind+" running", "bucket")
+	return c
+}

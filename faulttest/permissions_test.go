@@ -1,0 +1,357 @@
+package faulttest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/natsconn"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// The roles of nats.conf and the passwords the tests give them.
+var rolePasswords = map[string]string{
+	"gateway":  "gateway-test-password",
+	"reaper":   "reaper-test-password",
+	"fanout":   "fanout-test-password",
+	"operator": "operator-test-password",
+	"sys":      "sys-test-password",
+}
+
+// confEnv returns the environment nats.conf and deploy/nats/single.conf
+// read, for a node named name on loopback: clients on port, routes on
+// clusterPort, routed to the nodes on routePorts (itself included, as every
+// node of a cluster is given the same list), a random monitoring port,
+// storing in dir.
+func confEnv(name, dir string, port, clusterPort int, routePorts []int) map[string]string {
+	var routes []string
+	for _, p := range routePorts {
+		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://route:route-test-password@127.0.0.1:%d", p)))
+	}
+	return map[string]string{
+		"NATS_SERVER_NAME":       name,
+		"NATS_LISTEN":            fmt.Sprintf("127.0.0.1:%d", port),
+		"NATS_HTTP":              "127.0.0.1:-1",
+		"NATS_CLUSTER_LISTEN":    fmt.Sprintf("127.0.0.1:%d", clusterPort),
+		"NATS_ROUTES":            "[" + strings.Join(routes, ", ") + "]",
+		"NATS_STORE_DIR":         dir,
+		"NATS_ROUTE_PASSWORD":    "route-test-password",
+		"NATS_GATEWAY_PASSWORD":  rolePasswords["gateway"],
+		"NATS_REAPER_PASSWORD":   rolePasswords["reaper"],
+		"NATS_FANOUT_PASSWORD":   rolePasswords["fanout"],
+		"NATS_OPERATOR_PASSWORD": rolePasswords["operator"],
+		"NATS_SYS_PASSWORD":      rolePasswords["sys"],
+	}
+}
+
+// violations collects the permission violations a server logs.
+type violations struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (v *violations) record(format string, args []any) {
+	s := fmt.Sprintf(format, args...)
+	if strings.Contains(s, "Violation") {
+		v.mu.Lock()
+		v.lines = append(v.lines, s)
+		v.mu.Unlock()
+	}
+	if verbose {
+		fmt.Println("[nats]", s)
+	}
+}
+
+func (v *violations) Noticef(format string, args ...any) { v.record(format, args) }
+func (v *violations) Warnf(format string, args ...any)   { v.record(format, args) }
+func (v *violations) Fatalf(format string, args ...any)  { v.record(format, args) }
+func (v *violations) Errorf(format string, args ...any)  { v.record(format, args) }
+func (v *violations) Debugf(format string, args ...any)  {}
+func (v *violations) Tracef(format string, args ...any)  {}
+
+// take returns the violations logged since the last call, and forgets
+// them.
+func (v *violations) take() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := v.lines
+	v.lines = nil
+	return out
+}
+
+// await waits until a violation containing every one of parts is logged,
+// and forgets every logged violation that contains them.
+func (v *violations) await(tb testing.TB, parts ...string) {
+	tb.Helper()
+	has := func(l string) bool {
+		for _, p := range parts {
+			if !strings.Contains(l, p) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(tb, 10*time.Second, "violation "+strings.Join(parts, " "), func() error {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		kept := v.lines[:0]
+		found := false
+		for _, l := range v.lines {
+			if has(l) {
+				found = true
+			} else {
+				kept = append(kept, l)
+			}
+		}
+		v.lines = kept
+		if found {
+			return nil
+		}
+		return fmt.Errorf("logged: %v", v.lines)
+	})
+}
+
+// connectAs connects to the cluster as one of accounts.conf's users.
+func connectAs(tb testing.TB, c *natsCluster, user string, extra ...nats.Option) *nats.Conn {
+	tb.Helper()
+	nc, err := natsconn.Connect(natsconn.Options{
+		URL: c.urls(), Name: "faulttest " + user,
+		User: user, Password: rolePasswords[user],
+		Logger: testLogger(user), Extra: extra,
+	})
+	if err != nil {
+		tb.Fatalf("connect as %s: %v", user, err)
+	}
+	tb.Cleanup(nc.Close)
+	return nc
+}
+
+// TestPermissions runs every greendot process with its own user of
+// nats.conf, against a server loaded from that file, through everything the
+// processes do (connections, statuses, subscriptions, expiry, the HTTP API,
+// global presence, admin endpoints), and checks that the server logs no
+// permission violation. Then it checks what each role must not do.
+func TestPermissions(t *testing.T) {
+	cl := startCluster(t, 3)
+	viol := cl.viol
+	// The operator sets the buckets up; the processes only bind them.
+	store := cl.openStore(3)
+	op := connectAs(t, cl, "operator")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 5 * time.Second, replicas: 3}
+	url := cl.urlsAs
+	startReaper(t, url("reaper"), "reaper", tm)
+	startFanout(t, url("fanout"), "fanout", tm)
+	gw := startGateway(t, url("gateway"), "gwmutual", tm)
+	everyone := startGatewayWith(t, url("gateway"), "gweveryone", tm, func(c *gateway.Config) { c.Policy = gateway.PolicyEveryone })
+
+	mutual(t, store, []string{"alice"}, []string{"bob", "dave"})
+	if err := store.SetSettings(ctx, "bob", presence.Settings{LastSeen: presence.Everyone}); err != nil {
+		t.Fatal(err)
+	}
+	alice := dialClient(t, "alice", []string{gw.ws}, tm.heartbeat, false)
+	alice.subscribe("bob", "dave")
+	bob := dialClient(t, "bob", []string{gw.ws}, tm.heartbeat, false)
+	carol := dialClient(t, "carol", []string{everyone.ws}, tm.heartbeat, false)
+	carol.subscribeAll()
+	dialClient(t, "dave", []string{everyone.ws}, tm.heartbeat, false)
+	expectViews(t, 10*time.Second, "alice sees bob and dave online", []*liveClient{alice}, truth{"bob": presence.Online, "dave": presence.Online})
+
+	if err := bob.setStatus(presence.Busy, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	expectViews(t, 10*time.Second, "busy bob", []*liveClient{alice, carol}, truth{"bob": presence.Busy})
+
+	// The HTTP API reads statuses and the graph.
+	for _, path := range []string{"/api/presence/users/bob?user=alice", "/api/presence/friends?user=alice"} {
+		httpGet(t, gw.http, path)
+	}
+	httpGet(t, everyone.http, "/api/presence/online?user=carol")
+
+	// Admin endpoints and micro discovery, as an operator calls them.
+	if inst, err := admin.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 2 {
+		t.Errorf("gateway instances: %v, %v", inst, err)
+	}
+	for _, svc := range []string{admin.ReaperService, admin.FanoutService} {
+		if inst, err := admin.Instances(ctx, op, svc, 5*time.Second); err != nil || len(inst) != 1 {
+			t.Errorf("%s instances: %v, %v", svc, inst, err)
+		}
+	}
+	if r, err := admin.Conns(ctx, op, "bob"); err != nil || r.Status != presence.Busy {
+		t.Errorf("conns of bob: %+v, %v", r, err)
+	}
+	if _, err := admin.Watchers(ctx, op, "bob", 5*time.Second); err != nil {
+		t.Errorf("watchers of bob: %v", err)
+	}
+	if _, err := admin.Sweep(ctx, op); err != nil {
+		t.Errorf("sweep: %v", err)
+	}
+	if replies, err := admin.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 2 {
+		t.Errorf("kick dave: %v, %v", replies, err)
+	}
+
+	// A clean close, and a silent death: the reaper turns both into
+	// offline, the fanout tells the watchers.
+	bob.close()
+	expectViews(t, 15*time.Second, "bob offline after a clean close", []*liveClient{alice, carol}, truth{"bob": presence.Offline})
+	expectViews(t, 15*time.Second, "dave offline after a kick", []*liveClient{alice}, truth{"dave": presence.Offline})
+	carol.abort()
+	waitFor(t, 15*time.Second, "carol offline after dying", func() error {
+		rec, _, err := store.Status(ctx, "carol")
+		if err == nil && rec.Status != presence.Offline {
+			return fmt.Errorf("carol is %s", rec.Status)
+		}
+		if errors.Is(err, presence.ErrNotFound) {
+			return nil
+		}
+		return err
+	})
+	if v := viol.take(); len(v) > 0 {
+		t.Errorf("the processes' users were refused what they do:\n%s", strings.Join(v, "\n"))
+	}
+
+	t.Run("gateway cannot write the graph", func(t *testing.T) {
+		nc := connectAs(t, cl, "gateway")
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := js.KeyValue(ctx, presence.GraphBucket)
+		if err != nil {
+			t.Fatalf("gateway cannot even read the graph: %v", err)
+		}
+		if _, err := kv.Get(ctx, presence.FollowKey("alice", "bob")); err != nil {
+			t.Fatalf("gateway cannot read a follow edge: %v", err)
+		}
+		short, done := context.WithTimeout(ctx, 2*time.Second)
+		defer done()
+		if _, err := kv.Put(short, presence.FollowKey("mallory", "alice"), []byte("1")); err == nil {
+			t.Error("gateway wrote a follow edge")
+		}
+		viol.await(t, "Publish Violation", presence.KeySubject(presence.GraphBucket, presence.FollowKey("mallory", "alice")))
+		if err := kv.Delete(short, presence.FollowKey("alice", "bob")); err == nil {
+			t.Error("gateway deleted a follow edge")
+		}
+		for _, api := range []string{"STREAM.UPDATE", "STREAM.DELETE", "STREAM.PURGE"} {
+			subj := "$JS.API." + api + "." + presence.StreamName(presence.GraphBucket)
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "Publish Violation", subj)
+		}
+		// The graph is as the operator wrote it.
+		if ok, err := store.Follows(ctx, "alice", "bob"); err != nil || !ok {
+			t.Errorf("alice follows bob: %v, %v", ok, err)
+		}
+		if ok, err := store.Follows(ctx, "mallory", "alice"); err != nil || ok {
+			t.Errorf("mallory follows alice: %v, %v", ok, err)
+		}
+	})
+
+	t.Run("gateway cannot forge events or take the workers' consumers", func(t *testing.T) {
+		nc := connectAs(t, cl, "gateway")
+		for _, subj := range []string{
+			presence.EventSubject("alice"),
+			"$JS.API.CONSUMER.CREATE." + presence.StreamName(presence.ConnsBucket) + "." + presence.ReaperConsumer + ".x",
+			"$JS.API.CONSUMER.DELETE." + presence.StreamName(presence.StatusBucket) + "." + presence.FanoutConsumer,
+		} {
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "Publish Violation", subj)
+		}
+	})
+
+	t.Run("roles cannot read outside their subjects or account", func(t *testing.T) {
+		for _, user := range []string{"gateway", "reaper", "fanout"} {
+			nc := connectAs(t, cl, user)
+			for _, subj := range []string{">", "$SYS.>", "presence.self.alice"} {
+				if _, err := nc.SubscribeSync(subj); err != nil {
+					t.Fatal(err)
+				}
+				_ = nc.Flush()
+				viol.await(t, "Subscription Violation", user, subj)
+			}
+		}
+	})
+
+	t.Run("reaper and fanout cannot write connections", func(t *testing.T) {
+		for _, user := range []string{"reaper", "fanout"} {
+			nc := connectAs(t, cl, user)
+			subj := presence.KeySubject(presence.ConnsBucket, presence.ConnKey("alice", "forged"))
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "Publish Violation", user, subj)
+		}
+		nc := connectAs(t, cl, "fanout")
+		subj := presence.KeySubject(presence.StatusBucket, "alice")
+		_ = nc.Publish(subj, []byte("{}"))
+		viol.await(t, "Publish Violation", "fanout", subj)
+	})
+
+	t.Run("system account answers nats server commands", func(t *testing.T) {
+		nc := connectAs(t, cl, "sys")
+		msg, err := nc.Request("$SYS.REQ.SERVER.PING", nil, 5*time.Second)
+		if err != nil {
+			t.Fatalf("server ping as sys: %v", err)
+		}
+		var resp struct {
+			Server struct {
+				Name string `json:"name"`
+			} `json:"server"`
+		}
+		if err := json.Unmarshal(msg.Data, &resp); err != nil || resp.Server.Name == "" {
+			t.Errorf("server ping: %s, %v", msg.Data, err)
+		}
+		// The monitoring port answers health checks.
+		mon := cl.nodes[0].srv.MonitorAddr()
+		if mon == nil {
+			t.Fatal("nats.conf opens no monitoring port")
+		}
+		httpGet(t, "http://"+mon.String(), "/healthz")
+	})
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(tb testing.TB) int {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startGatewayWith runs a gateway like startGateway, with cfg changed by
+// edit.
+func startGatewayWith(tb testing.TB, urls, id string, t timings, edit func(*gateway.Config)) *service {
+	tb.Helper()
+	t.edit = edit
+	return startGateway(tb, urls, id, t)
+}
+
+// httpGet fails the test unless GET base+path answers 200.
+func httpGet(tb testing.TB, base, path string) {
+	tb.Helper()
+	cl := &http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get(base + path)
+	if err != nil {
+		tb.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		tb.Errorf("GET %s: %d %s", path, resp.StatusCode, body)
+	}
+}
