@@ -50,6 +50,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			reaperCommand(),
 			fanoutCommand(),
 			graphCommand(),
+			bucketsCommand(),
 			benchCommand(),
 		},
 		Writer:          stdout,
