@@ -1,9 +1,7 @@
 package gateway
 
 import (
-	"bytes"
-	"errors"
-	"io"
+	"encoding/binary"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
@@ -64,16 +62,14 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 		data = append(d.partial, data...)
 		d.partial = nil
 	}
-	var hdr [ws.MaxHeaderSize - 2]byte
 	for len(data) > 0 {
-		r := bytes.NewReader(data)
-		h, err := ws.ReadHeaderBuffer(r, hdr[:])
+		h, hlen, err := parseHeader(data)
 		if err != nil {
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				d.keep(data)
-				return nil
-			}
 			return errProtocol(err)
+		}
+		if hlen == 0 {
+			d.keep(data)
+			return nil
 		}
 		state := ws.StateServerSide
 		if d.fragmented {
@@ -88,7 +84,6 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 		if h.Length > int64(maxMsg) || h.OpCode == ws.OpContinuation && int64(len(d.frag))+h.Length > int64(maxMsg) {
 			return errTooBig
 		}
-		hlen := len(data) - r.Len()
 		// A control frame between the fragments of a message shares the
 		// message's budget: the decoder never holds more than maxMsg plus
 		// one frame header, however the bytes arrive.
@@ -132,6 +127,48 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 		}
 	}
 	return nil
+}
+
+// parseHeader parses the frame header at the start of data, as
+// ws.ReadHeader does, without a reader: it returns the header and its
+// length, or a zero length when data holds only part of it. It does not
+// allocate.
+func parseHeader(data []byte) (h ws.Header, n int, err error) {
+	if len(data) < 2 {
+		return h, 0, nil
+	}
+	h.Fin = data[0]&0x80 != 0
+	h.Rsv = (data[0] & 0x70) >> 4
+	h.OpCode = ws.OpCode(data[0] & 0x0f)
+	h.Masked = data[1]&0x80 != 0
+	n = 2
+	switch length := data[1] & 0x7f; length {
+	case 126:
+		if len(data) < n+2 {
+			return h, 0, nil
+		}
+		h.Length = int64(binary.BigEndian.Uint16(data[n:]))
+		n += 2
+	case 127:
+		if len(data) < n+8 {
+			return h, 0, nil
+		}
+		if data[n]&0x80 != 0 {
+			return h, 0, ws.ErrHeaderLengthMSB
+		}
+		h.Length = int64(binary.BigEndian.Uint64(data[n:]))
+		n += 8
+	default:
+		h.Length = int64(length)
+	}
+	if h.Masked {
+		if len(data) < n+4 {
+			return h, 0, nil
+		}
+		copy(h.Mask[:], data[n:n+4])
+		n += 4
+	}
+	return h, n, nil
 }
 
 // keep copies the start of an incomplete frame.
