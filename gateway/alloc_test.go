@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/pkg/metrics"
 )
 
 // TestParseHeader checks parseHeader against gobwas/ws's ReadHeader on
@@ -91,6 +93,40 @@ func TestDecoderAllocs(t *testing.T) {
 		}
 		if sink.messages+sink.controls == 0 {
 			t.Errorf("%s: nothing decoded", tc.name)
+		}
+	}
+}
+
+// TestHeartbeatPathAllocs pins a heartbeat's whole path through a
+// connection (framing, rate limit, recognising it, counting it) at zero
+// allocations, and checks that it still counts as a message and as a sign
+// of life.
+func TestHeartbeatPathAllocs(t *testing.T) {
+	s := benchService(t)
+	c := benchConn(t, s, "alice")
+	wire := clientFrame(t, `{"type":"heartbeat"}`)
+	buf := make([]byte, len(wire))
+	var before int64
+	n := testing.AllocsPerRun(100, func() {
+		copy(buf, wire)
+		before = c.lastFrame.Load()
+		if err := c.dec.decode(buf, DefaultMaxMessageSize, c); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n != 0 {
+		t.Errorf("%v allocations per heartbeat, want 0", n)
+	}
+	if c.lastFrame.Load() <= before {
+		t.Error("a heartbeat did not move the connection's last frame time")
+	}
+	for _, name := range []string{"greendot_gateway_messages_received_total", "greendot_gateway_heartbeats_total"} {
+		var labels []string
+		if name == "greendot_gateway_messages_received_total" {
+			labels = []string{"type", "heartbeat"}
+		}
+		if v, ok := metrics.Value(s.Registry(), name, labels...); !ok || v < 100 {
+			t.Errorf("%s %v = %v (%v), want at least 100", name, labels, v, ok)
 		}
 	}
 }

@@ -30,6 +30,13 @@ func (c *conn) message(payload []byte) bool {
 	if !c.allow(now) {
 		return c.limited()
 	}
+	if protocol.IsHeartbeat(payload) {
+		// The most frequent message needs no decoding, no context and
+		// no NATS work: the frame itself was the sign of life.
+		s.metrics.heartbeatMsgs.Inc()
+		s.metrics.heartbeats.Inc()
+		return c.open()
+	}
 	var m protocol.ClientMessage
 	if err := protocol.DecodeClient(payload, &m); err != nil {
 		s.metrics.msgsIn.WithLabelValues("invalid").Inc()

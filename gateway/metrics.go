@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/protocol"
 )
 
 // gatewayMetrics are the gateway's Prometheus metrics. Each Service has its
@@ -33,6 +34,9 @@ type gatewayMetrics struct {
 	refreshLatency  prometheus.Observer
 	statusConflicts prometheus.Counter
 	kicks           prometheus.Counter
+	// heartbeatMsgs is msgsIn for heartbeats, resolved once: the
+	// heartbeat path does not allocate.
+	heartbeatMsgs prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
@@ -68,6 +72,7 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Connections closed by an operator's kick (greendot.gateway.kick)."),
 	}
 	m.refreshLatency = m.kvLatency.WithLabelValues("refresh_conn")
+	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
 	f.CounterFunc("greendot_gateway_write_errors_total",
 		"Writes to client sockets that failed (the socket is then closed).", func() float64 { return float64(m.writeErrors.Load()) })
 	f.GaugeFunc("greendot_gateway_connections",

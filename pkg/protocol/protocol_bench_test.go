@@ -131,3 +131,28 @@ func TestDecodeClientTypeOnly(t *testing.T) {
 		t.Errorf("got %+v, %v", m, err)
 	}
 }
+
+func TestIsHeartbeat(t *testing.T) {
+	for data, want := range map[string]bool{
+		`{"type":"heartbeat"}`:          true,
+		" {\"type\":\"heartbeat\"}\n":   true,
+		`{"type": "heartbeat"}`:         false, // a heartbeat, but decoded the usual way
+		`{"type":"heartbeat","id":"1"}`: false,
+		`{"type":"activity"}`:           false,
+		``:                              false,
+	} {
+		if got := protocol.IsHeartbeat([]byte(data)); got != want {
+			t.Errorf("IsHeartbeat(%q) = %v, want %v", data, got, want)
+		}
+		if want {
+			var m protocol.ClientMessage
+			if err := protocol.DecodeClient([]byte(data), &m); err != nil || m.Type != protocol.TypeHeartbeat {
+				t.Errorf("DecodeClient(%q) = %+v, %v: IsHeartbeat must agree with it", data, m, err)
+			}
+		}
+	}
+	data := []byte(`{"type":"heartbeat"}`)
+	if n := testing.AllocsPerRun(100, func() { protocol.IsHeartbeat(data) }); n != 0 {
+		t.Errorf("IsHeartbeat: %v allocations, want 0", n)
+	}
+}
