@@ -2,6 +2,7 @@ package faulttest
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -246,6 +247,11 @@ func (c *natsCluster) urls() string {
 	return strings.Join(out, ",")
 }
 
+// flagsAs returns the greendot flags that connect to the cluster as user.
+func (c *natsCluster) flagsAs(user string) []string {
+	return []string{"--nats-url", c.urls(), "--nats-user", user, "--nats-password", rolePasswords[user]}
+}
+
 // urlsAs returns urls with a user's credentials in each URL, for
 // in-process services.
 func (c *natsCluster) urlsAs(user string) string {
@@ -457,7 +463,7 @@ func startReaper(tb testing.TB, urls, name string, t timings) *service {
 	cfg := reaper.Config{
 		Logger:        testLogger(name),
 		Buckets:       presence.BucketOptions{Replicas: t.replicas},
-		SweepInterval: 5 * time.Second,
+		SweepInterval: cmp.Or(t.sweep, 5*time.Second),
 		AckWait:       t.ackWait,
 	}
 	return runService(tb, name, urls, func(ctx context.Context, nc *nats.Conn) error {
@@ -489,7 +495,9 @@ func startFanout(tb testing.TB, urls, name string, t timings) *service {
 // timings are the settings a fault test runs its system with.
 type timings struct {
 	ttl, heartbeat, grace, drain, ackWait time.Duration
-	replicas                              int
+	// sweep is the reapers' sweep interval; zero means 5s.
+	sweep    time.Duration
+	replicas int
 	// edit, when set, changes an in-process gateway's configuration.
 	edit func(*gateway.Config)
 }
@@ -627,22 +635,23 @@ func (c *child) logField(timeout time.Duration, msg, key string) string {
 }
 
 // startChildGateway runs a gateway child process with dev auth on a
-// loopback port and returns it with its WebSocket URL.
-func startChildGateway(tb testing.TB, urls, id string, t timings) (*child, string) {
+// loopback port, as the cluster's user "gateway", and returns it with its
+// WebSocket URL.
+func startChildGateway(tb testing.TB, cl *natsCluster, id string, t timings) (*child, string) {
 	tb.Helper()
-	args := append([]string{"gateway", "--listen", "127.0.0.1:0", "--dev-auth", "--gateway-id", id, "--nats-url", urls}, t.gatewayArgs()...)
-	c := startChild(tb, id, args...)
+	args := append([]string{"gateway", "--listen", "127.0.0.1:0", "--dev-auth", "--gateway-id", id}, cl.flagsAs("gateway")...)
+	c := startChild(tb, id, append(args, t.gatewayArgs()...)...)
 	addr := c.logField(60*time.Second, "gateway serving", "addr")
 	return c, "ws://" + addr + gateway.WebSocketPath
 }
 
-// startChildWorker runs a reaper or fanout child process and waits until
-// it consumes.
-func startChildWorker(tb testing.TB, kind, name, urls string, t timings) *child {
+// startChildWorker runs a reaper or fanout child process, as the
+// cluster's user of its kind, and waits until it consumes.
+func startChildWorker(tb testing.TB, cl *natsCluster, kind, name string, t timings) *child {
 	tb.Helper()
-	args := []string{kind, "--nats-url", urls, "--replicas", fmt.Sprint(t.replicas), "--ack-wait", t.ackWait.String()}
+	args := append([]string{kind, "--replicas", fmt.Sprint(t.replicas), "--ack-wait", t.ackWait.String()}, cl.flagsAs(kind)...)
 	if kind == "reaper" {
-		args = append(args, "--sweep-interval", "5s")
+		args = append(args, "--sweep-interval", cmp.Or(t.sweep, 5*time.Second).String())
 	}
 	c := startChild(tb, name, args...)
 	c.logField(60*time.Second, kind+" running", "bucket")

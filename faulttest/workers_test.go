@@ -1,0 +1,166 @@
+package faulttest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// TestWorkersKilled runs two reapers and two fanouts as child processes,
+// sharing their durable consumers, on a three-node cluster. One reaper and
+// one fanout hang (SIGSTOP) while users leave and change status, so the
+// server hands them work they never acknowledge; then both are killed with
+// SIGKILL. The survivors must carry every transition through: each
+// revision the dead instances held is redelivered after --ack-wait, handled
+// again (compare-and-set makes a second handling a no-op, and gateways drop
+// events that are not newer than what they have), and every watcher ends up
+// seeing the truth, with nothing out of order and no connected user shown
+// offline. Then the survivors alone handle a second round.
+func TestWorkersKilled(t *testing.T) {
+	cl := startCluster(t, 3)
+	store := cl.openStore(3)
+	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 2 * time.Second, replicas: 3,
+		sweep: time.Hour}
+	hungReaper := startChildWorker(t, cl, "reaper", "reaper1", tm)
+	startChildWorker(t, cl, "reaper", "reaper2", tm)
+	hungFanout := startChildWorker(t, cl, "fanout", "fanout1", tm)
+	startChildWorker(t, cl, "fanout", "fanout2", tm)
+	gw := startGateway(t, cl.urlsAs("gateway"), "gw", tm)
+
+	steady, leavers, watcherIDs := names("s", 4), names("l", 8), names("w", 2)
+	users := append(append([]string{}, steady...), leavers...)
+	mutual(t, store, watcherIDs, append(users, "n0"))
+	var watchers []*liveClient
+	for _, id := range watcherIDs {
+		watchers = append(watchers, dialClient(t, id, []string{gw.ws}, tm.heartbeat, false))
+	}
+	clients := map[string]*liveClient{}
+	changes := map[string][]change{}
+	for _, u := range users {
+		changes[u] = []change{{time.Now(), presence.Online}}
+		clients[u] = dialClient(t, u, []string{gw.ws}, tm.heartbeat, false)
+	}
+	for _, w := range watchers {
+		w.subscribe(append(users, "n0")...)
+	}
+	want := truth{"n0": presence.Offline}
+	for _, u := range users {
+		want[u] = presence.Online
+	}
+	expectViews(t, 15*time.Second, "everyone online", watchers, want)
+	watching := time.Now()
+
+	// Round one: reaper1 and fanout1 hang while users leave (half close
+	// cleanly, half vanish) and the others change status.
+	hungReaper.signal(syscall.SIGSTOP)
+	hungFanout.signal(syscall.SIGSTOP)
+	for i, u := range leavers {
+		if i%2 == 0 {
+			clients[u].close()
+		} else {
+			clients[u].abort()
+		}
+		want[u] = presence.Offline
+	}
+	setAll(t, clients, steady, presence.Busy, changes, want)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	js := store.JetStream()
+	// The hung instances hold work: the server delivered revisions to them
+	// and waits for acknowledgements that will never come. (The survivors
+	// acknowledge theirs within milliseconds, so what stays pending over
+	// two looks is the hung ones'.)
+	held := func() error {
+		for _, c := range []struct{ stream, consumer string }{
+			{presence.StreamName(presence.ConnsBucket), presence.ReaperConsumer},
+			{presence.StreamName(presence.StatusBucket), presence.FanoutConsumer},
+		} {
+			info, err := consumerInfo(ctx, js, c.stream, c.consumer)
+			if err != nil {
+				return err
+			}
+			if info.NumAckPending == 0 {
+				return fmt.Errorf("nothing pending on %s", c.consumer)
+			}
+		}
+		return nil
+	}
+	waitFor(t, 20*time.Second, "hung workers hold unacknowledged revisions", func() error {
+		if err := held(); err != nil {
+			return err
+		}
+		time.Sleep(300 * time.Millisecond)
+		return held()
+	})
+	hungReaper.kill()
+	hungFanout.kill()
+	// Only redelivery brings their share back: the reapers' periodic sweep
+	// does not run again within this test.
+	expectViews(t, 30*time.Second, "round one seen through the survivors", watchers, want)
+
+	// Round two: the survivors alone.
+	setAll(t, clients, steady, presence.Away, changes, want)
+	n0 := dialClient(t, "n0", []string{gw.ws}, tm.heartbeat, false)
+	want["n0"] = presence.Online
+	expectViews(t, 15*time.Second, "round two: n0 online", watchers, want)
+	n0.close()
+	want["n0"] = presence.Offline
+	setAll(t, clients, steady, presence.Online, changes, want)
+	expectViews(t, 15*time.Second, "round two seen", watchers, want)
+
+	end := time.Now()
+	neverOffline(t, watchers, steady, watching, end)
+	for _, w := range watchers {
+		for _, u := range steady {
+			inOrder(t, w, u, watching, changes[u])
+		}
+	}
+	for _, u := range append(leavers, "n0") {
+		rec, _, err := store.Status(ctx, u)
+		if err != nil || rec.Status != presence.Offline || len(rec.Conns) != 0 {
+			t.Errorf("record of %s: %+v, %v", u, rec, err)
+		}
+	}
+}
+
+// setAll makes users choose st at once, waits for every confirmation, and
+// notes the change.
+func setAll(tb testing.TB, clients map[string]*liveClient, users []string, st presence.Status, changes map[string][]change, want truth) {
+	tb.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(users))
+	for _, u := range users {
+		changes[u] = append(changes[u], change{time.Now(), st})
+		want[u] = st.Public()
+		wg.Go(func() {
+			if err := clients[u].setStatus(st, 30*time.Second); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		tb.Error(err)
+	}
+	if tb.Failed() {
+		tb.FailNow()
+	}
+}
+
+// consumerInfo reads a durable consumer's state.
+func consumerInfo(ctx context.Context, js jetstream.JetStream, stream, consumer string) (*jetstream.ConsumerInfo, error) {
+	c, err := js.Consumer(ctx, stream, consumer)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", consumer, err)
+	}
+	return c.Info(ctx)
+}
