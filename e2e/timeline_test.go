@@ -16,6 +16,19 @@ import (
 
 // The truth about one connection, from the test's own log.
 
+// droppedLocked reports whether the gateway ended c before the protocol
+// lets it: while the test still sent heartbeats, or a silent connection
+// before the TTL after its last frame. The test then fails (checkConn
+// says why), and the rest of the analysis takes the connection as ended
+// when the gateway ended it, so that it reports nothing that follows from
+// that alone. The caller holds c.mu.
+func (s *stress) droppedLocked(c *conn) bool {
+	if c.serverEnd.IsZero() {
+		return false
+	}
+	return c.kind != endSilent || c.serverEnd.Before(c.lastSend.Add(s.ttl))
+}
+
 // protectedUntil is when c's user may be shown offline at the earliest, as
 // far as c is concerned: a silent connection is live until the TTL after
 // its last frame; a closed one lives out the offline grace (its key is
@@ -23,10 +36,12 @@ import (
 func (s *stress) protectedUntil(c *conn) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch c.kind {
-	case endNone:
+	switch {
+	case s.droppedLocked(c):
+		return c.serverEnd
+	case c.kind == endNone:
 		return farFuture
-	case endSilent:
+	case c.kind == endSilent:
 		return c.lastSend.Add(s.ttl)
 	default:
 		return c.endAt.Add(s.grace)
@@ -38,10 +53,12 @@ func (s *stress) protectedUntil(c *conn) time.Time {
 func (s *stress) occupiedUntil(c *conn) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	switch c.kind {
-	case endNone:
+	switch {
+	case s.droppedLocked(c):
+		return c.serverEnd
+	case c.kind == endNone:
 		return farFuture
-	case endSilent:
+	case c.kind == endSilent:
 		return c.lastSend.Add(s.ttl)
 	default:
 		return c.endAt
@@ -53,9 +70,7 @@ func (s *stress) occupiedUntil(c *conn) time.Time {
 // or after the reaper came back if none ran meanwhile.
 func (s *stress) offlineDeadline(c *conn) time.Time {
 	dl := s.protectedUntil(c).Add(offlineSlack)
-	c.mu.Lock()
-	endAt := c.endAt
-	c.mu.Unlock()
+	endAt := s.occupiedUntil(c)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, o := range s.outages {
@@ -208,6 +223,13 @@ func firstWhere(v []seen, from, to time.Time, bad func(presence.Status) bool) (t
 	return time.Time{}, "", false
 }
 
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
 func isOffline(st presence.Status) bool    { return st == presence.Offline }
 func isNotOffline(st presence.Status) bool { return st != presence.Offline }
 
@@ -239,19 +261,23 @@ func (s *stress) analyse() {
 		offline := s.mustShowOffline(u)
 		for _, w := range s.watchers {
 			v := w.view(u.id)
+			heard := w.end() // what a watcher was told after its socket ended is not known
 			for _, m := range connected {
+				if !m.from.Before(heard) {
+					continue
+				}
 				st.connectedChecks++
-				if at, _, found := firstWhere(v, m.from, m.to, isOffline); found {
+				if at, _, found := firstWhere(v, m.from, earlier(m.to, heard), isOffline); found {
 					bad = append(bad, fmt.Sprintf("%s: FALSE OFFLINE: watcher %s shows offline at %s, while connection %s was live (must show connected from %s to %s)",
 						u.id, w.id, s.since(at), s.connNames(m.conns), s.since(m.from), s.since(m.to)))
 				}
 			}
 			for _, g := range offline {
-				if !g.due.Before(g.to) {
-					continue // a new connection came first
+				if !g.due.Before(earlier(g.to, heard)) {
+					continue // a new connection came first, or the watcher was gone
 				}
 				st.offlineChecks++
-				if at, shown, found := firstWhere(v, g.due, g.to, isNotOffline); found {
+				if at, shown, found := firstWhere(v, g.due, earlier(g.to, heard), isNotOffline); found {
 					bad = append(bad, fmt.Sprintf("%s: STUCK ONLINE: watcher %s shows %s at %s, but the last connection (%s) ended by %s, so offline was due by %s",
 						u.id, w.id, shown, s.since(at), s.connNames(g.ended), s.since(g.from), s.since(g.due)))
 					continue
@@ -296,7 +322,12 @@ func (s *stress) checkConn(c *conn) []string {
 	}
 	switch c.kind {
 	case endNone:
-		bad = append(bad, fmt.Sprintf("%s: #%d was never ended by the test", c.u.id, c.n))
+		if c.serverEnd.IsZero() {
+			bad = append(bad, fmt.Sprintf("%s: #%d was never ended by the test", c.u.id, c.n))
+		} else {
+			bad = append(bad, fmt.Sprintf("%s: #%d: the gateway ended a live connection at %s (last frame sent at %s): %v",
+				c.u.id, c.n, s.since(c.serverEnd), s.since(c.lastSend), c.serverErr))
+		}
 	case endSilent:
 		due := c.lastSend.Add(s.ttl)
 		switch {
@@ -309,7 +340,8 @@ func (s *stress) checkConn(c *conn) []string {
 		}
 	default:
 		if !c.serverEnd.IsZero() {
-			bad = append(bad, fmt.Sprintf("%s: #%d: the gateway ended a live connection at %s: %v", c.u.id, c.n, s.since(c.serverEnd), c.serverErr))
+			bad = append(bad, fmt.Sprintf("%s: #%d: the gateway ended a live connection at %s (last frame sent at %s): %v",
+				c.u.id, c.n, s.since(c.serverEnd), s.since(c.lastSend), c.serverErr))
 		}
 	}
 	return bad
@@ -479,7 +511,14 @@ func (s *stress) summary(took time.Duration) {
 	s.t.Logf("%d users, %d watchers, %d gateways, %d connections; actions: %s",
 		len(s.users), len(s.watchers), len(s.gws), conns, strings.Join(parts, " "))
 	s.t.Logf("checked %d connected intervals and %d offline intervals across all watchers", s.stats.connectedChecks, s.stats.offlineChecks)
-	s.t.Logf("connect to watchers told online: %s", percentiles(s.stats.onlineLag))
+	var upgrade []time.Duration
+	for _, u := range s.users {
+		for _, c := range u.conns {
+			upgrade = append(upgrade, c.helloAt.Sub(c.dialAt))
+		}
+	}
+	s.t.Logf("dial to hello: %s", percentiles(upgrade))
+	s.t.Logf("hello to watchers told online: %s", percentiles(s.stats.onlineLag))
 	s.t.Logf("grace or TTL over to watchers told offline (a reaper running): %s", percentiles(s.stats.offlineLag))
 	s.t.Logf("wall time %v", took.Round(time.Millisecond))
 }
