@@ -155,8 +155,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	run, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	s.ctx = run
-	// The socket loops (reading, liveness) stop before the sockets are
-	// drained; the rest after.
+	// The socket loops (reading, liveness and key refreshes) run until
+	// every socket has been drained, so that a socket waiting for its turn
+	// to close stays live, its key kept alive; the rest stops after them.
 	ioCtx, stopIO := context.WithCancel(run)
 	defer stopIO()
 	var loops, ioLoops sync.WaitGroup
@@ -237,9 +238,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	_ = httpSrv.Shutdown(shutdownCtx)
 	cancel()
 	served.Wait()
+	s.drain()
 	stopIO()
 	ioLoops.Wait()
-	s.drain()
 	s.bg.close()
 	stop()
 	loops.Wait()
