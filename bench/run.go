@@ -148,8 +148,12 @@ func runOnce(ctx context.Context, cfg *Config) (res *RunResult, err error) {
 	}
 	// Disconnections from here on are the teardown's: the gateways go
 	// first, so that the workers' ports are not left in TIME_WAIT.
-	if _, err := r.call(ctx, time.Minute, func(int) Command { return Command{Op: OpEnd} }); err != nil {
+	end, err := r.call(ctx, time.Minute, func(int) Command { return Command{Op: OpEnd} })
+	if err != nil {
 		return r.res, err
+	}
+	if cfg.Scenario == ScenarioIdle {
+		r.add("unexpected disconnections", float64(sum(end, "unexpected_disconnects")), "count", "= 0")
 	}
 	sys.stop()
 	stopWorkers(r.workers)

@@ -136,9 +136,6 @@ func TestSmoke(t *testing.T) {
 				common["false offline (at subscribe)"] = 0
 			}
 			for name, want := range common {
-				if name == "unexpected disconnections" && tt.name == "idle" {
-					continue
-				}
 				if got := get(name); got != want {
 					t.Errorf("%s = %v, want %v", name, got, want)
 				}

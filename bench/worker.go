@@ -290,8 +290,11 @@ func (w *worker) handle(cmd Command) Reply {
 	case OpStormWait:
 		return w.stormWait()
 	case OpEnd:
+		r := w.reply(nil, nil)
+		w.smu.Lock()
 		w.phase.Store(phaseEnd)
-		return Reply{}
+		w.smu.Unlock()
+		return r
 	case OpClose:
 		w.shutdown()
 		return Reply{}
@@ -702,6 +705,9 @@ func (w *worker) connect() Reply {
 	if rate <= 0 {
 		rate = 1e9
 	}
+	// Connections made early must heartbeat while the rest connect:
+	// connecting can take longer than a TTL.
+	w.startHeartbeats()
 	start := time.Now()
 	w.pace(rate, maxCommandTime, len(w.conns), nil, func(i int) {
 		sem <- struct{}{}
@@ -710,7 +716,6 @@ func (w *worker) connect() Reply {
 	})
 	wg.Wait()
 	elapsed := time.Since(start)
-	w.startHeartbeats()
 	return w.reply(map[string]int64{
 		"conns":       int64(len(w.conns)),
 		"connected":   connected.Load(),
