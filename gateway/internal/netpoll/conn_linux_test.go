@@ -1,0 +1,147 @@
+//go:build linux
+
+package netpoll_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/gateway/internal/netpoll"
+)
+
+// pair returns a detached server end and a client end of a loopback TCP
+// connection.
+func pair(t *testing.T) (*netpoll.Conn, net.Conn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := netpoll.Detach(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := dc.(*netpoll.Conn)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, server, client
+}
+
+func TestConnReadWrite(t *testing.T) {
+	c, orig, client := pair(t)
+	if _, err := orig.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("the detached net.Conn still writes: %v", err)
+	}
+	if got, want := c.RemoteAddr().String(), client.LocalAddr().String(); got != want {
+		t.Errorf("RemoteAddr %s, want %s", got, want)
+	}
+	if got, want := c.LocalAddr().String(), client.RemoteAddr().String(); got != want {
+		t.Errorf("LocalAddr %s, want %s", got, want)
+	}
+	msg := bytes.Repeat([]byte("greendot"), 1<<16) // more than a socket buffer
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(msg)
+		done <- err
+	}()
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(client, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if _, err := client.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	if err := c.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v", buf[:n], err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(buf); n != 0 || err != io.EOF {
+		t.Errorf("read after the peer closed: %d, %v; want 0, EOF", n, err)
+	}
+}
+
+func TestConnDeadlines(t *testing.T) {
+	c, _, _ := pair(t)
+	if err := c.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err := c.Read(make([]byte, 8))
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with nothing to read: %v, want a timeout", err)
+	}
+	if d := time.Since(start); d < 40*time.Millisecond || d > 5*time.Second {
+		t.Errorf("read timed out after %v, want about 50ms", d)
+	}
+	// The peer never reads: a large write fills the buffers and times out.
+	if err := c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := c.Write(make([]byte, 64<<20))
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("write to a peer that does not read: %d bytes, %v; want a timeout", n, err)
+	}
+	if n == 0 || n >= 64<<20 {
+		t.Errorf("wrote %d bytes before the timeout, want some but not all", n)
+	}
+}
+
+// TestConnCloseWakesWriter closes a Conn while a write waits for room: the
+// write returns at once, and Close returns after it.
+func TestConnCloseWakesWriter(t *testing.T) {
+	c, _, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 64<<20)) // no deadline
+		done <- err
+	}()
+	// Close comes before, during or after the write blocks: in every
+	// case the write must end with an error and Close must return.
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a write interrupted by Close reported no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not wake the blocked write")
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := c.Close(); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("second Close: %v, want net.ErrClosed", err)
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("write after Close: %v, want net.ErrClosed", err)
+	}
+	raw, _ := c.SyscallConn()
+	if err := raw.Control(func(uintptr) { t.Error("Control ran after Close") }); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Control after Close: %v", err)
+	}
+}
