@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,7 +76,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// greendotBinary builds cmd/greendot once per test run and returns its path.
+// greendotBinary builds cmd/greendot once per test run, as the Dockerfile
+// does, and returns its path.
 func greendotBinary(tb testing.TB) string {
 	tb.Helper()
 	binary.once.Do(func() {
@@ -88,11 +88,20 @@ func greendotBinary(tb testing.TB) string {
 		}
 		binary.dir = dir
 		path := filepath.Join(dir, "greendot")
-		gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, err := os.Stat(gobin); err != nil {
-			gobin = "go"
+		// Built as the Dockerfile builds it, so that the processes under
+		// test are the image's.
+		df, err := os.ReadFile(repoFile("Dockerfile"))
+		if err != nil {
+			binary.err = err
+			return
 		}
-		cmd := exec.Command(gobin, "build", "-o", path, "github.com/greendot/greendot/cmd/greendot")
+		args, err := dockerBuildArgs(string(df))
+		if err != nil {
+			binary.err = err
+			return
+		}
+		cmd := exec.Command(goTool(), append(append([]string{"build"}, args...), "-o", path, "github.com/greendot/greendot/cmd/greendot")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binary.err = fmt.Errorf("go build cmd/greendot: %v\n%s", err, out)
 			return
