@@ -376,14 +376,19 @@ func TestDockerfile(t *testing.T) {
 }
 
 // dockerBuildArgs returns the arguments of the Dockerfile's go build of
-// ./cmd/greendot after "go build", without its -o and the package, and
-// checks that it builds with CGO_ENABLED=0.
+// ./cmd/greendot after "go build", without its -o and the package, with
+// the default of ARG VERSION, and checks that it builds with
+// CGO_ENABLED=0.
 func dockerBuildArgs(dockerfile string) ([]string, error) {
 	build := regexp.MustCompile(`(?s)RUN (CGO_ENABLED=0 go build .*?) ./cmd/greendot`).FindStringSubmatch(dockerfile)
 	if build == nil {
 		return nil, errors.New("the Dockerfile has no CGO_ENABLED=0 go build of ./cmd/greendot")
 	}
-	words := shellWords(strings.ReplaceAll(strings.ReplaceAll(build[1], "\\\n", " "), "${VERSION}", "test"))
+	version := regexp.MustCompile(`(?m)^ARG VERSION=(\S+)`).FindStringSubmatch(dockerfile)
+	if version == nil {
+		return nil, errors.New("the Dockerfile has no ARG VERSION with a default")
+	}
+	words := shellWords(strings.ReplaceAll(strings.ReplaceAll(build[1], "\\\n", " "), "${VERSION}", version[1]))
 	if len(words) < 3 || words[0] != "CGO_ENABLED=0" || words[1] != "go" || words[2] != "build" {
 		return nil, fmt.Errorf("the Dockerfile's build command is %q", words)
 	}
