@@ -59,6 +59,9 @@ func TestWorkersKilled(t *testing.T) {
 
 	// Round one: reaper1 and fanout1 hang while users leave (half close
 	// cleanly, half vanish) and the others change status.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	held := watchHeld(ctx, store.JetStream())
 	hungReaper.signal(syscall.SIGSTOP)
 	hungFanout.signal(syscall.SIGSTOP)
 	for i, u := range leavers {
@@ -70,36 +73,8 @@ func TestWorkersKilled(t *testing.T) {
 		want[u] = presence.Offline
 	}
 	setAll(t, clients, steady, presence.Busy, changes, want)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	js := store.JetStream()
-	// The hung instances hold work: the server delivered revisions to them
-	// and waits for acknowledgements that will never come. (The survivors
-	// acknowledge theirs within milliseconds, so what stays pending over
-	// two looks is the hung ones'.)
-	held := func() error {
-		for _, c := range []struct{ stream, consumer string }{
-			{presence.StreamName(presence.ConnsBucket), presence.ReaperConsumer},
-			{presence.StreamName(presence.StatusBucket), presence.FanoutConsumer},
-		} {
-			info, err := consumerInfo(ctx, js, c.stream, c.consumer)
-			if err != nil {
-				return err
-			}
-			if info.NumAckPending == 0 {
-				return fmt.Errorf("nothing pending on %s", c.consumer)
-			}
-		}
-		return nil
-	}
-	waitFor(t, 20*time.Second, "hung workers hold unacknowledged revisions", func() error {
-		if err := held(); err != nil {
-			return err
-		}
-		time.Sleep(300 * time.Millisecond)
-		return held()
-	})
+	waitFor(t, 30*time.Second, "hung workers held revisions they never acknowledged", held.check)
+	held.stop()
 	hungReaper.kill()
 	hungFanout.kill()
 	// Only redelivery brings their share back: the reapers' periodic sweep
@@ -154,6 +129,71 @@ func setAll(tb testing.TB, clients map[string]*liveClient, users []string, st pr
 	if tb.Failed() {
 		tb.FailNow()
 	}
+}
+
+// heldWork watches the reaper and fanout consumers, and notes when one of
+// them held a revision that an instance did not acknowledge: the server
+// redelivered it, or it stayed pending over two looks. The survivors
+// acknowledge theirs within milliseconds, so that is the hung instances'
+// share. Watching all the time, rather than looking once, sees it even when
+// the redelivery came and went before the test looked.
+type heldWork struct {
+	mu     sync.Mutex
+	seen   map[string]bool
+	err    error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func watchHeld(ctx context.Context, js jetstream.JetStream) *heldWork {
+	ctx, cancel := context.WithCancel(ctx)
+	h := &heldWork{seen: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
+	consumers := []struct{ stream, consumer string }{
+		{presence.StreamName(presence.ConnsBucket), presence.ReaperConsumer},
+		{presence.StreamName(presence.StatusBucket), presence.FanoutConsumer},
+	}
+	go func() {
+		defer close(h.done)
+		pending := map[string]int{}
+		for ctx.Err() == nil {
+			for _, c := range consumers {
+				info, err := consumerInfo(ctx, js, c.stream, c.consumer)
+				h.mu.Lock()
+				switch {
+				case err != nil:
+					h.err = err
+				case info.NumRedelivered > 0 || info.NumAckPending > 0 && pending[c.consumer] > 0:
+					h.seen[c.consumer] = true
+				}
+				h.mu.Unlock()
+				if err == nil {
+					pending[c.consumer] = info.NumAckPending
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	return h
+}
+
+// check reports an error until both consumers were seen holding work.
+func (h *heldWork) check() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range []string{presence.ReaperConsumer, presence.FanoutConsumer} {
+		if !h.seen[c] {
+			return fmt.Errorf("no unacknowledged revision seen on %s (last error: %v)", c, h.err)
+		}
+	}
+	return nil
+}
+
+func (h *heldWork) stop() {
+	h.cancel()
+	<-h.done
 }
 
 // consumerInfo reads a durable consumer's state.
