@@ -423,6 +423,26 @@ func inOrder(tb testing.TB, w *liveClient, user string, from time.Time, changes 
 	}
 }
 
+// repeats counts, over every watcher and user, the presences a watcher
+// was told that are the same as the one it was told before: not wrong, but
+// not a change either.
+func repeats(watchers []*liveClient, users []string, from time.Time) int {
+	n := 0
+	for _, w := range watchers {
+		for _, u := range users {
+			var prev *presence.Presence
+			for _, s := range w.history(u) {
+				if !s.at.Before(from) && prev != nil && *prev == s.p {
+					n++
+				}
+				p := s.p
+				prev = &p
+			}
+		}
+	}
+	return n
+}
+
 // offlineWithin checks that every watcher was told user is offline within
 // limit after since, and returns the longest delay seen.
 func offlineWithin(tb testing.TB, watchers []*liveClient, user string, since time.Time, limit time.Duration) time.Duration {

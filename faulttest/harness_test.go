@@ -148,12 +148,6 @@ type natsCluster struct {
 func startCluster(tb testing.TB, n int) *natsCluster {
 	tb.Helper()
 	c := &natsCluster{tb: tb, viol: &violations{}}
-	tb.Cleanup(func() {
-		c.shutdown()
-		if v := c.viol.take(); len(v) > 0 {
-			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(v, "\n"))
-		}
-	})
 	for i := range n {
 		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: tb.TempDir(), port: freePort(tb)}
 		if n > 1 {
@@ -161,6 +155,14 @@ func startCluster(tb testing.TB, n int) *natsCluster {
 		}
 		c.nodes = append(c.nodes, nd)
 	}
+	// Registered after the storage directories, so that it runs before
+	// they are removed: cleanups run last in, first out.
+	tb.Cleanup(func() {
+		c.shutdown()
+		if v := c.viol.take(); len(v) > 0 {
+			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(v, "\n"))
+		}
+	})
 	for i := range n {
 		c.start(i)
 	}

@@ -149,6 +149,7 @@ func TestNATSNodeKilled(t *testing.T) {
 		n, slowest.Round(time.Millisecond), cycles)
 	expectViews(t, 60*time.Second, "every watcher sees the truth", watchers, want)
 	neverOffline(t, watchers, steady, watching, trafficEnd)
+	t.Logf("presences told again unchanged: %d", repeats(watchers, steady, watching))
 	for _, w := range watchers {
 		for _, u := range steady {
 			inOrder(t, w, u, watching, changes[u])

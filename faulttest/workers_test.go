@@ -93,6 +93,7 @@ func TestWorkersKilled(t *testing.T) {
 
 	end := time.Now()
 	neverOffline(t, watchers, steady, watching, end)
+	t.Logf("presences told again unchanged: %d", repeats(watchers, steady, watching))
 	for _, w := range watchers {
 		for _, u := range steady {
 			inOrder(t, w, u, watching, changes[u])
