@@ -2,7 +2,9 @@ package faulttest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -103,6 +105,31 @@ func TestWorkersKilled(t *testing.T) {
 		rec, _, err := store.Status(ctx, u)
 		if err != nil || rec.Status != presence.Offline || len(rec.Conns) != 0 {
 			t.Errorf("record of %s: %+v, %v", u, rec, err)
+		}
+	}
+
+	// Applied once in effect: however often the end of a leaver's
+	// connection was handed out, its record went offline in one revision,
+	// and nothing was written after it.
+	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range leavers {
+		hist, err := kv.History(ctx, presence.StatusKey(u))
+		if err != nil {
+			t.Fatalf("history of %s: %v", u, err)
+		}
+		var statuses []presence.Status
+		for _, e := range hist {
+			var rec presence.Record
+			if err := json.Unmarshal(e.Value(), &rec); err != nil {
+				t.Fatalf("revision %d of %s: %v", e.Revision(), u, err)
+			}
+			statuses = append(statuses, rec.Status)
+		}
+		if n := len(statuses); n == 0 || statuses[n-1] != presence.Offline || slices.Index(statuses, presence.Offline) != n-1 {
+			t.Errorf("revisions of %s: %v; want it to go offline once, in the last one", u, statuses)
 		}
 	}
 }
