@@ -513,9 +513,14 @@ func freeOffset(tb testing.TB) int {
 	return 0
 }
 
+// natsServerBinary builds nats-server beside greendot, once, as task
+// build:nats does; with greendot's build flags, so that the server's
+// packages, which greendot embeds, come from the build cache.
 var natsServerBinary = sync.OnceValues(func() (string, error) {
 	path := binary.dir + "/nats-server"
-	out, err := exec.Command(goTool(), "build", "-o", path, "github.com/nats-io/nats-server/v2").CombinedOutput()
+	cmd := exec.Command(goTool(), "build", "-trimpath", "-o", path, "github.com/nats-io/nats-server/v2")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("go build nats-server: %v\n%s", err, out)
 	}
