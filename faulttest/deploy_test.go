@@ -5,6 +5,7 @@ import (
 	"debug/elf"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -495,7 +496,10 @@ var clusterPorts = []int{4222, 4223, 4224, 6222, 6223, 6224, 8222, 8223, 8224, 8
 func freeOffset(tb testing.TB) int {
 	tb.Helper()
 	for range 50 {
-		off := 20000 + int(time.Now().UnixNano()%20000)
+		// Below the kernel's ephemeral range (32768 and up on Linux), so
+		// that no outgoing connection takes a port between this check
+		// and the cluster's start.
+		off := 6000 + rand.IntN(17000)
 		ok := true
 		for _, p := range clusterPorts {
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+off))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
@@ -322,15 +323,22 @@ func TestPermissions(t *testing.T) {
 	})
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
+// freePort returns a loopback TCP port that was free a moment ago. It is
+// below the kernel's ephemeral range (32768 and up on Linux), where
+// outgoing connections take their ports, so that a server restarted on it
+// later finds it free again.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err == nil {
+			_ = ln.Close()
+			return p
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	tb.Fatal("no free port")
+	return 0
 }
 
 // startGatewayWith runs a gateway like startGateway, with cfg changed by
