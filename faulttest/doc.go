@@ -25,7 +25,16 @@
 //   - TestGatewayDrain: a gateway stops on SIGTERM and its clients move to
 //     another gateway on 1001.
 //
-// TestPermissions loads nats.conf with nats-server's own parser and runs the
-// real processes with each role's user; TestComposeFile, TestTaskfile and
-// TestDockerfile check the deployment files against the binary's flags.
+// Every NATS server is loaded from the repository's own configuration
+// (nats.conf for a cluster node, deploy/nats/single.conf for one server),
+// every process connects with its role's user, and a permission violation
+// logged by any server fails the test. TestPermissions runs the real
+// processes through everything they do under those users, then checks what
+// each role must not do. TestComposeFile, TestTaskfile and TestDockerfile
+// check the deployment files against the built binary's flags and
+// nats-server's parser; TestLocalCluster runs what `task cluster` runs.
+//
+// The tests wait for eventual state with bounded polls, never with bare
+// sleeps, and assert no timing tighter than the protocol's own limits, so
+// that they hold on a loaded two-core machine.
 package faulttest
