@@ -34,7 +34,8 @@
 // check the deployment files against the built binary's flags and
 // nats-server's parser; TestLocalCluster runs what `task cluster` runs.
 //
-// The tests wait for eventual state with bounded polls, never with bare
-// sleeps, and assert no timing tighter than the protocol's own limits, so
-// that they hold on a loaded two-core machine.
+// The tests wait for eventual state with bounded polls (a sleep only sets
+// how long traffic or an outage lasts, never what a test waits for), and
+// assert no timing tighter than the protocol's own limits, so that they
+// hold on a loaded two-core machine.
 package faulttest
