@@ -159,6 +159,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 // start runs a registered, upgraded connection: it indexes it, writes
 // hello (and the user's own state), and hands the socket to the poller.
 func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev uint64, devices int) {
+	// The TTL counts from hello, not from the start of registration: a
+	// slow upgrade must not eat into the client's first heartbeat interval.
+	c.lastFrame.Store(time.Now().UnixNano())
 	if s.poller != nil {
 		// The gateway's poller watches the socket, so it needs nothing of
 		// the runtime's: held by its descriptor alone it costs about 900
