@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -120,6 +121,14 @@ func repoFile(name string) string { return filepath.Join("..", filepath.FromSlas
 
 // --- NATS servers loaded from the repository's configuration -------------
 
+// unnamedWatcher matches the one permission violation the processes may
+// cause: a KV watcher whose consumer is created while its connection is
+// down asks with the unnamed form of the create request (nats.go cannot
+// tell the server's version then), which accounts.conf refuses on the
+// buckets with durable consumers, since its body may name any consumer. The
+// watcher tries again once connected.
+var unnamedWatcher = regexp.MustCompile(`"GREENDOT/user:(gateway|reaper)" - Publish Violation - Subject "\$JS\.API\.CONSUMER\.CREATE\.KV_presence_(conns|status)"$`)
+
 // natsNode is one NATS server of a test. It can be shut down and started
 // again on the same ports with the same storage.
 type natsNode struct {
@@ -159,8 +168,16 @@ func startCluster(tb testing.TB, n int) *natsCluster {
 	// they are removed: cleanups run last in, first out.
 	tb.Cleanup(func() {
 		c.shutdown()
-		if v := c.viol.take(); len(v) > 0 {
-			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(v, "\n"))
+		var refused []string
+		for _, v := range c.viol.take() {
+			if unnamedWatcher.MatchString(v) {
+				tb.Logf("refused, as accounts.conf means to: %s", v)
+				continue
+			}
+			refused = append(refused, v)
+		}
+		if len(refused) > 0 {
+			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(refused, "\n"))
 		}
 	})
 	for i := range n {

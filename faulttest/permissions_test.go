@@ -262,15 +262,52 @@ func TestPermissions(t *testing.T) {
 		}
 	})
 
-	t.Run("gateway cannot forge events or take the workers' consumers", func(t *testing.T) {
+	t.Run("gateway cannot forge events", func(t *testing.T) {
 		nc := connectAs(t, cl, "gateway")
-		for _, subj := range []string{
-			presence.EventSubject("alice"),
-			"$JS.API.CONSUMER.CREATE." + presence.StreamName(presence.ConnsBucket) + "." + presence.ReaperConsumer + ".x",
-			"$JS.API.CONSUMER.DELETE." + presence.StreamName(presence.StatusBucket) + "." + presence.FanoutConsumer,
+		subj := presence.EventSubject("alice")
+		_ = nc.Publish(subj, []byte("{}"))
+		viol.await(t, "Publish Violation", subj)
+	})
+
+	t.Run("no role takes over another's durable consumer", func(t *testing.T) {
+		js := store.JetStream()
+		conns, status := presence.StreamName(presence.ConnsBucket), presence.StreamName(presence.StatusBucket)
+		before := map[string]string{}
+		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
+			info, err := consumerInfo(ctx, js, c[0], c[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			before[c[1]] = info.Config.FilterSubject
+		}
+		// A consumer config that would make the worker miss everything.
+		hijack := func(stream, name string) []byte {
+			b, _ := json.Marshal(map[string]any{"stream_name": stream, "config": map[string]any{
+				"name": name, "ack_policy": "explicit", "deliver_policy": "last_per_subject",
+				"filter_subject": "$KV.nobody.>"}})
+			return b
+		}
+		for _, tt := range []struct{ user, stream, consumer string }{
+			{"gateway", conns, presence.ReaperConsumer},
+			{"gateway", status, presence.FanoutConsumer},
+			{"reaper", status, presence.FanoutConsumer},
 		} {
-			_ = nc.Publish(subj, []byte("{}"))
-			viol.await(t, "Publish Violation", subj)
+			nc := connectAs(t, cl, tt.user)
+			for _, subj := range []string{
+				"$JS.API.CONSUMER.CREATE." + tt.stream,                                       // name in the body
+				"$JS.API.CONSUMER.CREATE." + tt.stream + "." + tt.consumer,                   // name in the subject
+				"$JS.API.CONSUMER.CREATE." + tt.stream + "." + tt.consumer + ".$KV.nobody.>", // and a filter
+				"$JS.API.CONSUMER.DELETE." + tt.stream + "." + tt.consumer,
+			} {
+				_ = nc.Publish(subj, hijack(tt.stream, tt.consumer))
+				viol.await(t, "user:"+tt.user, "Publish Violation", `"`+subj+`"`)
+			}
+		}
+		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
+			info, err := consumerInfo(ctx, js, c[0], c[1])
+			if err != nil || info.Config.FilterSubject != before[c[1]] {
+				t.Errorf("consumer %s: %v, %v; want it as it was (filter %s)", c[1], info, err, before[c[1]])
+			}
 		}
 	})
 
