@@ -75,6 +75,9 @@ type conn struct {
 	self    selfState
 	queued  bool  // in the flusher's list
 	oldest  int64 // unix ms when the oldest pending change was written
+	// flushedAt is when the flusher last wrote to the socket (unix ns):
+	// the next batch waits until a batch interval after it.
+	flushedAt atomic.Int64
 
 	// subs are this socket's subscriptions by target user, guarded by the
 	// hub's mutex.

@@ -8,17 +8,29 @@ import (
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
-// flusher writes what is pending for sockets, once per batch interval: at
-// most one presence_batch frame per socket per interval, holding at most one
-// entry per watched user (the newest). Writes are spread over a bounded
-// number of workers, so one slow socket delays only itself; a socket still
-// busy with its previous write is retried on the next tick, its changes
-// coalescing meanwhile.
+// flusher writes what is pending for sockets: at most one presence_batch
+// frame per socket per batch interval, holding at most one entry per
+// watched user (the newest). A socket not written to for a batch interval
+// gets a change at the next tick (a tenth of the interval, 1 to 5 ms); one
+// written to more recently waits for the rest of its interval, its changes
+// coalescing meanwhile. So a change to a quiet socket is not held for a
+// whole interval, and a busy socket is still written once per interval.
+// Writes are spread over a bounded number of workers, so one slow socket
+// delays only itself; a socket still busy with its previous write is
+// retried on the next tick.
 type flusher struct {
 	s     *Service
 	mu    sync.Mutex
 	dirty []*conn
 	spare []*conn
+	// held are the sockets of a tick still within their interval; only
+	// run uses it.
+	held []*conn
+}
+
+// tick is how often the flusher looks at the sockets with changes.
+func (f *flusher) tick() time.Duration {
+	return min(max(f.s.cfg.BatchInterval/10, time.Millisecond), 5*time.Millisecond)
 }
 
 // add puts c in the next batch. The caller has set c.queued.
@@ -35,7 +47,7 @@ func (f *flusher) pending() int {
 	return len(f.dirty)
 }
 
-// run flushes every interval until ctx is canceled.
+// run flushes every tick until ctx is canceled.
 func (f *flusher) run(ctx context.Context) {
 	work := make(chan *conn)
 	var wg sync.WaitGroup
@@ -51,29 +63,38 @@ func (f *flusher) run(ctx context.Context) {
 		close(work)
 		wg.Wait()
 	}()
-	t := time.NewTicker(f.s.cfg.BatchInterval)
+	interval := int64(f.s.cfg.BatchInterval)
+	t := time.NewTicker(f.tick())
 	defer t.Stop()
 	for {
+		var now time.Time
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case now = <-t.C:
 		}
 		f.mu.Lock()
 		batch := f.dirty
 		f.dirty, f.spare = f.spare[:0], nil
 		f.mu.Unlock()
 		for i, c := range batch {
+			batch[i] = nil
+			if now.UnixNano()-c.flushedAt.Load() < interval {
+				f.held = append(f.held, c) // still queued
+				continue
+			}
 			select {
 			case work <- c:
 			case <-ctx.Done():
 				return
 			}
-			batch[i] = nil
 		}
 		f.mu.Lock()
 		f.spare = batch[:0]
+		f.dirty = append(f.dirty, f.held...)
 		f.mu.Unlock()
+		clear(f.held)
+		f.held = f.held[:0]
 	}
 }
 
@@ -96,6 +117,9 @@ func (c *conn) flush(buf []byte) []byte {
 	c.pmu.Unlock()
 
 	s := c.s
+	if self.pending || len(updates) > 0 {
+		c.flushedAt.Store(time.Now().UnixNano())
+	}
 	if self.pending {
 		buf = protocol.AppendSelf(buf[:0], self.status, self.devices)
 		if c.writeTextLocked(buf) != nil {
