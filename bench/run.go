@@ -541,6 +541,7 @@ func (r *runner) churn(ctx context.Context) error {
 	r.add("connects per second", float64(sum(replies, "connects"))/elapsed, "conn/s", fmt.Sprintf(">= %g", r.cfg.Rate))
 	r.add("clean closes per second", float64(sum(replies, "closes"))/elapsed, "close/s", "")
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
+	r.add("offline after a connection the gateway closed", float64(sum(replies, "offline_after_lost_connection")), "count", "")
 	r.add("connect errors", float64(sum(replies, "connect_errors")), "count", "= 0")
 	r.add("replacements skipped (generator behind)", float64(sum(replies, "skipped")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
@@ -561,7 +562,7 @@ func (r *runner) storm(ctx context.Context) error {
 	for i := range gws {
 		gws[i] = i
 	}
-	timeout := r.cfg.Jitter + 2*time.Minute
+	timeout := r.cfg.Jitter + 4*time.Minute
 	sig := syscall.SIGTERM
 	if r.cfg.StormSignal == "kill" {
 		sig = syscall.SIGKILL

@@ -328,8 +328,9 @@ func abortHard(c *client.Conn) {
 
 // storm arms the worker for a restart of the given gateways: each
 // connection to them that is lost from now on is dialed again after a
-// random delay below jitter, and again with backoff while the gateway is
-// down, until timeout. Watchers subscribe again once connected.
+// random delay below jitter, and again with the browser client's backoff
+// while that fails, until timeout. Watchers subscribe again once
+// connected.
 func (w *worker) storm(gateways []int, jitter, timeout time.Duration) Reply {
 	if w.phase.Load() == phaseStorm {
 		return Reply{Err: "a storm is already in progress"}
@@ -391,6 +392,13 @@ func (w *worker) stormWait() Reply {
 	}, map[string]*hist{"reconnect": w.reconnHist})
 }
 
+// The reconnection backoff of greendot's browser client: the n-th retry
+// waits a random time below min(backoffMax, backoffBase * 2^n).
+const (
+	backoffBase = 500 * time.Millisecond
+	backoffMax  = 30 * time.Second
+)
+
 // reconnect dials v again after a storm closed it at down.
 func (w *worker) reconnect(v *vconn, down int64) {
 	defer w.reconnWG.Done()
@@ -398,7 +406,7 @@ func (w *worker) reconnect(v *vconn, down int64) {
 	if w.stormJitter > 0 {
 		wait = rand.N(w.stormJitter)
 	}
-	backoff := 100 * time.Millisecond
+	attempt := 0
 	for w.phase.Load() != phaseEnd {
 		if wait > 0 {
 			if time.Now().Add(wait).After(w.stormEnd) {
@@ -430,9 +438,10 @@ func (w *worker) reconnect(v *vconn, down int64) {
 			}
 			return
 		}
-		// Full jitter on a capped exponential backoff.
-		wait = backoff/2 + rand.N(backoff/2+1)
-		backoff = min(2*backoff, 2*time.Second)
+		// As greendot's browser client does (web/greendot.js): capped
+		// exponential backoff with full jitter.
+		attempt++
+		wait = rand.N(min(backoffMax, backoffBase<<min(attempt, 16)))
 	}
 }
 

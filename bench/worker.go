@@ -126,8 +126,10 @@ type worker struct {
 	readers    sync.WaitGroup
 
 	// Counters and histograms of the command in progress.
-	errs         *errSamples
-	falseOffline atomic.Int64 // offline seen for a target with a live connection
+	errs *errSamples
+	// suspects are offline events seen for a target while it had a
+	// connection, guarded by smu.
+	suspects     []suspect
 	offlineSeen  atomic.Int64 // offline seen during a storm
 	deliveries   atomic.Int64 // changes seen by watchers (propagate)
 	stale        atomic.Int64 // changes whose send could not be found
@@ -181,6 +183,16 @@ type vconn struct {
 type live struct {
 	c    *client.Conn
 	done chan struct{} // closed when its reader returns
+	// lost is set when the connection ended without this worker closing
+	// it: the gateway closed it, or it broke.
+	lost atomic.Bool
+}
+
+// suspect is an offline event a watcher saw while the target had a
+// connection: false, unless that connection turns out to have been lost.
+type suspect struct {
+	l               *live
+	watcher, target string
 }
 
 // subAnswer is a gateway's answer to a subscribe.
@@ -447,6 +459,7 @@ func (w *worker) lost(v *vconn, l *live, err error) {
 		return
 	}
 	now := time.Now().UnixNano()
+	l.lost.Store(true)
 	v.cur, v.down = nil, now
 	storm := v.storm
 	v.storm = false
@@ -521,11 +534,15 @@ func (w *worker) observe(v *vconn, list []presence.Presence, now int64, init boo
 				}
 			default:
 				tv.mu.Lock()
-				up := tv.cur != nil
+				l := tv.cur
 				tv.mu.Unlock()
-				if up {
-					w.falseOffline.Add(1)
-					w.errs.add("%s saw %s offline while it was connected", v.user, p.UserID)
+				if l != nil {
+					// Judged when the command ends: if the gateway closed
+					// this connection, it may have done so before the
+					// offline, and this worker, busy, noticed later.
+					w.smu.Lock()
+					w.suspects = append(w.suspects, suspect{l: l, watcher: v.user, target: p.UserID})
+					w.smu.Unlock()
 				}
 			}
 			continue
@@ -651,7 +668,21 @@ func (w *worker) reply(counts map[string]int64, hists map[string]*hist) Reply {
 	if r.Counts == nil {
 		r.Counts = map[string]int64{}
 	}
-	r.Counts["false_offline"] = w.falseOffline.Swap(0)
+	w.smu.Lock()
+	suspects := w.suspects
+	w.suspects = nil
+	w.smu.Unlock()
+	var falseOffline, afterLoss int64
+	for _, s := range suspects {
+		if s.l.lost.Load() {
+			afterLoss++
+			continue
+		}
+		falseOffline++
+		w.errs.add("%s saw %s offline while it was connected", s.watcher, s.target)
+	}
+	r.Counts["false_offline"] = falseOffline
+	r.Counts["offline_after_lost_connection"] = afterLoss
 	r.Counts["unexpected_disconnects"] = w.unexpected.Swap(0)
 	r.Counts["denied"] = w.denied.Swap(0)
 	r.Counts["server_errors"] = w.serverErrors.Swap(0)

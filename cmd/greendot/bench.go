@@ -64,7 +64,7 @@ func benchFlags() []cli.Flag {
 		durationFlag(catScenario, "duration", 30*time.Second, "measurement window (idle), or how long statuses change (propagation) or connections are replaced (churn)"),
 		&cli.Float64Flag{Category: catScenario, Name: "rate", Usage: "status changes per second over all targets (propagation), or connection replacements per second (churn)",
 			DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn)", EnvVars: []string{envVar("rate")}},
-		durationFlag(catScenario, "jitter", 5*time.Second, "storm: longest random wait before a client reconnects"),
+		durationFlag(catScenario, "jitter", 5*time.Second, "storm: longest random wait before a closed client first dials again; failed dials then back off as the browser client does (full jitter, 0.5s doubling up to 30s)"),
 		stringFlag(catScenario, "storm-signal", "term", "storm: how gateways are stopped before they start again: term (drain) or kill"),
 		auto(intFlag(catScenario, "storm-gateways", 0, "storm: how many gateways restart at once"), "all"),
 		intFlag(catScenario, "repeat", 1, "runs of the scenario, each on a fresh system; the table gives median, min and max"),
