@@ -132,16 +132,43 @@ func (l Layout) ParseUser(id string) (Role, int, bool) {
 }
 
 // Followed returns the targets (by target number) that watcher w follows.
+//
+// Targets change status round robin, so neighbouring targets change one
+// after the other: a watcher following neighbours would get its changes
+// in one burst. The targets are scattered instead, by a multiplication
+// that permutes the worker's targets, so that each watcher's changes come
+// at unrelated moments, as friends' changes do, and each target still has
+// the same number of watchers (within one).
 func (l Layout) Followed(w int) []int {
 	k := l.workerOf(l.Watchers, w)
 	wlo, _ := l.WatcherRange(k)
 	tlo, thi := l.TargetRange(k)
 	n := thi - tlo
+	p := scatter(n)
 	out := make([]int, 0, l.Follows)
 	for j := range l.Follows {
-		out = append(out, tlo+((w-wlo)*l.Follows+j)%n)
+		x := ((w-wlo)*l.Follows + j) % n
+		out = append(out, tlo+x*p%n)
 	}
 	return out
+}
+
+// scatter returns a multiplier coprime with n, far from 1 and n/2, so
+// that x -> x*scatter(n) mod n is a permutation that spreads neighbours.
+func scatter(n int) int {
+	for _, p := range []int{7919, 6007, 4999, 3001, 1999, 997, 499, 101, 53, 13, 7, 5, 3} {
+		if gcd(p%n, n) == 1 && p%n > 1 {
+			return p % n
+		}
+	}
+	return 1
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
 }
 
 // workerOf returns the worker holding item i of a role with total items.

@@ -29,6 +29,8 @@ const (
 	// heartbeatTick is how often the heartbeat loop wakes; each tick sends
 	// the heartbeats of one slice of the connections.
 	heartbeatTick = 100 * time.Millisecond
+	// heartbeatSenders is how many goroutines write heartbeats.
+	heartbeatSenders = 8
 	// pollEvery is how often a waiting command checks its condition.
 	pollEvery = 20 * time.Millisecond
 	// maxCommandTime bounds any command, whatever it asks for.
@@ -578,16 +580,35 @@ func (w *worker) send(v *vconn, fn func(c *client.Conn) error) (bool, error) {
 }
 
 // startHeartbeats starts the loop that sends every connection's
-// heartbeats, spread evenly over the heartbeat interval.
+// heartbeats, spread evenly over the heartbeat interval. The schedule
+// follows the clock, not the ticks: ticks a busy machine delays or drops
+// are caught up, so no connection goes a TTL without a heartbeat because
+// the worker was starved. A few senders write, so that one socket whose
+// buffer is full delays only its own heartbeat.
 func (w *worker) startHeartbeats() {
 	if w.hbStop != nil {
 		return
 	}
 	w.hbStop = make(chan struct{})
+	queue := make(chan *vconn, 1024)
+	for range heartbeatSenders {
+		w.hbDone.Go(func() {
+			for v := range queue {
+				// A connection closed meanwhile (churn, storm) is not an
+				// error of the heartbeat.
+				if _, err := w.send(v, (*client.Conn).Heartbeat); err != nil && !errors.Is(err, net.ErrClosed) {
+					w.errs.add("heartbeat of %s: %v", v.user, err)
+				}
+			}
+		})
+	}
 	w.hbDone.Go(func() {
+		defer close(queue)
 		t := time.NewTicker(heartbeatTick)
 		defer t.Stop()
-		for k := 0; ; k++ {
+		start := time.Now()
+		sent := 0 // slices sent since start
+		for {
 			select {
 			case <-w.hbStop:
 				return
@@ -595,13 +616,17 @@ func (w *worker) startHeartbeats() {
 				return
 			case <-t.C:
 			}
-			slices := max(1, int(time.Duration(w.hbInterval.Load())/heartbeatTick))
-			for i := k % slices; i < len(w.conns); i += slices {
-				v := w.conns[i]
-				// A connection closed meanwhile (churn, storm) is not an
-				// error of the heartbeat.
-				if _, err := w.send(v, (*client.Conn).Heartbeat); err != nil && !errors.Is(err, net.ErrClosed) {
-					w.errs.add("heartbeat of %s: %v", v.user, err)
+			interval := time.Duration(w.hbInterval.Load())
+			slices := max(1, int(interval/heartbeatTick))
+			due := int(time.Since(start)/(interval/time.Duration(slices))) + 1
+			sent = max(sent, due-slices) // at most one whole round behind
+			for ; sent < due; sent++ {
+				for i := sent % slices; i < len(w.conns); i += slices {
+					select {
+					case queue <- w.conns[i]:
+					case <-w.hbStop:
+						return
+					}
 				}
 			}
 		}
