@@ -243,9 +243,10 @@ func TestInactivity(t *testing.T) {
 	w.await("erin", presence.Online, "e1", "e2")
 
 	// frank's key first says he turns inactive soon, then (a heartbeat with
-	// activity) an hour from now.
+	// activity) an hour from now. "Soon" leaves the second write two
+	// seconds to land first, however loaded the machine.
 	soon := live()
-	soon.AwayAt = time.Now().Add(300 * time.Millisecond).UnixMilli()
+	soon.AwayAt = time.Now().Add(2 * time.Second).UnixMilli()
 	rev := w.connect("frank", "f1", soon, time.Minute)
 	if _, err := w.store.WriteConn(context.Background(), "frank", "f1", live(), time.Minute, rev); err != nil {
 		t.Fatal(err)
