@@ -108,6 +108,13 @@ type Config struct {
 	// RateStrikes is how many rate_limited errors a socket may earn within
 	// a minute before it is closed with 1008; zero means 10.
 	RateStrikes int
+	// MaxRegistering bounds the upgrades being registered in NATS at once
+	// (each creates a connection key and updates a status record before
+	// it is answered). An upgrade beyond it is refused with 503 at once:
+	// in a reconnect storm the gateway then does only the work NATS can
+	// finish in time, instead of starting every registration and letting
+	// them all time out. Zero means DefaultMaxRegistering.
+	MaxRegistering int
 	// HandshakeTimeout bounds the time from accepting a TCP connection to
 	// the end of its WebSocket handshake or HTTP request headers; zero
 	// means 10s.
@@ -145,6 +152,7 @@ const (
 	DefaultMaxQueryIDs       = 500
 	DefaultOnlineLimit       = 1000
 	DefaultMaxConnsPerUser   = 32
+	DefaultMaxRegistering    = 128
 )
 
 func (c Config) withDefaults() Config {
@@ -182,6 +190,7 @@ func (c Config) withDefaults() Config {
 	c.MaxQueryIDs = cmpOr(c.MaxQueryIDs, DefaultMaxQueryIDs)
 	c.OnlineLimit = cmpOr(c.OnlineLimit, DefaultOnlineLimit)
 	c.MaxConnsPerUser = cmpOr(c.MaxConnsPerUser, DefaultMaxConnsPerUser)
+	c.MaxRegistering = cmpOr(c.MaxRegistering, DefaultMaxRegistering)
 	c.RateLimit = cmpOr(c.RateLimit, 20)
 	c.RateBurst = cmpOr(c.RateBurst, 40)
 	c.RateStrikes = cmpOr(c.RateStrikes, 10)
@@ -229,7 +238,7 @@ func (c Config) Validate() error {
 		return bad("max message size %d: want 256 to 1048576 bytes", c.MaxMessageSize)
 	case c.MaxSubscriptions < 0 || c.MaxSubscribeIDs < 0 || c.MaxQueryIDs < 0 || c.OnlineLimit < 0:
 		return bad("limits must not be negative")
-	case c.MaxConns < 0 || c.MaxConnsPerUser < 0:
+	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")
 	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0:
 		return bad("rate limits must not be negative")

@@ -13,3 +13,16 @@ func (s *Service) PendingUpdates(userID, connID string) (int, bool) {
 	defer c.pmu.Unlock()
 	return len(c.pending), true
 }
+
+// HoldRegistrations takes n of the MaxRegistering places, as n upgrades
+// being registered would, until release is called.
+func (s *Service) HoldRegistrations(n int) (release func()) {
+	for range n {
+		s.regSem <- struct{}{}
+	}
+	return func() {
+		for range n {
+			<-s.regSem
+		}
+	}
+}

@@ -111,9 +111,15 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			if n := len(s.hub.userConns(id.userID)); n >= s.cfg.MaxConnsPerUser {
 				return nil, refuse(fmt.Errorf("%w: at most %d", ErrTooManyConns, s.cfg.MaxConnsPerUser))
 			}
+			select {
+			case s.regSem <- struct{}{}:
+			default:
+				return nil, refuse(fmt.Errorf("%w: too many connections being registered; retry shortly", ErrUnavailable))
+			}
 			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
 			defer cancel()
 			cc, rec, rev, err := s.register(ctx, id)
+			<-s.regSem
 			if err != nil {
 				s.log.Warn("register connection", "user_id", id.userID, "err", err)
 				return nil, refuse(err)

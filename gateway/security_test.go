@@ -593,6 +593,36 @@ func TestGatewayFullAndConnsPerUser(t *testing.T) {
 	by.check(t)
 }
 
+// TestRegisteringLimit: an upgrade that finds MaxRegistering upgrades
+// being registered is refused with 503 at once, and gets in once one of
+// them is done.
+func TestRegisteringLimit(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.StartGateway(gateway.Config{MaxRegistering: 2})
+	by := newBystander(t, sys, sys.Gateway())
+
+	release := gw.HoldRegistrations(2)
+	start := time.Now()
+	_, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
+	if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "being registered") {
+		t.Errorf("refusal %q does not say why", body)
+	}
+	// At once: not after the handshake timeout.
+	if d := time.Since(start); d >= 5*time.Second {
+		t.Errorf("refused after %v", d)
+	}
+	if gw.Conns() != 0 {
+		t.Errorf("gateway holds %d connections, want 0", gw.Conns())
+	}
+	if _, _, err := sys.Store.Status(context.Background(), "alice"); !errors.Is(err, presence.ErrNotFound) {
+		t.Errorf("alice's record after a refused upgrade: %v, want none", err)
+	}
+	release()
+	c := secDial(t, gw, "alice")
+	subscribeSelf(t, c, "in")
+	by.check(t)
+}
+
 func TestDrainingRefusesUpgrades(t *testing.T) {
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())

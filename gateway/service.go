@@ -39,6 +39,7 @@ type Service struct {
 	asyncJS  jetstream.JetStream
 	poller   *netpoll.Poller
 	readSem  chan struct{}
+	regSem   chan struct{} // upgrades being registered (MaxRegistering)
 	registry *registry
 	hub      *hub
 	flusher  *flusher
@@ -149,6 +150,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	s.readSem = make(chan struct{}, s.cfg.ReadWorkers)
+	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
 
 	// Everything below stops when stop is called, after the sockets have
 	// been closed.

@@ -160,6 +160,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.OnlineLimit = c.Int("online-limit")
 	cfg.MaxConns = c.Int("max-conns")
 	cfg.MaxConnsPerUser = c.Int("max-conns-per-user")
+	cfg.MaxRegistering = c.Int("max-registering")
 	cfg.RateLimit = c.Float64("rate-limit")
 	cfg.RateBurst = c.Int("rate-burst")
 	cfg.RateStrikes = c.Int("rate-strikes")

@@ -120,6 +120,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		&cli.IntFlag{Category: catLimits, Name: "max-conns", Usage: "connections this gateway holds (503 when full); 0 for no limit",
 			DefaultText: "0 (no limit)", EnvVars: []string{envVar("max-conns")}},
 		intFlag(catLimits, "max-conns-per-user", gateway.DefaultMaxConnsPerUser, "connections one user may hold on this gateway"),
+		intFlag(catLimits, "max-registering", gateway.DefaultMaxRegistering, "upgrades registered in NATS at once; more are refused with 503 at once, so a reconnect storm does not pile up work that times out"),
 		floatFlag(catLimits, "rate-limit", 20, "messages per second a socket may send on average"),
 		intFlag(catLimits, "rate-burst", 40, "messages a socket may send at once"),
 		intFlag(catLimits, "rate-strikes", 10, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
