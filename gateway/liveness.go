@@ -143,12 +143,25 @@ func (c *conn) writeKeyLocked(ctx context.Context, now int64) error {
 
 // recreateLocked creates the key of a live connection again after it was
 // lost, and puts the connection back in the record; the caller holds kvMu.
+//
+// The key may not be lost at all: a write whose acknowledgement never came
+// (a timeout while NATS was slow) may have been stored, so the key is there
+// at a revision this gateway never learnt, and every write on the revision
+// it knows fails. Then the key is written on the revision it has; left to
+// fail, it would expire under a live connection.
 func (c *conn) recreateLocked(ctx context.Context) error {
 	s := c.s
 	now := time.Now().UnixNano()
 	rec := c.record(now)
 	rev, err := s.store.CreateConn(ctx, c.userID, c.connID, rec, s.keyTTL())
 	s.metrics.kvWrites.WithLabelValues("create").Inc()
+	if presence.IsWrongLastSequence(err) || errors.Is(err, jetstream.ErrKeyExists) {
+		var cur uint64
+		if _, cur, err = s.store.Conn(ctx, c.userID, c.connID); err == nil {
+			rev, err = s.store.WriteConn(ctx, c.userID, c.connID, rec, s.keyTTL(), cur)
+			s.metrics.kvWrites.WithLabelValues("update").Inc()
+		}
+	}
 	if err != nil {
 		s.metrics.kvErrors.WithLabelValues("create").Inc()
 		return err
