@@ -15,8 +15,9 @@ import (
 )
 
 // serveHealth serves metrics.OpsHandler (/healthz, /readyz, /metrics) on
-// ln until ctx is canceled, then shuts the server down and returns nil. It closes ln. g is the process's metrics
-// registry: a service that has one of its own passes it here.
+// ln until ctx is canceled, then shuts the server down and returns nil. It
+// closes ln. g is the process's metrics registry: a service that has one
+// of its own passes it here.
 func serveHealth(ctx context.Context, ln net.Listener, g prometheus.Gatherer, ready func(context.Context) error, log *slog.Logger) error {
 	srv := &http.Server{
 		Handler:           metrics.OpsHandler(g, ready),
