@@ -601,15 +601,12 @@ func TestRegisteringLimit(t *testing.T) {
 	gw := sys.StartGateway(gateway.Config{MaxRegistering: 2})
 	by := newBystander(t, sys, sys.Gateway())
 
+	// The places stay held while the upgrade waits: an upgrade that waited
+	// for one would end at the handshake timeout, not with a 503.
 	release := gw.HoldRegistrations(2)
-	start := time.Now()
 	_, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
 	if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "being registered") {
 		t.Errorf("refusal %q does not say why", body)
-	}
-	// At once: not after the handshake timeout.
-	if d := time.Since(start); d >= 5*time.Second {
-		t.Errorf("refused after %v", d)
 	}
 	if gw.Conns() != 0 {
 		t.Errorf("gateway holds %d connections, want 0", gw.Conns())
