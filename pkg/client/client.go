@@ -88,7 +88,7 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 		d.Header = ws.HandshakeHeaderHTTP(o.Header)
 	}
 	if o.LocalAddr != nil {
-		nd := net.Dialer{LocalAddr: o.LocalAddr}
+		nd := net.Dialer{LocalAddr: o.LocalAddr, Control: bindNoPort}
 		d.NetDial = nd.DialContext
 	}
 	nc, br, _, err := d.Dial(ctx, url)
