@@ -48,7 +48,8 @@ type Options struct {
 	// Header holds extra request headers (Authorization, Origin).
 	Header http.Header
 	// LocalAddr is the local address to dial from, such as 127.0.0.2:0, to
-	// spread many connections over source addresses.
+	// spread many connections over source addresses. On Linux the port is
+	// chosen at connect, not at bind (IP_BIND_ADDRESS_NO_PORT).
 	LocalAddr net.Addr
 	// Timeout bounds the dial, the handshake and the hello frame; zero
 	// means 10s.
