@@ -2,8 +2,6 @@ package gateway_test
 
 import (
 	"context"
-	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -51,22 +49,13 @@ func TestKeyWrittenBehindTheGatewaysBack(t *testing.T) {
 
 	// Four TTLs: the key written behind the gateway's back would have
 	// expired four times over had the gateway not taken its revision.
-	deadline := time.Now().Add(4 * systest.TTL)
-	_ = w.SetReadDeadline(deadline)
-	for {
-		m, raw, err := w.Read()
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			break
+	for _, m := range stillOpen(t, w, time.Now().Add(4*systest.TTL)) {
+		if m.Type != protocol.TypePresenceBatch {
+			continue
 		}
-		if err != nil {
-			t.Fatalf("watcher: %v", err)
-		}
-		if m.Type == protocol.TypePresenceBatch {
-			for _, p := range m.Updates {
-				if p.UserID == "alice" && p.Status != presence.Online {
-					t.Fatalf("watcher told alice is %s while her socket is live: %s", p.Status, raw)
-				}
+		for _, p := range m.Updates {
+			if p.UserID == "alice" && p.Status != presence.Online {
+				t.Fatalf("watcher told alice is %s while her socket is live: %+v", p.Status, p)
 			}
 		}
 	}
