@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/fanout"
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 

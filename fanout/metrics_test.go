@@ -7,12 +7,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
+	"github.com/greendot/greendot/internal/metricstest"
+
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/admin"
-	"github.com/greendot/greendot/pkg/metrics"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -54,7 +57,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	value := func(name string, labels ...string) float64 {
-		v, _ := metrics.Value(f.Registry(), name, labels...)
+		v, _ := metricstest.Value(f.Registry(), name, labels...)
 		return v
 	}
 	await := func(want float64, name string, labels ...string) {
@@ -123,7 +126,7 @@ func TestMetrics(t *testing.T) {
 	}
 
 	// The info endpoint.
-	infos, err := admin.GatherJSON[admin.Info](ctx, nc, admin.FanoutInfoSubject, nil, admin.GatherOptions{Want: 1, Timeout: 5 * time.Second})
+	infos, err := adminclient.GatherJSON[admin.Info](ctx, nc, admin.FanoutInfoSubject, nil, adminclient.GatherOptions{Want: 1, Timeout: 5 * time.Second})
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("info = %+v, %v", infos, err)
 	}

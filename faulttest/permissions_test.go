@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -185,24 +187,24 @@ func TestPermissions(t *testing.T) {
 	httpGet(t, everyone.http, "/api/presence/online?user=carol")
 
 	// Admin endpoints and micro discovery, as an operator calls them.
-	if inst, err := admin.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 2 {
+	if inst, err := adminclient.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 2 {
 		t.Errorf("gateway instances: %v, %v", inst, err)
 	}
 	for _, svc := range []string{admin.ReaperService, admin.FanoutService} {
-		if inst, err := admin.Instances(ctx, op, svc, 5*time.Second); err != nil || len(inst) != 1 {
+		if inst, err := adminclient.Instances(ctx, op, svc, 5*time.Second); err != nil || len(inst) != 1 {
 			t.Errorf("%s instances: %v, %v", svc, inst, err)
 		}
 	}
-	if r, err := admin.Conns(ctx, op, "bob"); err != nil || r.Status != presence.Busy {
+	if r, err := adminclient.Conns(ctx, op, "bob"); err != nil || r.Status != presence.Busy {
 		t.Errorf("conns of bob: %+v, %v", r, err)
 	}
-	if _, err := admin.Watchers(ctx, op, "bob", 5*time.Second); err != nil {
+	if _, err := adminclient.Watchers(ctx, op, "bob", 5*time.Second); err != nil {
 		t.Errorf("watchers of bob: %v", err)
 	}
-	if _, err := admin.Sweep(ctx, op); err != nil {
+	if _, err := adminclient.Sweep(ctx, op); err != nil {
 		t.Errorf("sweep: %v", err)
 	}
-	if replies, err := admin.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 2 {
+	if replies, err := adminclient.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 2 {
 		t.Errorf("kick dave: %v, %v", replies, err)
 	}
 

@@ -9,16 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
+	"github.com/greendot/greendot/internal/metricstest"
+
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/metrics"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // awaitCloseFrame reads c until the gateway closes it, and returns the close
@@ -61,7 +64,7 @@ func TestAdminKick(t *testing.T) {
 	view.Await("alice", presence.Online)
 
 	// A kick reaches every gateway, not one of a queue group.
-	replies, err := admin.Kick(ctx, sys.NC, admin.KickRequest{UserID: "alice"}, 5*time.Second)
+	replies, err := adminclient.Kick(ctx, sys.NC, admin.KickRequest{UserID: "alice"}, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +80,7 @@ func TestAdminKick(t *testing.T) {
 		if len(r.Closed) != 1 || r.Code != admin.ClosePolicy || r.UserID != "alice" {
 			t.Errorf("gateway %s replied %+v, want one connection closed with 1008", g.ID(), r)
 		}
-		if v, _ := metrics.Value(g.Registry(), "greendot_gateway_kicks_total"); v != 1 {
+		if v, _ := metricstest.Value(g.Registry(), "greendot_gateway_kicks_total"); v != 1 {
 			t.Errorf("gateway %s kicks_total = %v, want 1", g.ID(), v)
 		}
 	}
@@ -94,7 +97,7 @@ func TestAdminKick(t *testing.T) {
 	view.Await("alice", presence.Offline)
 
 	// A kick of a user nobody holds closes nothing, and says so.
-	replies, err = admin.Kick(ctx, sys.NC, admin.KickRequest{UserID: "nobody"}, 5*time.Second)
+	replies, err = adminclient.Kick(ctx, sys.NC, admin.KickRequest{UserID: "nobody"}, 5*time.Second)
 	if err != nil || len(replies) != 2 || len(replies[0].Closed)+len(replies[1].Closed) != 0 {
 		t.Fatalf("kick of nobody = %+v, %v", replies, err)
 	}
@@ -109,7 +112,7 @@ func TestAdminKickOneConnection(t *testing.T) {
 	defer systest.KeepAlive(web, systest.Heartbeat)()
 	defer systest.KeepAlive(ios, systest.Heartbeat)()
 
-	replies, err := admin.Kick(ctx, sys.NC, admin.KickRequest{
+	replies, err := adminclient.Kick(ctx, sys.NC, admin.KickRequest{
 		UserID: "alice", ConnID: web.Hello.ConnID, Code: admin.CloseNormal, Reason: "log in again",
 	}, 5*time.Second)
 	if err != nil || len(replies) != 1 || !slices.Equal(replies[0].Closed, []string{web.Hello.ConnID}) {
@@ -139,7 +142,7 @@ func TestAdminKickOneConnection(t *testing.T) {
 		`not a user`,
 		``,
 	} {
-		msgs, err := admin.Gather(ctx, sys.NC, admin.GatewayKickSubject, []byte(body), admin.GatherOptions{Want: 1, Timeout: 5 * time.Second})
+		msgs, err := adminclient.Gather(ctx, sys.NC, admin.GatewayKickSubject, []byte(body), adminclient.GatherOptions{Want: 1, Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatalf("%q: %v", body, err)
 		}
@@ -182,7 +185,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 	var r admin.ConnsReply
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		var err error
-		if r, err = admin.Conns(ctx, sys.NC, "alice"); err != nil {
+		if r, err = adminclient.Conns(ctx, sys.NC, "alice"); err != nil {
 			return err
 		}
 		if r.Devices != 2 || len(r.Conns) != 2 {
@@ -210,7 +213,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		r, err := admin.Conns(ctx, sys.NC, "alice")
+		r, err := adminclient.Conns(ctx, sys.NC, "alice")
 		if err != nil {
 			return err
 		}
@@ -223,16 +226,16 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 	})
 
 	// A user with no record is offline with no connections.
-	r, err := admin.Conns(ctx, sys.NC, "nobody")
+	r, err := adminclient.Conns(ctx, sys.NC, "nobody")
 	if err != nil || r.Status != presence.Offline || len(r.Conns) != 0 || r.Revision != 0 {
 		t.Errorf("conns of nobody = %+v, %v", r, err)
 	}
-	if _, err := admin.Conns(ctx, sys.NC, "bad id"); !errors.Is(err, admin.ErrBadRequest) {
+	if _, err := adminclient.Conns(ctx, sys.NC, "bad id"); !errors.Is(err, admin.ErrBadRequest) {
 		t.Errorf("conns of a bad id: %v, want ErrBadRequest", err)
 	}
 
 	// watchers: every gateway reports its sockets watching alice.
-	ws, err := admin.Watchers(ctx, sys.NC, "alice", 5*time.Second)
+	ws, err := adminclient.Watchers(ctx, sys.NC, "alice", 5*time.Second)
 	if err != nil || len(ws) != 2 {
 		t.Fatalf("watchers = %+v, %v", ws, err)
 	}
@@ -258,7 +261,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		ws, err := admin.Watchers(ctx, sys.NC, "alice", 5*time.Second)
+		ws, err := adminclient.Watchers(ctx, sys.NC, "alice", 5*time.Second)
 		if err != nil {
 			return err
 		}
@@ -271,7 +274,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 	})
 
 	// info: every gateway's configuration and load.
-	infos, err := admin.Broadcast[admin.Info](ctx, sys.NC, admin.GatewayService, admin.GatewayInfoSubject, nil, 5*time.Second)
+	infos, err := adminclient.Broadcast[admin.Info](ctx, sys.NC, admin.GatewayService, admin.GatewayInfoSubject, nil, 5*time.Second)
 	if err != nil || len(infos) != 2 {
 		t.Fatalf("infos = %+v, %v", infos, err)
 	}
@@ -284,7 +287,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 
 	// micro metadata carries the gateway id, so `nats micro info` tells
 	// instances apart.
-	msgs, err := admin.Gather(ctx, sys.NC, admin.InfoSubject(admin.GatewayService), nil, admin.GatherOptions{Want: 2, Timeout: 5 * time.Second})
+	msgs, err := adminclient.Gather(ctx, sys.NC, adminclient.InfoSubject(admin.GatewayService), nil, adminclient.GatherOptions{Want: 2, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,7 +319,7 @@ func TestAdminWatchersOfEveryone(t *testing.T) {
 	systest.Await(t, dave, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool {
 		return m.Type == protocol.TypePresenceInit && m.ID == "all"
 	})
-	ws, err := admin.Watchers(ctx, sys.NC, "alice", 5*time.Second)
+	ws, err := adminclient.Watchers(ctx, sys.NC, "alice", 5*time.Second)
 	if err != nil || len(ws) != 1 {
 		t.Fatalf("watchers = %+v, %v", ws, err)
 	}
@@ -333,12 +336,12 @@ func TestAdminMetrics(t *testing.T) {
 	// Heartbeats make the gateway refresh the key's TTL asynchronously,
 	// at most every TTL/3; the acknowledgements are timed.
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if v, _ := metrics.Value(gw.Registry(), "greendot_gateway_kv_seconds", "op", "refresh_conn"); v < 2 {
+		if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_kv_seconds", "op", "refresh_conn"); v < 2 {
 			return fmt.Errorf("refresh latency samples = %v, want at least 2", v)
 		}
 		return nil
 	})
-	names := metrics.Names(gw.Registry())
+	names := metricstest.Names(gw.Registry())
 	for _, n := range []string{
 		"greendot_gateway_status_conflicts_total", "greendot_gateway_kicks_total",
 		"greendot_gateway_write_errors_total", "greendot_gateway_slow_socket_closes_total",

@@ -8,9 +8,9 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/gobwas/ws"
+	"github.com/greendot/greendot/internal/metricstest"
 
-	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/gobwas/ws"
 )
 
 // TestParseHeader checks parseHeader against gobwas/ws's ReadHeader on
@@ -125,7 +125,7 @@ func TestHeartbeatPathAllocs(t *testing.T) {
 		if name == "greendot_gateway_messages_received_total" {
 			labels = []string{"type", "heartbeat"}
 		}
-		if v, ok := metrics.Value(s.Registry(), name, labels...); !ok || v < 100 {
+		if v, ok := metricstest.Value(s.Registry(), name, labels...); !ok || v < 100 {
 			t.Errorf("%s %v = %v (%v), want at least 100", name, labels, v, ok)
 		}
 	}

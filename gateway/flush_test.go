@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // TestQuietSocketIsNotHeldForAnInterval checks the flusher's two rules

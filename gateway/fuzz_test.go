@@ -14,8 +14,8 @@ import (
 
 	"github.com/gobwas/ws"
 
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )

@@ -18,11 +18,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // handFrame builds one client frame by hand, so that it can break the

@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // TestKeyWrittenBehindTheGatewaysBack: a connection key write whose

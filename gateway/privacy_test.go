@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // presenceOf returns the presence of user in a presence_init or

@@ -15,11 +15,11 @@ import (
 	"github.com/gobwas/ws"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // isType matches a server message type.

@@ -19,12 +19,12 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // The tests of this file, limits_test.go and privacy_test.go run gateways

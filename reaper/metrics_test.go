@@ -11,11 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
+	"github.com/greendot/greendot/internal/metricstest"
+
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/metrics"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 )
@@ -110,7 +114,7 @@ func (g *rig) awaitStatus(user string, want presence.Status) {
 func (g *rig) awaitMetric(want float64, name string, labels ...string) {
 	g.t.Helper()
 	natstest.CheckFor(g.t, 10*time.Second, 10*time.Millisecond, func() error {
-		got, _ := metrics.Value(g.r.Registry(), name, labels...)
+		got, _ := metricstest.Value(g.r.Registry(), name, labels...)
 		if got < want {
 			return fmt.Errorf("%s%v = %v, want at least %v", name, labels, got, want)
 		}
@@ -119,7 +123,7 @@ func (g *rig) awaitMetric(want float64, name string, labels ...string) {
 }
 
 func (g *rig) metric(name string, labels ...string) float64 {
-	v, _ := metrics.Value(g.r.Registry(), name, labels...)
+	v, _ := metricstest.Value(g.r.Registry(), name, labels...)
 	return v
 }
 
@@ -188,7 +192,7 @@ func TestSweepEndpoint(t *testing.T) {
 	g.addToRecord("erin", "ghost", 1)
 	g.awaitStatus("erin", presence.Online)
 
-	reply, err := admin.Sweep(ctx, nc)
+	reply, err := adminclient.Sweep(ctx, nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +211,7 @@ func TestSweepEndpoint(t *testing.T) {
 	}
 
 	// The info endpoint says who the reaper is, its configuration and load.
-	infos, err := admin.GatherJSON[admin.Info](ctx, nc, admin.ReaperInfoSubject, nil, admin.GatherOptions{Want: 1, Timeout: 5 * time.Second})
+	infos, err := adminclient.GatherJSON[admin.Info](ctx, nc, admin.ReaperInfoSubject, nil, adminclient.GatherOptions{Want: 1, Timeout: 5 * time.Second})
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("info = %+v, %v", infos, err)
 	}
@@ -221,7 +225,7 @@ func TestSweepEndpoint(t *testing.T) {
 	if err := g.r.Ready(ctx); !errors.Is(err, reaper.ErrNotReady) {
 		t.Errorf("Ready after Run = %v, want ErrNotReady", err)
 	}
-	inst, err := admin.Instances(ctx, nc, admin.ReaperService, 300*time.Millisecond)
+	inst, err := adminclient.Instances(ctx, nc, admin.ReaperService, 300*time.Millisecond)
 	if err != nil || len(inst) != 0 {
 		t.Errorf("instances after stop = %v, %v, want none", inst, err)
 	}

@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/greendot/greendot/pkg/admin"
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 )
@@ -302,7 +303,7 @@ func TestSweepRepairsWhatNoReaperSaw(t *testing.T) {
 	// The same by request, with a reaper running: a record naming a key
 	// that never existed.
 	w.setConn("judy", "ghost", presence.ConnInfo{Gateway: "gw1", Rev: 1})
-	reply, err := admin.Sweep(context.Background(), w.nc)
+	reply, err := adminclient.Sweep(context.Background(), w.nc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,7 +350,7 @@ func TestSweepKeepsLiveConnections(t *testing.T) {
 	})
 	removed := 0
 	for range 30 {
-		reply, err := admin.Sweep(ctx, w.nc)
+		reply, err := adminclient.Sweep(ctx, w.nc)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,9 +21,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
-	"github.com/greendot/greendot/pkg/systest"
 	"github.com/greendot/greendot/web"
 )
 

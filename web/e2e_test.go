@@ -15,8 +15,8 @@ import (
 	"github.com/chromedp/cdproto/browser"
 	"github.com/chromedp/chromedp"
 
-	"github.com/greendot/greendot/pkg/natstest"
-	"github.com/greendot/greendot/pkg/systest"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/web"
 )
 

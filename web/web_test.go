@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/web"
 )

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 )
 
 func TestBucketsCommand(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 

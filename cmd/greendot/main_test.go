@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/pkg/natstest"
+	"github.com/greendot/greendot/internal/natstest"
 )
 
 // syncBuffer is an output stream that a running command writes to while

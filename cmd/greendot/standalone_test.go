@@ -20,10 +20,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
-	"github.com/greendot/greendot/pkg/systest"
 )
 
 // devReadyRE matches the line standalone mode prints when it serves with

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
@@ -529,8 +531,8 @@ func (r *runner) req(words []string) (output, error) {
 	if len(pos) == 2 {
 		body = pos[1]
 	}
-	if !slices.Contains(admin.Subjects(), subject) {
-		return output{}, fmt.Errorf("subject %q is not an admin subject (%v)", subject, admin.Subjects())
+	if !slices.Contains(adminclient.Subjects(), subject) {
+		return output{}, fmt.Errorf("subject %q is not an admin subject (%v)", subject, adminclient.Subjects())
 	}
 	timeout := 5 * time.Second
 	if v, ok := flags["timeout"]; ok {
@@ -538,13 +540,13 @@ func (r *runner) req(words []string) (output, error) {
 			return output{}, err
 		}
 	}
-	opts := admin.GatherOptions{Want: 1, Timeout: timeout}
+	opts := adminclient.GatherOptions{Want: 1, Timeout: timeout}
 	if v, ok := flags["replies"]; ok {
 		if opts.Want, err = strconv.Atoi(v); err != nil {
 			return output{}, err
 		}
 	}
-	msgs, err := admin.Gather(r.ctx, r.sc.nc, subject, []byte(body), opts)
+	msgs, err := adminclient.Gather(r.ctx, r.sc.nc, subject, []byte(body), opts)
 	if err != nil {
 		return output{}, err
 	}
@@ -587,12 +589,12 @@ func (r *runner) micro(words []string) (output, error) {
 		if len(pos) < 1 || len(pos) > 2 {
 			return output{}, fmt.Errorf("nats micro %s SERVICE [ID]", words[0])
 		}
-		if !slices.Contains(admin.Services(), pos[0]) {
-			return output{}, fmt.Errorf("service %q is not greendot's (%v)", pos[0], admin.Services())
+		if !slices.Contains(adminclient.Services(), pos[0]) {
+			return output{}, fmt.Errorf("service %q is not greendot's (%v)", pos[0], adminclient.Services())
 		}
-		subject = admin.InfoSubject(pos[0])
+		subject = adminclient.InfoSubject(pos[0])
 		if words[0] == "stats" {
-			subject = admin.StatsSubject(pos[0])
+			subject = adminclient.StatsSubject(pos[0])
 		}
 		want = instances[pos[0]]
 		if len(pos) == 2 {
@@ -602,7 +604,7 @@ func (r *runner) micro(words []string) (output, error) {
 	default:
 		return output{}, fmt.Errorf("nats micro %s is not run by this test", words[0])
 	}
-	msgs, err := admin.Gather(r.ctx, r.sc.nc, subject, nil, admin.GatherOptions{Want: want, Timeout: 5 * time.Second})
+	msgs, err := adminclient.Gather(r.ctx, r.sc.nc, subject, nil, adminclient.GatherOptions{Want: want, Timeout: 5 * time.Second})
 	if err != nil {
 		return output{}, err
 	}
@@ -618,7 +620,7 @@ func (r *runner) micro(words []string) (output, error) {
 	}
 	switch {
 	case subject == "$SRV.PING":
-		for _, s := range admin.Services() {
+		for _, s := range adminclient.Services() {
 			if names[s] == 0 {
 				return out, fmt.Errorf("service %s not listed: %v", s, names)
 			}

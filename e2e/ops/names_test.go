@@ -8,7 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -58,21 +59,21 @@ func TestOperationsPageNames(t *testing.T) {
 		}
 	}
 	for _, s := range find(`\bgreendot\.[a-z]+\.[a-z]+`) {
-		if !slices.Contains(admin.Subjects(), s) {
-			t.Errorf("admin subject %s: not one of %v", s, admin.Subjects())
+		if !slices.Contains(adminclient.Subjects(), s) {
+			t.Errorf("admin subject %s: not one of %v", s, adminclient.Subjects())
 		}
 	}
-	for _, s := range admin.Subjects() {
+	for _, s := range adminclient.Subjects() {
 		if !strings.Contains(text, "`"+s+"`") {
 			t.Errorf("admin subject %s is not documented", s)
 		}
 	}
 	for _, s := range find(`\bgreendot-[a-z]+`) {
-		if !slices.Contains(admin.Services(), s) {
-			t.Errorf("micro service %s: not one of %v", s, admin.Services())
+		if !slices.Contains(adminclient.Services(), s) {
+			t.Errorf("micro service %s: not one of %v", s, adminclient.Services())
 		}
 	}
-	for _, s := range admin.Services() {
+	for _, s := range adminclient.Services() {
 		if !strings.Contains(text, "`"+s+"`") {
 			t.Errorf("micro service %s is not documented", s)
 		}

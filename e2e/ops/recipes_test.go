@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -30,7 +32,7 @@ func TestAliceQuestion(t *testing.T) {
 	before := time.Now()
 
 	// Online, devices, since: nats req greendot.gateway.conns alice.
-	r, err := admin.Conns(ctx, sc.nc, "alice")
+	r, err := adminclient.Conns(ctx, sc.nc, "alice")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +102,7 @@ func TestAliceQuestion(t *testing.T) {
 	}
 
 	// Who is watching her: nats req --replies=0 greendot.gateway.watchers alice.
-	ws, err := admin.Watchers(ctx, sc.nc, "alice", 5*time.Second)
+	ws, err := adminclient.Watchers(ctx, sc.nc, "alice", 5*time.Second)
 	if err != nil || len(ws) != 2 {
 		t.Fatalf("watchers = %+v, %v, want a reply per gateway", ws, err)
 	}
@@ -156,7 +158,7 @@ func TestAliceQuestion(t *testing.T) {
 func TestKickRecipe(t *testing.T) {
 	sc := startScene(t)
 	ctx := context.Background()
-	msgs, err := admin.Gather(ctx, sc.nc, admin.GatewayKickSubject, []byte("alice"), admin.GatherOptions{Timeout: 2 * time.Second})
+	msgs, err := adminclient.Gather(ctx, sc.nc, admin.GatewayKickSubject, []byte("alice"), adminclient.GatherOptions{Timeout: 2 * time.Second})
 	if err != nil || len(msgs) != 2 {
 		t.Fatalf("kick: %d replies, %v, want one per gateway", len(msgs), err)
 	}
@@ -178,7 +180,7 @@ func TestKickRecipe(t *testing.T) {
 	}
 	sc.bobView.Await("alice", presence.Offline)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		r, err := admin.Conns(ctx, sc.nc, "alice")
+		r, err := adminclient.Conns(ctx, sc.nc, "alice")
 		if err != nil {
 			return err
 		}

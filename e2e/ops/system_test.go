@@ -11,18 +11,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
+	"github.com/greendot/greendot/internal/metricstest"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/metrics"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
-	"github.com/greendot/greendot/pkg/systest"
 	"github.com/greendot/greendot/reaper"
 )
 
@@ -89,7 +93,7 @@ func startScene(t *testing.T) *scene {
 	sc.connectAlice()
 	sc.bobView.Await("carol", presence.Offline)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if v, _ := metrics.Value(sc.reaper.Registry(), "greendot_reaper_transitions_total", "status", "offline"); v < 1 {
+		if v, _ := metricstest.Value(sc.reaper.Registry(), "greendot_reaper_transitions_total", "status", "offline"); v < 1 {
 			return errors.New("the reaper has not turned carol offline yet")
 		}
 		return nil
@@ -150,7 +154,7 @@ func (sc *scene) cid() string {
 // instance returns the micro instance id of the first gateway.
 func (sc *scene) instance() string {
 	sc.t.Helper()
-	infos, err := admin.Broadcast[admin.Info](context.Background(), sc.nc, admin.GatewayService, admin.GatewayInfoSubject, nil, 5*time.Second)
+	infos, err := adminclient.Broadcast[admin.Info](context.Background(), sc.nc, admin.GatewayService, admin.GatewayInfoSubject, nil, 5*time.Second)
 	if err != nil {
 		sc.t.Fatal(err)
 	}
@@ -227,7 +231,7 @@ func metricNames(t *testing.T) map[string]bool {
 	}
 	out := map[string]bool{}
 	for _, reg := range []prometheus.Collector{g.Registry(), r.Registry(), f.Registry()} {
-		for _, n := range metrics.Names(reg) {
+		for _, n := range metricstest.Names(reg) {
 			out[n] = true
 		}
 	}

@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/adminclient"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/admin"
-	"github.com/greendot/greendot/pkg/natstest"
 )
 
 func TestParseUserRequest(t *testing.T) {
@@ -148,13 +150,13 @@ func TestServiceEndpoints(t *testing.T) {
 	defer b.Stop()
 	nc := natstest.Connect(t, s)
 
-	inst, err := admin.Instances(ctx, nc, "greendot-test", 500*time.Millisecond)
+	inst, err := adminclient.Instances(ctx, nc, "greendot-test", 500*time.Millisecond)
 	if err != nil || len(inst) != 2 {
 		t.Fatalf("instances = %+v, %v, want 2", inst, err)
 	}
 
 	// Broadcast: both instances answer.
-	all, err := admin.Broadcast[map[string]string](ctx, nc, "greendot-test", "greendot.test.all", struct{}{}, 3*time.Second)
+	all, err := adminclient.Broadcast[map[string]string](ctx, nc, "greendot-test", "greendot.test.all", struct{}{}, 3*time.Second)
 	if err != nil || len(all) != 2 {
 		t.Fatalf("broadcast = %v, %v, want 2 replies", all, err)
 	}
@@ -167,18 +169,18 @@ func TestServiceEndpoints(t *testing.T) {
 	}
 
 	// Queue: exactly one answers.
-	msgs, err := admin.Gather(ctx, nc, "greendot.test.one", []byte("alice"), admin.GatherOptions{Timeout: 300 * time.Millisecond})
+	msgs, err := adminclient.Gather(ctx, nc, "greendot.test.one", []byte("alice"), adminclient.GatherOptions{Timeout: 300 * time.Millisecond})
 	if err != nil || len(msgs) != 1 {
 		t.Fatalf("queue endpoint: %d replies, %v, want 1", len(msgs), err)
 	}
 	var r admin.UserRequest
-	if err := admin.Request(ctx, nc, "greendot.test.one", admin.UserRequest{UserID: "bob"}, &r); err != nil || r.UserID != "bob" {
+	if err := adminclient.Request(ctx, nc, "greendot.test.one", admin.UserRequest{UserID: "bob"}, &r); err != nil || r.UserID != "bob" {
 		t.Fatalf("request = %+v, %v", r, err)
 	}
 
 	// Errors are micro errors with codes and a JSON body.
-	err = admin.Request(ctx, nc, "greendot.test.one", "no spaces allowed", &r)
-	var se *admin.ServiceError
+	err = adminclient.Request(ctx, nc, "greendot.test.one", "no spaces allowed", &r)
+	var se *adminclient.ServiceError
 	if !errors.As(err, &se) || se.Code != admin.CodeBadRequest || !errors.Is(err, admin.ErrBadRequest) {
 		t.Fatalf("bad request: %v, want a 400 ServiceError", err)
 	}
@@ -200,7 +202,7 @@ func TestServiceEndpoints(t *testing.T) {
 	}
 
 	// Info: config, load and readiness, from every instance.
-	infos, err := admin.GatherJSON[admin.Info](ctx, nc, "greendot.test.info", nil, admin.GatherOptions{Want: 2, Timeout: 2 * time.Second})
+	infos, err := adminclient.GatherJSON[admin.Info](ctx, nc, "greendot.test.info", nil, adminclient.GatherOptions{Want: 2, Timeout: 2 * time.Second})
 	if err != nil || len(infos) != 2 {
 		t.Fatalf("infos = %+v, %v", infos, err)
 	}
@@ -213,7 +215,7 @@ func TestServiceEndpoints(t *testing.T) {
 
 	// micro's own discovery shows the configuration as metadata and the
 	// load as the info endpoint's stats.
-	m, err := nc.Request(admin.InfoSubject("greendot-test")+"."+a.Instance(), nil, 2*time.Second)
+	m, err := nc.Request(adminclient.InfoSubject("greendot-test")+"."+a.Instance(), nil, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +223,7 @@ func TestServiceEndpoints(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &mi); err != nil || mi.Metadata["ttl"] != "1s" || mi.Metadata["id"] != "a" || len(mi.Endpoints) != 4 {
 		t.Fatalf("micro info = %+v, %v", mi, err)
 	}
-	m, err = nc.Request(admin.StatsSubject("greendot-test")+"."+a.Instance(), nil, 2*time.Second)
+	m, err = nc.Request(adminclient.StatsSubject("greendot-test")+"."+a.Instance(), nil, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +285,7 @@ func TestStopWaitsForRequests(t *testing.T) {
 		t.Fatalf("second Stop: %v", err)
 	}
 	// A stopped service is gone from discovery.
-	inst, err := admin.Instances(context.Background(), nc, "greendot-test", 300*time.Millisecond)
+	inst, err := adminclient.Instances(context.Background(), nc, "greendot-test", 300*time.Millisecond)
 	if err != nil || len(inst) != 0 {
 		t.Fatalf("instances after Stop = %v, %v, want none", inst, err)
 	}
@@ -293,19 +295,19 @@ func TestGatherNoResponders(t *testing.T) {
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	start := time.Now()
-	_, err := admin.Gather(context.Background(), nc, "greendot.nobody.here", nil, admin.GatherOptions{Timeout: 5 * time.Second})
-	if !errors.Is(err, admin.ErrNoReply) {
+	_, err := adminclient.Gather(context.Background(), nc, "greendot.nobody.here", nil, adminclient.GatherOptions{Timeout: 5 * time.Second})
+	if !errors.Is(err, adminclient.ErrNoReply) {
 		t.Fatalf("err = %v, want ErrNoReply", err)
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("no responders took %v: it should be known at once", time.Since(start))
 	}
-	inst, err := admin.Instances(context.Background(), nc, "greendot-nothing", 300*time.Millisecond)
+	inst, err := adminclient.Instances(context.Background(), nc, "greendot-nothing", 300*time.Millisecond)
 	if err != nil || len(inst) != 0 {
 		t.Fatalf("instances = %v, %v, want none", inst, err)
 	}
-	_, err = admin.Kick(context.Background(), nc, admin.KickRequest{UserID: "alice"}, 600*time.Millisecond)
-	if !errors.Is(err, admin.ErrNoReply) {
+	_, err = adminclient.Kick(context.Background(), nc, admin.KickRequest{UserID: "alice"}, 600*time.Millisecond)
+	if !errors.Is(err, adminclient.ErrNoReply) {
 		t.Fatalf("kick with no gateway: %v, want ErrNoReply", err)
 	}
 }

@@ -7,9 +7,8 @@
 // sweep on demand.
 //
 // The package holds the subjects and the JSON of every request and reply
-// (one place, documented in docs/operations.md), the server plumbing the
-// processes share (Start), and a client (Gather, Request, Kick, ...) that
-// tests and tools use.
+// (one place, documented in docs/operations.md) and the server plumbing the
+// processes share (Start). Operators call the endpoints with the nats CLI.
 //
 // Two kinds of endpoint exist. A broadcast endpoint has no queue group:
 // every instance of the service receives each request and answers it, so

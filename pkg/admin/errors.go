@@ -1,9 +1,6 @@
 package admin
 
-import (
-	"errors"
-	"fmt"
-)
+import "errors"
 
 // ErrBadRequest means a request is malformed: not JSON, an unknown field,
 // a bad user id or close code. Its micro error code is "400".
@@ -13,10 +10,6 @@ var ErrBadRequest = errors.New("bad request")
 // stopping, or cannot reach NATS or its buckets. Its micro error code is
 // "503".
 var ErrUnavailable = errors.New("unavailable")
-
-// ErrNoReply means a request got no reply in time: no instance of the
-// service runs, or none answered.
-var ErrNoReply = errors.New("no reply")
 
 // The micro error codes of admin replies.
 const (
@@ -36,30 +29,4 @@ func errorCode(err error) (code, name string) {
 	default:
 		return CodeInternal, "internal"
 	}
-}
-
-// ServiceError is an error reply of an admin endpoint, as a client sees
-// it. It matches ErrBadRequest or ErrUnavailable by its code.
-type ServiceError struct {
-	// Code is the micro error code ("400", "503", "500").
-	Code string
-	// Description is the error's text.
-	Description string
-	// Subject is the subject the request went to.
-	Subject string
-}
-
-func (e *ServiceError) Error() string {
-	return fmt.Sprintf("%s: error %s: %s", e.Subject, e.Code, e.Description)
-}
-
-// Is reports whether e is the sentinel its code stands for.
-func (e *ServiceError) Is(target error) bool {
-	switch e.Code {
-	case CodeBadRequest:
-		return target == ErrBadRequest
-	case CodeUnavailable:
-		return target == ErrUnavailable
-	}
-	return false
 }

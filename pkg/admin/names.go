@@ -58,27 +58,3 @@ const (
 	// FanoutInfoSubject is answered by every fanout with an Info.
 	FanoutInfoSubject = subjectPrefix + "fanout." + InfoEndpoint
 )
-
-// Subjects returns every admin subject, for documentation checks and
-// permission lists.
-func Subjects() []string {
-	return []string{
-		GatewayInfoSubject, GatewayKickSubject, GatewayConnsSubject, GatewayWatchersSubject,
-		ReaperInfoSubject, ReaperSweepSubject, FanoutInfoSubject,
-	}
-}
-
-// Services returns the micro service names.
-func Services() []string { return []string{GatewayService, ReaperService, FanoutService} }
-
-// PingSubject returns the micro discovery subject every instance of a
-// service answers a ping on (`nats micro ping <service>`).
-func PingSubject(service string) string { return "$SRV.PING." + service }
-
-// InfoSubject returns the micro discovery subject every instance of a
-// service answers its micro.Info on (`nats micro info <service>`).
-func InfoSubject(service string) string { return "$SRV.INFO." + service }
-
-// StatsSubject returns the micro discovery subject every instance of a
-// service answers its micro.Stats on (`nats micro stats <service>`).
-func StatsSubject(service string) string { return "$SRV.STATS." + service }

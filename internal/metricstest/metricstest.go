@@ -1,4 +1,7 @@
-package metrics
+// Package metricstest reads metrics out of a Prometheus registry, for the
+// tests of this repository: a metric's value by name and labels, and the
+// names a registry describes.
+package metricstest
 
 import (
 	"regexp"

@@ -1,4 +1,8 @@
-package admin
+// Package adminclient calls the admin endpoints of greendot's processes
+// (package admin) from Go: the scatter-gather that `nats req --replies=0`
+// does, and typed calls for each endpoint. Tests and tools of this
+// repository use it; operators use the nats CLI.
+package adminclient
 
 import (
 	"context"
@@ -9,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/greendot/greendot/pkg/admin"
 )
 
 // DefaultGatherTimeout is how long Gather waits for replies unless told
@@ -181,25 +187,81 @@ func Broadcast[T any](ctx context.Context, nc *nats.Conn, service, subject strin
 
 // Kick asks every gateway to close the user's sockets (or one connection)
 // and returns every gateway's reply.
-func Kick(ctx context.Context, nc *nats.Conn, req KickRequest, timeout time.Duration) ([]KickReply, error) {
-	return Broadcast[KickReply](ctx, nc, GatewayService, GatewayKickSubject, req, timeout)
+func Kick(ctx context.Context, nc *nats.Conn, req admin.KickRequest, timeout time.Duration) ([]admin.KickReply, error) {
+	return Broadcast[admin.KickReply](ctx, nc, admin.GatewayService, admin.GatewayKickSubject, req, timeout)
 }
 
 // Watchers asks every gateway which of its sockets watch the user.
-func Watchers(ctx context.Context, nc *nats.Conn, userID string, timeout time.Duration) ([]WatchersReply, error) {
-	return Broadcast[WatchersReply](ctx, nc, GatewayService, GatewayWatchersSubject, UserRequest{UserID: userID}, timeout)
+func Watchers(ctx context.Context, nc *nats.Conn, userID string, timeout time.Duration) ([]admin.WatchersReply, error) {
+	return Broadcast[admin.WatchersReply](ctx, nc, admin.GatewayService, admin.GatewayWatchersSubject, admin.UserRequest{UserID: userID}, timeout)
 }
 
 // Conns asks one gateway for the user's status and connections.
-func Conns(ctx context.Context, nc *nats.Conn, userID string) (ConnsReply, error) {
-	var r ConnsReply
-	err := Request(ctx, nc, GatewayConnsSubject, UserRequest{UserID: userID}, &r)
+func Conns(ctx context.Context, nc *nats.Conn, userID string) (admin.ConnsReply, error) {
+	var r admin.ConnsReply
+	err := Request(ctx, nc, admin.GatewayConnsSubject, admin.UserRequest{UserID: userID}, &r)
 	return r, err
 }
 
 // Sweep asks one reaper to sweep now, and waits until it is done.
-func Sweep(ctx context.Context, nc *nats.Conn) (SweepReply, error) {
-	var r SweepReply
-	err := Request(ctx, nc, ReaperSweepSubject, struct{}{}, &r)
+func Sweep(ctx context.Context, nc *nats.Conn) (admin.SweepReply, error) {
+	var r admin.SweepReply
+	err := Request(ctx, nc, admin.ReaperSweepSubject, struct{}{}, &r)
 	return r, err
 }
+
+// ErrNoReply means a request got no reply in time: no instance of the
+// service runs, or none answered.
+var ErrNoReply = errors.New("no reply")
+
+// ServiceError is an error reply of an admin endpoint, as a client sees
+// it. It matches admin.ErrBadRequest or admin.ErrUnavailable by its code.
+type ServiceError struct {
+	// Code is the micro error code ("400", "503", "500").
+	Code string
+	// Description is the error's text.
+	Description string
+	// Subject is the subject the request went to.
+	Subject string
+}
+
+func (e *ServiceError) Error() string {
+	return fmt.Sprintf("%s: error %s: %s", e.Subject, e.Code, e.Description)
+}
+
+// Is reports whether e is the sentinel its code stands for.
+func (e *ServiceError) Is(target error) bool {
+	switch e.Code {
+	case admin.CodeBadRequest:
+		return target == admin.ErrBadRequest
+	case admin.CodeUnavailable:
+		return target == admin.ErrUnavailable
+	}
+	return false
+}
+
+// Subjects returns every admin subject, for documentation checks and
+// permission lists.
+func Subjects() []string {
+	return []string{
+		admin.GatewayInfoSubject, admin.GatewayKickSubject, admin.GatewayConnsSubject, admin.GatewayWatchersSubject,
+		admin.ReaperInfoSubject, admin.ReaperSweepSubject, admin.FanoutInfoSubject,
+	}
+}
+
+// Services returns the micro service names.
+func Services() []string {
+	return []string{admin.GatewayService, admin.ReaperService, admin.FanoutService}
+}
+
+// PingSubject returns the micro discovery subject every instance of a
+// service answers a ping on (`nats micro ping <service>`).
+func PingSubject(service string) string { return "$SRV.PING." + service }
+
+// InfoSubject returns the micro discovery subject every instance of a
+// service answers its micro.Info on (`nats micro info <service>`).
+func InfoSubject(service string) string { return "$SRV.INFO." + service }
+
+// StatsSubject returns the micro discovery subject every instance of a
+// service answers its micro.Stats on (`nats micro stats <service>`).
+func StatsSubject(service string) string { return "$SRV.STATS." + service }

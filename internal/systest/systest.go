@@ -21,8 +21,8 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
-	"github.com/greendot/greendot/pkg/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
