@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"time"
 
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -54,7 +56,7 @@ type Config struct {
 	// seconds, the unit of JetStream TTLs.
 	ConnTTL time.Duration
 	// OfflineGrace is how long a cleanly closed connection still counts,
-	// so that a page reload does not flap; zero means 3s. Negative means
+	// so that a page reload does not flap; zero means 3s, NoOfflineGrace
 	// none. Rounded up to whole seconds.
 	OfflineGrace time.Duration
 	// AwayAfter is how long a connection may go without activity before
@@ -133,13 +135,21 @@ type Config struct {
 	// Static, when set, serves every HTTP path the API does not (the
 	// browser client and the demo page).
 	Static http.Handler
+	// Metrics, when set, is what GET /metrics serves instead of the
+	// gateway's own registry (Registry): standalone mode gathers every
+	// process's metrics there.
+	Metrics prometheus.Gatherer
 	// DrainPeriod is how long a stopping gateway spreads the closing of its
 	// sockets over, so that clients reconnect elsewhere gradually; zero
 	// means 0 (all at once).
 	DrainPeriod time.Duration
 }
 
-// The defaults of Config.
+// NoOfflineGrace, as Config.OfflineGrace, ends a cleanly closed connection
+// at once (zero means the default grace).
+const NoOfflineGrace time.Duration = -1
+
+// The defaults of Config, as DefaultConfig returns them.
 const (
 	DefaultHeartbeatInterval = 15 * time.Second
 	DefaultConnTTL           = 30 * time.Second
@@ -155,7 +165,40 @@ const (
 	DefaultMaxRegistering    = 128
 )
 
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for. The command line's flags take their defaults from it. Two
+// defaults depend on other fields, so they are not in it: the gateway ID
+// (random) and, when ConnTTL is shorter than 30s, the heartbeat interval
+// (half of ConnTTL).
+func DefaultConfig() Config {
+	return Config{
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		ConnTTL:           DefaultConnTTL,
+		OfflineGrace:      DefaultOfflineGrace,
+		AwayAfter:         DefaultAwayAfter,
+		BatchInterval:     DefaultBatchInterval,
+		Policy:            PolicyMutual,
+		AuthzCacheTTL:     5 * time.Second,
+		MaxMessageSize:    DefaultMaxMessageSize,
+		MaxSubscriptions:  DefaultMaxSubscriptions,
+		MaxSubscribeIDs:   DefaultMaxSubscribeIDs,
+		MaxQueryIDs:       DefaultMaxQueryIDs,
+		OnlineLimit:       DefaultOnlineLimit,
+		MaxConnsPerUser:   DefaultMaxConnsPerUser,
+		MaxRegistering:    DefaultMaxRegistering,
+		RateLimit:         20,
+		RateBurst:         40,
+		RateStrikes:       10,
+		HandshakeTimeout:  10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		ReadWorkers:       256,
+		WriteWorkers:      64,
+		KVMaxPending:      4096,
+	}
+}
+
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -165,49 +208,34 @@ func (c Config) withDefaults() Config {
 		// a process (standalone mode, tests) the same id.
 		c.ID = "gw-" + nuid.Next()
 	}
-	if c.ConnTTL == 0 {
-		c.ConnTTL = DefaultConnTTL
-	}
-	c.ConnTTL = presence.TTLSeconds(c.ConnTTL)
+	c.ConnTTL = presence.TTLSeconds(cmp.Or(c.ConnTTL, d.ConnTTL))
 	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = min(DefaultHeartbeatInterval, c.ConnTTL/2)
+		c.HeartbeatInterval = min(d.HeartbeatInterval, c.ConnTTL/2)
 	}
-	if c.OfflineGrace == 0 {
-		c.OfflineGrace = DefaultOfflineGrace
-	}
+	c.OfflineGrace = cmp.Or(c.OfflineGrace, d.OfflineGrace)
 	if c.OfflineGrace > 0 {
 		c.OfflineGrace = presence.TTLSeconds(c.OfflineGrace)
 	}
-	c.AwayAfter = cmpOr(c.AwayAfter, DefaultAwayAfter)
-	c.BatchInterval = cmpOr(c.BatchInterval, DefaultBatchInterval)
-	if c.Policy == "" {
-		c.Policy = PolicyMutual
-	}
-	c.AuthzCacheTTL = cmpOr(c.AuthzCacheTTL, 5*time.Second)
-	c.MaxMessageSize = cmpOr(c.MaxMessageSize, DefaultMaxMessageSize)
-	c.MaxSubscriptions = cmpOr(c.MaxSubscriptions, DefaultMaxSubscriptions)
-	c.MaxSubscribeIDs = cmpOr(c.MaxSubscribeIDs, DefaultMaxSubscribeIDs)
-	c.MaxQueryIDs = cmpOr(c.MaxQueryIDs, DefaultMaxQueryIDs)
-	c.OnlineLimit = cmpOr(c.OnlineLimit, DefaultOnlineLimit)
-	c.MaxConnsPerUser = cmpOr(c.MaxConnsPerUser, DefaultMaxConnsPerUser)
-	c.MaxRegistering = cmpOr(c.MaxRegistering, DefaultMaxRegistering)
-	c.RateLimit = cmpOr(c.RateLimit, 20)
-	c.RateBurst = cmpOr(c.RateBurst, 40)
-	c.RateStrikes = cmpOr(c.RateStrikes, 10)
-	c.HandshakeTimeout = cmpOr(c.HandshakeTimeout, 10*time.Second)
-	c.WriteTimeout = cmpOr(c.WriteTimeout, 10*time.Second)
-	c.ReadWorkers = cmpOr(c.ReadWorkers, 256)
-	c.WriteWorkers = cmpOr(c.WriteWorkers, 64)
-	c.KVMaxPending = cmpOr(c.KVMaxPending, 4096)
+	c.AwayAfter = cmp.Or(c.AwayAfter, d.AwayAfter)
+	c.BatchInterval = cmp.Or(c.BatchInterval, d.BatchInterval)
+	c.Policy = cmp.Or(c.Policy, d.Policy)
+	c.AuthzCacheTTL = cmp.Or(c.AuthzCacheTTL, d.AuthzCacheTTL)
+	c.MaxMessageSize = cmp.Or(c.MaxMessageSize, d.MaxMessageSize)
+	c.MaxSubscriptions = cmp.Or(c.MaxSubscriptions, d.MaxSubscriptions)
+	c.MaxSubscribeIDs = cmp.Or(c.MaxSubscribeIDs, d.MaxSubscribeIDs)
+	c.MaxQueryIDs = cmp.Or(c.MaxQueryIDs, d.MaxQueryIDs)
+	c.OnlineLimit = cmp.Or(c.OnlineLimit, d.OnlineLimit)
+	c.MaxConnsPerUser = cmp.Or(c.MaxConnsPerUser, d.MaxConnsPerUser)
+	c.MaxRegistering = cmp.Or(c.MaxRegistering, d.MaxRegistering)
+	c.RateLimit = cmp.Or(c.RateLimit, d.RateLimit)
+	c.RateBurst = cmp.Or(c.RateBurst, d.RateBurst)
+	c.RateStrikes = cmp.Or(c.RateStrikes, d.RateStrikes)
+	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, d.WriteTimeout)
+	c.ReadWorkers = cmp.Or(c.ReadWorkers, d.ReadWorkers)
+	c.WriteWorkers = cmp.Or(c.WriteWorkers, d.WriteWorkers)
+	c.KVMaxPending = cmp.Or(c.KVMaxPending, d.KVMaxPending)
 	return c
-}
-
-func cmpOr[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Validate reports whether c is usable. Every error wraps ErrInvalidConfig.
@@ -215,6 +243,7 @@ func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
+	ttl := presence.TTLSeconds(cmp.Or(c.ConnTTL, DefaultConnTTL))
 	switch {
 	case c.ID != "" && !presence.ValidToken(c.ID):
 		return bad("gateway id %q: want 1 to 64 characters of A-Z a-z 0-9 _ -", c.ID)
@@ -222,16 +251,16 @@ func (c Config) Validate() error {
 		return bad("connection TTL %v: want at least 1s", c.ConnTTL)
 	case c.HeartbeatInterval < 0:
 		return bad("heartbeat interval %v: want a positive duration", c.HeartbeatInterval)
-	case c.HeartbeatInterval > 0 && c.HeartbeatInterval >= presence.TTLSeconds(cmpOr(c.ConnTTL, DefaultConnTTL)):
-		return bad("heartbeat interval %v: want less than the connection TTL %v", c.HeartbeatInterval, cmpOr(c.ConnTTL, DefaultConnTTL))
+	case c.HeartbeatInterval > 0 && c.HeartbeatInterval >= ttl:
+		return bad("heartbeat interval %v: want less than the connection TTL %v", c.HeartbeatInterval, ttl)
+	case c.OfflineGrace < 0 && c.OfflineGrace != NoOfflineGrace:
+		return bad("offline grace %v: want a positive duration, or NoOfflineGrace", c.OfflineGrace)
 	case c.AwayAfter < 0 || c.AwayAfter > 0 && c.AwayAfter < time.Second:
 		return bad("away-after %v: want at least 1s", c.AwayAfter)
 	case c.BatchInterval < 0 || c.BatchInterval > 0 && c.BatchInterval < time.Millisecond:
 		return bad("batch interval %v: want at least 1ms", c.BatchInterval)
 	case c.BatchInterval > 10*time.Second:
 		return bad("batch interval %v: want at most 10s", c.BatchInterval)
-	case c.Policy != "" && c.Policy != PolicyMutual && c.Policy != PolicyFollow && c.Policy != PolicyEveryone:
-		return bad("policy %q: want mutual, follow or everyone", c.Policy)
 	case c.AuthzCacheTTL < 0:
 		return bad("authorization cache TTL %v: want a positive duration", c.AuthzCacheTTL)
 	case c.MaxMessageSize < 0 || c.MaxMessageSize > 0 && c.MaxMessageSize < 256 || c.MaxMessageSize > 1<<20:
@@ -246,6 +275,11 @@ func (c Config) Validate() error {
 		return bad("timeouts must not be negative")
 	case c.ReadWorkers < 0 || c.WriteWorkers < 0 || c.KVMaxPending < 0:
 		return bad("worker counts must not be negative")
+	}
+	if c.Policy != "" {
+		if _, err := ParsePolicy(string(c.Policy)); err != nil {
+			return err
+		}
 	}
 	for _, o := range c.AllowedOrigins {
 		if o == "" {

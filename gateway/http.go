@@ -10,6 +10,8 @@ import (
 	"sort"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -32,7 +34,11 @@ func (s *Service) httpHandler() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	mux.Handle("GET /metrics", metrics.Handler(s.reg))
+	var gathered prometheus.Gatherer = s.reg
+	if s.cfg.Metrics != nil {
+		gathered = s.cfg.Metrics
+	}
+	mux.Handle("GET /metrics", metrics.Handler(gathered))
 	mux.HandleFunc("GET /api/presence/users/{id}", s.authed(s.getUser))
 	mux.HandleFunc("POST /api/presence/query", s.authed(s.query))
 	mux.HandleFunc("GET /api/presence/online", s.authed(s.getOnline))

@@ -140,7 +140,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	}
 	grace := c.Duration("offline-grace")
 	if grace == 0 {
-		grace = -1 // gateway.Config: negative means none, zero the default
+		grace = gateway.NoOfflineGrace
 	}
 
 	cfg.Logger = log
