@@ -59,15 +59,16 @@ func (s *Service) startAdmin(addr string) (*admin.Server, error) {
 // calls it under its lock.
 func (s *Service) adminLoad() map[string]any {
 	load := map[string]any{
-		"connections":        s.registry.len(),
-		"users":              s.hub.userCount(),
-		"watched_users":      s.hub.targetCount(),
-		"all_watchers":       s.online.allCount(),
-		"pending_deliveries": s.flusher.pending(),
-		"draining":           s.draining.Load(),
+		"connections":         s.registry.len(),
+		"users":               s.registry.userCount(),
+		"watched_users":       s.hub.Len(),
+		"pending_deliveries":  s.scheduler.Pending(),
+		"draining":            s.draining.Load(),
+		"kv_writes_in_flight": s.keys.inFlight(),
+		"all_watchers":        0,
 	}
-	if js := s.asyncJS; js != nil {
-		load["kv_writes_in_flight"] = js.PublishAsyncPending()
+	if s.online != nil {
+		load["all_watchers"] = s.online.allCount()
 	}
 	return load
 }
@@ -81,11 +82,11 @@ func (s *Service) kickRequest(ctx context.Context, data []byte) (any, error) {
 		return nil, err
 	}
 	closed := []string{}
-	for _, c := range s.hub.userConns(req.UserID) {
+	for _, c := range s.registry.userConns(req.UserID) {
 		if req.ConnID != "" && c.connID != req.ConnID || c.closed.Load() {
 			continue
 		}
-		c.end(endClean, ws.StatusCode(req.Code), req.Reason)
+		s.end(c, endClean, ws.StatusCode(req.Code), req.Reason)
 		closed = append(closed, c.connID)
 	}
 	if len(closed) > 0 {
@@ -103,18 +104,20 @@ func (s *Service) watchersRequest(_ context.Context, data []byte) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	conns := s.hub.watchersOf(req.UserID)
+	conns := s.hub.WatchersOf(req.UserID)
 	reply := admin.WatchersReply{
 		Gateway:    s.cfg.ID,
 		UserID:     req.UserID,
 		Subscribed: len(conns) > 0,
 		Watchers:   make([]admin.Watcher, 0, len(conns)),
 	}
-	for _, c := range conns {
-		reply.Watchers = append(reply.Watchers, watcherOf(c, false))
+	for _, w := range conns {
+		reply.Watchers = append(reply.Watchers, watcherOf(w.(*conn), false))
 	}
-	for _, c := range s.online.allWatchers() {
-		reply.Watchers = append(reply.Watchers, watcherOf(c, true))
+	if s.online != nil {
+		for _, c := range s.online.allWatchers() {
+			reply.Watchers = append(reply.Watchers, watcherOf(c, true))
+		}
 	}
 	slices.SortFunc(reply.Watchers, func(a, b admin.Watcher) int {
 		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.ConnID, b.ConnID))
@@ -212,29 +215,4 @@ func connsReply(userID string, rec *presence.Record, rev uint64, keys map[string
 		return cmp.Or(a.Since.Compare(b.Since), cmp.Compare(a.ConnID, b.ConnID))
 	})
 	return r
-}
-
-// userCount returns how many users have a connection on this gateway.
-func (h *hub) userCount() int {
-	h.umu.RLock()
-	defer h.umu.RUnlock()
-	return len(h.users)
-}
-
-// allCount returns how many sockets watch every user.
-func (o *onlineIndex) allCount() int {
-	o.mu.RLock()
-	defer o.mu.RUnlock()
-	return len(o.all)
-}
-
-// allWatchers returns the sockets watching every user (global presence).
-func (o *onlineIndex) allWatchers() []*conn {
-	o.mu.RLock()
-	defer o.mu.RUnlock()
-	out := make([]*conn, 0, len(o.all))
-	for c := range o.all {
-		out = append(out, c)
-	}
-	return out
 }

@@ -10,31 +10,32 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
 // Policy says who may watch whom.
-type Policy string
+type Policy = authz.Policy
 
 // The policies.
 const (
 	// PolicyMutual lets A watch B only when A follows B and B follows A. It
 	// is the default.
-	PolicyMutual Policy = "mutual"
+	PolicyMutual = authz.Mutual
 	// PolicyFollow lets A watch B when A follows B.
-	PolicyFollow Policy = "follow"
+	PolicyFollow = authz.Follow
 	// PolicyEveryone lets anyone watch anyone, and enables global presence
 	// (subscribe with "all": true, GET /api/presence/online).
-	PolicyEveryone Policy = "everyone"
+	PolicyEveryone = authz.Everyone
 )
 
 // ParsePolicy parses a policy name.
 func ParsePolicy(s string) (Policy, error) {
-	switch p := Policy(s); p {
-	case PolicyMutual, PolicyFollow, PolicyEveryone:
-		return p, nil
+	p, err := authz.ParsePolicy(s)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
-	return "", fmt.Errorf("%w: policy %q (want mutual, follow or everyone)", ErrInvalidConfig, s)
+	return p, nil
 }
 
 // Config configures a gateway. The zero value is usable, but admits nobody:
@@ -287,16 +288,4 @@ func (c Config) Validate() error {
 		}
 	}
 	return c.Buckets.Validate()
-}
-
-// refreshInterval is the least time between two writes of a connection key
-// caused by heartbeats alone: min(5s, TTL/3).
-func (c *Config) refreshInterval() time.Duration {
-	return min(5*time.Second, c.ConnTTL/3)
-}
-
-// sweepInterval is how often connections are checked for liveness and
-// refresh: often enough to see a dead one soon after its TTL.
-func (c *Config) sweepInterval() time.Duration {
-	return min(max(c.ConnTTL/10, 50*time.Millisecond), 500*time.Millisecond)
 }

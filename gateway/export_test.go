@@ -1,17 +1,18 @@
 package gateway
 
+import "context"
+
 // PendingUpdates returns how many presence changes wait to be written to
 // one connection of a user, and false when the gateway holds no such
 // connection. Tests use it to see that a socket that does not read holds no
 // more than the newest state of each user it watches.
 func (s *Service) PendingUpdates(userID, connID string) (int, bool) {
-	c := s.hub.findConn(userID, connID)
-	if c == nil {
-		return 0, false
+	for _, c := range s.registry.userConns(userID) {
+		if c.connID == connID {
+			return c.box.Len(), true
+		}
 	}
-	c.pmu.Lock()
-	defer c.pmu.Unlock()
-	return len(c.pending), true
+	return 0, false
 }
 
 // HoldRegistrations takes n of the MaxRegistering places, as n upgrades
@@ -25,4 +26,15 @@ func (s *Service) HoldRegistrations(n int) (release func()) {
 			<-s.regSem
 		}
 	}
+}
+
+// AfterDecide has the gateway's authorizer call fn between deciding a
+// subscribe and registering it. Call it once the gateway serves.
+func (s *Service) AfterDecide(fn func()) { s.authz.ForTest().AfterDecide(fn) }
+
+// MayWatch asks the gateway's authorizer, with its caches, whether watcher
+// may watch target. Call it once the gateway serves.
+func (s *Service) MayWatch(watcher, target string) (bool, error) {
+	d, err := s.authz.Decide(context.Background(), watcher, target)
+	return d.Allowed, err
 }

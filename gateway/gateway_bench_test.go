@@ -9,6 +9,8 @@ import (
 
 	"github.com/gobwas/ws"
 
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -56,7 +58,9 @@ func benchConn(tb testing.TB, s *Service, userID string) *conn {
 		_ = server.Close()
 		_ = client.Close()
 	})
-	return &conn{s: s, userID: userID, connID: "c-" + userID, nc: server}
+	c := s.newConn(identity{userID: userID})
+	c.sock = socket.New(server, s.cfg.WriteTimeout)
+	return c
 }
 
 // clientFrame returns payload as one masked text frame, as a client sends
@@ -71,56 +75,25 @@ func clientFrame(tb testing.TB, payload string) []byte {
 	return buf.Bytes()
 }
 
-// countSink counts what a decoder finds.
-type countSink struct{ messages, controls int }
-
-func (s *countSink) message([]byte) bool            { s.messages++; return true }
-func (s *countSink) control(ws.OpCode, []byte) bool { s.controls++; return true }
-
-// BenchmarkFrameDecoder decodes client frames as read from a socket: into
-// a sink that only counts (the WebSocket framing alone), and into a
-// connection (framing, rate limit, JSON and the heartbeat's handling).
-func BenchmarkFrameDecoder(b *testing.B) {
+// BenchmarkMessagePath decodes client frames as read from a socket into
+// a connection: framing, rate limit, and recognising and counting the
+// heartbeat. (The decoder alone is benchmarked in package socket.)
+func BenchmarkMessagePath(b *testing.B) {
 	s := benchService(b)
-	for _, tc := range []struct {
-		name    string
-		payload string
-		frames  int
-	}{
-		{"msg=heartbeat", `{"type":"heartbeat"}`, 1},
-		{"msg=heartbeat/frames=16", `{"type":"heartbeat"}`, 16},
-		{"msg=subscribe100", subscribeJSON(100), 1},
-	} {
+	for _, frames := range []int{1, 16} {
 		var wire []byte
-		for range tc.frames {
-			wire = append(wire, clientFrame(b, tc.payload)...)
+		for range frames {
+			wire = append(wire, clientFrame(b, `{"type":"heartbeat"}`)...)
 		}
 		buf := make([]byte, len(wire))
-		b.Run(tc.name+"/sink=count", func(b *testing.B) {
-			var d decoder
-			var sink countSink
-			b.ReportAllocs()
-			b.SetBytes(int64(len(wire)))
-			for b.Loop() {
-				copy(buf, wire) // decoding unmasks in place
-				if err := d.decode(buf, s.cfg.MaxMessageSize, &sink); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if sink.messages != tc.frames*b.N {
-				b.Fatalf("%d messages, want %d", sink.messages, tc.frames*b.N)
-			}
-		})
-		if tc.name != "msg=heartbeat" && tc.name != "msg=heartbeat/frames=16" {
-			continue // other messages need NATS behind the connection
-		}
-		b.Run(tc.name+"/sink=conn", func(b *testing.B) {
+		b.Run(fmt.Sprintf("msg=heartbeat/frames=%d", frames), func(b *testing.B) {
 			c := benchConn(b, s, "alice")
+			var d socket.Decoder
 			b.ReportAllocs()
 			b.SetBytes(int64(len(wire)))
 			for b.Loop() {
 				copy(buf, wire)
-				if err := c.dec.decode(buf, s.cfg.MaxMessageSize, c); err != nil {
+				if err := d.Decode(buf, s.cfg.MaxMessageSize, c); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -128,23 +101,10 @@ func BenchmarkFrameDecoder(b *testing.B) {
 	}
 }
 
-func subscribeJSON(n int) string {
-	var b bytes.Buffer
-	b.WriteString(`{"type":"subscribe","id":"s1","user_ids":[`)
-	for i := range n {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		fmt.Fprintf(&b, `"user-%d"`, i)
-	}
-	b.WriteString("]}")
-	return b.String()
-}
-
-// BenchmarkEnqueueFlush queues changes of distinct users for one socket,
-// as the hub does, and flushes them as one presence_batch frame written to
-// a real socket, as the flusher does each batch interval.
-func BenchmarkEnqueueFlush(b *testing.B) {
+// BenchmarkDeliverFlush queues changes of distinct users for one socket,
+// as the hub does, and writes them as one presence_batch frame to a real
+// socket, as the scheduler does.
+func BenchmarkDeliverFlush(b *testing.B) {
 	s := benchService(b)
 	for _, n := range []int{1, 10, 100} {
 		b.Run(fmt.Sprintf("updates=%d", n), func(b *testing.B) {
@@ -157,13 +117,9 @@ func BenchmarkEnqueueFlush(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				for i := range changes {
-					c.enqueue(changes[i], 0)
+					c.box.Add(changes[i], 0)
 				}
-				buf = c.flush(buf[:0])
-				s.flusher.mu.Lock()
-				clear(s.flusher.dirty)
-				s.flusher.dirty = s.flusher.dirty[:0]
-				s.flusher.mu.Unlock()
+				buf, _ = c.Flush(buf[:0])
 			}
 		})
 	}
@@ -175,19 +131,21 @@ func BenchmarkDeliver(b *testing.B) {
 	for _, n := range []int{1, 100, 1000, 10000} {
 		b.Run(fmt.Sprintf("conns=%d", n), func(b *testing.B) {
 			s := benchService(b)
-			t := &target{watchers: make(map[*conn]*watch, n)}
-			s.hub.targets["bob"] = t
 			for i := range n {
-				c := &conn{s: s, userID: fmt.Sprintf("w%d", i)}
-				w := &watch{lastSeen: i%2 == 0}
-				t.watchers[c] = w
-				c.subs = map[string]*watch{"bob": w}
+				c := s.newConn(identity{userID: fmt.Sprintf("w%d", i)})
+				if _, err := s.hub.Add(c, []hub.Grant{{User: "bob", LastSeen: i%2 == 0}}); err != nil {
+					b.Fatal(err)
+				}
+				s.hub.Settle(c, []hub.Entry{{Presence: presence.Presence{UserID: "bob"}}})
+				// Keep the socket queued, as a busy one is: delivering is
+				// then coalescing into its box.
+				c.box.Hold()
 			}
 			ev := presence.Event{UserID: "bob", Status: presence.Online, LastSeen: 1_760_000_000}
 			b.ReportAllocs()
 			for b.Loop() {
 				ev.Rev++
-				s.hub.deliver(&ev)
+				s.hub.Deliver(&ev)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/watcher")
 		})

@@ -9,12 +9,13 @@ import (
 	"io"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/gobwas/ws"
+	"github.com/nats-io/nuid"
 
 	"github.com/greendot/greendot/gateway/internal/netpoll"
+	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -67,18 +68,15 @@ func isUpgradePath(head []byte) bool {
 // answers 101; a refusal is a plain HTTP answer.
 func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	var (
-		cr     credentials
-		c      *conn
-		status struct {
-			rec  presence.Status
-			rev  uint64
-			devs int
-		}
+		cr        credentials
+		c         *conn
+		status    presence.Record
+		statusRev uint64
 	)
 	refuse := func(err error) error {
 		s.metrics.upgrades.WithLabelValues(errorCode(err)).Inc()
-		if s.log.Enabled(s.ctx, levelDebug) {
-			s.log.LogAttrs(s.ctx, levelDebug, "upgrade refused", attrErr(err))
+		if s.log.Enabled(context.Background(), levelDebug) {
+			s.log.LogAttrs(context.Background(), levelDebug, "upgrade refused", attrErr(err))
 		}
 		return ws.RejectConnectionError(ws.RejectionStatus(httpStatus(err)), ws.RejectionReason(err.Error()+"\n"))
 	}
@@ -108,7 +106,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			if s.cfg.MaxConns > 0 && s.registry.len() >= s.cfg.MaxConns {
 				return nil, refuse(fmt.Errorf("%w: the gateway is full", ErrUnavailable))
 			}
-			if n := len(s.hub.userConns(id.userID)); n >= s.cfg.MaxConnsPerUser {
+			if n := len(s.registry.userConns(id.userID)); n >= s.cfg.MaxConnsPerUser {
 				return nil, refuse(fmt.Errorf("%w: at most %d", ErrTooManyConns, s.cfg.MaxConnsPerUser))
 			}
 			select {
@@ -116,16 +114,16 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			default:
 				return nil, refuse(fmt.Errorf("%w: too many connections being registered; retry shortly", ErrUnavailable))
 			}
-			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.HandshakeTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
 			defer cancel()
-			cc, rec, rev, err := s.register(ctx, id)
+			cc := s.newConn(id)
+			status, statusRev, err = s.keys.register(ctx, cc)
 			<-s.regSem
 			if err != nil {
 				s.log.Warn("register connection", "user_id", id.userID, "err", err)
 				return nil, refuse(err)
 			}
 			c = cc
-			status.rec, status.rev, status.devs = rec.Status, rev, rec.Devices
 			return nil, nil
 		},
 	}
@@ -148,18 +146,32 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	if err != nil {
 		if c != nil {
 			// Registered, but the client is gone or misbehaved.
-			c.nc = nc
 			c.closed.Store(true)
-			settle := func() { s.settle(c, endFailed) }
-			if !s.bg.Go(settle) {
-				settle()
-			}
+			s.keys.settle(c, endFailed)
 		}
 		_ = nc.Close()
 		return
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
-	s.start(c, nc, status.rec, status.rev, status.devs)
+	s.start(c, nc, status.Status, statusRev, status.Devices)
+}
+
+// newConn returns a connection of a verified client, not yet registered.
+func (s *Service) newConn(id identity) *conn {
+	now := time.Now()
+	c := &conn{
+		env:    s.env,
+		connID: nuid.Next(),
+		userID: id.userID,
+		device: id.device,
+		since:  now.UnixMilli(),
+	}
+	c.lastFrame.Store(now.UnixNano())
+	c.lastActivity.Store(now.UnixNano())
+	if !id.expires.IsZero() {
+		c.expires.Store(id.expires.UnixNano())
+	}
+	return c
 }
 
 // start runs a registered, upgraded connection: it indexes it, writes
@@ -167,33 +179,27 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev uint64, devices int) {
 	// The TTL counts from hello, not from the start of registration: a
 	// slow upgrade must not eat into the client's first heartbeat interval.
-	c.lastFrame.Store(time.Now().UnixNano())
+	c.lastFrame.Store(nowNano())
 	if s.poller != nil {
 		// The gateway's poller watches the socket, so it needs nothing of
 		// the runtime's: held by its descriptor alone it costs about 900
 		// bytes less. Should that fail, the socket stays as it is.
 		if dc, err := netpoll.Detach(nc); err == nil {
 			nc = dc
-		} else if s.log.Enabled(s.ctx, levelDebug) {
-			s.log.LogAttrs(s.ctx, levelDebug, "socket kept in the runtime poller", attrErr(err))
+		} else if s.log.Enabled(context.Background(), levelDebug) {
+			s.log.LogAttrs(context.Background(), levelDebug, "socket kept in the runtime poller", attrErr(err))
 		}
 	}
-	c.nc = nc
-	if tc, ok := nc.(interface {
-		SyscallConn() (syscall.RawConn, error)
-	}); ok {
-		c.raw, _ = tc.SyscallConn()
-	}
-	// Hold the socket until hello is written: the flusher must not write
-	// first.
-	c.wmu.Lock()
-	s.registry.add(c)
-	if err := s.hub.addUserConn(c); err != nil {
-		c.wmu.Unlock()
-		c.end(endClean, ws.StatusPolicyViolation, err.Error())
+	c.sock = socket.New(nc, s.cfg.WriteTimeout)
+	// Hold the socket until hello is written: the scheduler must not
+	// write first.
+	c.sock.Lock()
+	if err := s.registry.add(c); err != nil {
+		c.sock.Unlock()
+		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
 	}
-	c.enqueueSelf(statusRev, status, devices)
+	c.deliverSelf(statusRev, status, devices)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,
 		UserID:              c.userID,
@@ -202,13 +208,13 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		TTLMS:               s.cfg.ConnTTL.Milliseconds(),
 		Status:              status,
 	}
-	err := c.sendJSONLocked(protocol.TypeHello, &hello)
-	c.wmu.Unlock()
+	err := s.sendLocked(c, protocol.TypeHello, &hello)
+	c.sock.Unlock()
 	if err != nil {
 		return
 	}
-	if s.log.Enabled(s.ctx, levelDebug) {
-		s.log.LogAttrs(s.ctx, levelDebug, "connection opened", attrUser(c.userID), attrConn(c.connID))
+	if s.log.Enabled(context.Background(), levelDebug) {
+		s.log.LogAttrs(context.Background(), levelDebug, "connection opened", attrUser(c.userID), attrConn(c.connID))
 	}
 	s.watchSocket(c)
 }

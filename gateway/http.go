@@ -10,8 +10,11 @@ import (
 	"sort"
 	"strconv"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -60,7 +63,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	// Messages quote what a client sent and what to send instead
+	// ("?user=<id>"): JSON for programs, readable by people.
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 func writeError(w http.ResponseWriter, status int, code, msg string) {
@@ -124,21 +131,37 @@ func (s *Service) visiblePresence(ctx context.Context, watcher, target string) (
 	if !presence.ValidUserID(target) {
 		return presence.Presence{}, protocol.ReasonInvalidUserID, nil
 	}
-	d, err := s.authz.decide(ctx, watcher, target)
+	d, err := s.authz.Decide(ctx, watcher, target)
 	if err != nil {
 		return presence.Presence{}, "", err
 	}
-	if !d.allowed {
-		return presence.Presence{}, d.reason, nil
+	if !d.Allowed {
+		return presence.Presence{}, d.Reason, nil
 	}
-	p, _, err := s.presenceOf(ctx, target)
+	ps, err := s.readPresence(ctx, []hub.Grant{{User: target, LastSeen: d.LastSeen}})
 	if err != nil {
 		return presence.Presence{}, "", err
 	}
-	if !d.lastSeen {
-		p.LastSeen = 0
+	return ps[0], "", nil
+}
+
+// readPresence reads the presence of the granted users in parallel, as
+// their grants let the caller see it.
+func (s *Service) readPresence(ctx context.Context, grants []hub.Grant) ([]presence.Presence, error) {
+	out := make([]presence.Presence, len(grants))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, gr := range grants {
+		g.Go(func() error {
+			p, _, _, err := s.presenceOf(gctx, gr.User)
+			if !gr.LastSeen {
+				p.LastSeen = 0
+			}
+			out[i] = p
+			return err
+		})
 	}
-	return p, "", nil
+	return out, g.Wait()
 }
 
 // getUser answers GET /api/presence/users/{id}.
@@ -151,10 +174,23 @@ func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
 	case reason == protocol.ReasonInvalidUserID:
 		writeError(w, http.StatusBadRequest, reason, fmt.Sprintf("user ids are 1 to %d characters of A-Z a-z 0-9 _ -", presence.MaxUserIDLen))
 	case reason != "":
-		writeError(w, http.StatusForbidden, reason, "")
+		writeError(w, http.StatusForbidden, reason, fmt.Sprintf("%s may not watch %s (%s)", id.userID, target, denialText(reason)))
 	default:
 		writeJSON(w, http.StatusOK, p)
 	}
+}
+
+// denialText says what a denial reason means.
+func denialText(reason string) string {
+	switch reason {
+	case protocol.ReasonNotMutualFollowers:
+		return "they do not both follow each other"
+	case protocol.ReasonNotFollowing:
+		return "the watcher does not follow the target"
+	case protocol.ReasonNotAllowed:
+		return "the policy does not allow it"
+	}
+	return reason
 }
 
 // queryRequest is the body of POST /api/presence/query.
@@ -196,23 +232,39 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 		return
 	}
 	resp := queryResponse{Users: []presence.Presence{}, Denied: []deniedEntry{}}
+	var valid []string
 	seen := make(map[string]bool, len(req.UserIDs))
 	for _, u := range req.UserIDs {
 		if seen[u] {
 			continue
 		}
 		seen[u] = true
-		p, reason, err := s.visiblePresence(r.Context(), id.userID, u)
-		if err != nil {
-			s.unavailableHTTP(w, err)
-			return
-		}
-		if reason != "" {
-			resp.Denied = append(resp.Denied, deniedEntry{u, reason})
+		if !presence.ValidUserID(u) {
+			resp.Denied = append(resp.Denied, deniedEntry{u, protocol.ReasonInvalidUserID})
 			continue
 		}
-		resp.Users = append(resp.Users, p)
+		valid = append(valid, u)
 	}
+	ctx := r.Context()
+	decisions, err := s.authz.DecideAll(ctx, id.userID, valid)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
+	}
+	var grants []hub.Grant
+	for i, d := range decisions {
+		if !d.Allowed {
+			resp.Denied = append(resp.Denied, deniedEntry{valid[i], d.Reason})
+			continue
+		}
+		grants = append(grants, hub.Grant{User: valid[i], LastSeen: d.LastSeen})
+	}
+	users, err := s.readPresence(ctx, grants)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
+	}
+	resp.Users = append(resp.Users, users...)
 	writeJSON(w, http.StatusOK, resp)
 }
 
@@ -231,7 +283,7 @@ func limitParam(r *http.Request, def, max int) (int, error) {
 
 // getOnline answers GET /api/presence/online (global presence).
 func (s *Service) getOnline(w http.ResponseWriter, r *http.Request, id identity) {
-	if s.cfg.Policy != PolicyEveryone {
+	if !s.authz.Everyone() {
 		writeError(w, http.StatusForbidden, protocol.ReasonNotAllowed, "global presence needs the everyone policy")
 		return
 	}
@@ -246,7 +298,7 @@ func (s *Service) getOnline(w http.ResponseWriter, r *http.Request, id identity)
 		return
 	}
 	for i := range users {
-		if !s.showLastSeen(r.Context(), id.userID, users[i].UserID) {
+		if !s.authz.ShowLastSeen(r.Context(), id.userID, users[i].UserID) {
 			users[i].LastSeen = 0
 		}
 	}
@@ -264,37 +316,15 @@ func (s *Service) getFriends(w http.ResponseWriter, r *http.Request, id identity
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
-	ctx := r.Context()
-	following, err := s.store.Following(ctx, id.userID)
+	grants, err := s.authz.Friends(r.Context(), id.userID, maxFriends)
 	if err != nil {
 		s.unavailableHTTP(w, err)
 		return
 	}
-	if len(following) > maxFriends {
-		following = following[:maxFriends]
-	}
-	friends := []presence.Presence{}
-	for _, u := range following {
-		if u == id.userID {
-			continue
-		}
-		back, err := s.authz.follows(ctx, u, id.userID)
-		if err != nil {
-			s.unavailableHTTP(w, err)
-			return
-		}
-		if !back {
-			continue
-		}
-		p, _, err := s.presenceOf(ctx, u)
-		if err != nil {
-			s.unavailableHTTP(w, err)
-			return
-		}
-		if show, err := s.authz.lastSeen(ctx, u, true); err != nil || !show {
-			p.LastSeen = 0
-		}
-		friends = append(friends, p)
+	friends, err := s.readPresence(r.Context(), grants)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
 	}
 	sort.SliceStable(friends, func(i, j int) bool {
 		a, b := friends[i], friends[j]

@@ -34,9 +34,10 @@ type gatewayMetrics struct {
 	refreshLatency  prometheus.Observer
 	statusConflicts prometheus.Counter
 	kicks           prometheus.Counter
-	// heartbeatMsgs is msgsIn for heartbeats, resolved once: the
-	// heartbeat path does not allocate.
-	heartbeatMsgs prometheus.Counter
+	// heartbeatMsgs is msgsIn for heartbeats, and sentSelf and sentBatch
+	// msgsOut for the scheduler's frames, resolved once: the heartbeat and
+	// delivery paths do not allocate.
+	heartbeatMsgs, sentSelf, sentBatch prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
@@ -73,21 +74,23 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	}
 	m.refreshLatency = m.kvLatency.WithLabelValues("refresh_conn")
 	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
+	m.sentSelf = m.msgsOut.WithLabelValues(protocol.TypeSelf)
+	m.sentBatch = m.msgsOut.WithLabelValues(protocol.TypePresenceBatch)
 	f.CounterFunc("greendot_gateway_write_errors_total",
 		"Writes to client sockets that failed (the socket is then closed).", func() float64 { return float64(m.writeErrors.Load()) })
 	f.GaugeFunc("greendot_gateway_connections",
 		"Live WebSocket connections.", func() float64 { return float64(s.registry.len()) })
 	f.GaugeFunc("greendot_gateway_watched_users",
 		"Users watched by at least one socket of this gateway (NATS subscriptions on presence.event.<user>).",
-		func() float64 { return float64(s.hub.targetCount()) })
+		func() float64 { return float64(s.hub.Len()) })
 	f.GaugeFunc("greendot_gateway_pending_deliveries",
-		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.flusher.pending()) })
+		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.scheduler.Pending()) })
 	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",
 		"Asynchronous connection key writes waiting for their acknowledgement.", func() float64 {
-			if s.asyncJS == nil {
+			if s.keys == nil {
 				return 0
 			}
-			return float64(s.asyncJS.PublishAsyncPending())
+			return float64(s.keys.inFlight())
 		})
 	return m
 }

@@ -2,116 +2,173 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
-	"log/slog"
 	"sort"
 	"sync"
+	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
 // onlineIndex serves global presence under the everyone policy: it keeps
-// every user others see as online, away or busy, from a watcher of
-// presence_status, and delivers every visible change to the sockets that
-// watch everyone ("all": true). It is safe for concurrent use.
+// every user others see as online, away or busy, and delivers every
+// visible change to the sockets that watch everyone ("all": true).
+//
+// It learns changes from the same presence events every other subscription
+// gets (the gateway subscribes to all of them under this policy), after
+// one read of every status record when it starts (sync) and when the NATS
+// connection comes back. Each user's newest revision is kept, so that an
+// event older than what the index has, however late it comes, changes
+// nothing. It is safe for concurrent use.
 type onlineIndex struct {
-	s *Service
+	showLastSeen func(ctx context.Context, watcher, target string) bool
 
 	mu     sync.RWMutex
 	users  map[string]onlineEntry // users others see as connected
+	gone   map[string]goneEntry   // revisions of users seen going offline
 	all    map[*conn]struct{}
 	synced bool
+
+	// changed holds the changes that wait to be delivered to the
+	// watchers, the newest per user, for a goroutine of its own (run):
+	// deciding what each watcher may see can read the graph, which must
+	// not hold up the event dispatcher. wake tells run there are some.
+	changed map[string]onlineEntry
+	wake    chan struct{}
 }
 
 type onlineEntry struct {
-	p      presence.Presence
-	pubVer uint64
-	at     int64
+	p   presence.Presence
+	rev uint64
+	at  int64 // when the revision was written, unix ms
 }
 
-func newOnlineIndex(s *Service) *onlineIndex {
-	return &onlineIndex{s: s, users: make(map[string]onlineEntry), all: make(map[*conn]struct{})}
+// goneEntry remembers the revision at which a user went offline, for a
+// while: an older event that comes later (a safety-net publication of an
+// earlier revision) must not bring them back.
+type goneEntry struct {
+	rev  uint64
+	seen time.Time
 }
 
-// start watches presence_status until ctx is canceled, in a goroutine.
-func (o *onlineIndex) start(ctx context.Context, store *presence.Store, log *slog.Logger) error {
-	w, err := store.WatchStatus(ctx)
+// goneFor is how long the revision of a user who went offline is kept.
+const goneFor = 5 * time.Minute
+
+// newOnlineIndex returns an index that asks showLastSeen whether a watcher
+// may see a user's last_seen.
+func newOnlineIndex(showLastSeen func(ctx context.Context, watcher, target string) bool) *onlineIndex {
+	return &onlineIndex{
+		showLastSeen: showLastSeen,
+		users:        make(map[string]onlineEntry),
+		gone:         make(map[string]goneEntry),
+		all:          make(map[*conn]struct{}),
+		changed:      make(map[string]onlineEntry),
+		wake:         make(chan struct{}, 1),
+	}
+}
+
+// sync reads every status record and takes what is newer than what the
+// index has.
+func (o *onlineIndex) sync(ctx context.Context, store *presence.Store) error {
+	err := store.ScanStatus(ctx, func(userID string, rec presence.Record, rev uint64) error {
+		o.take(onlineEntry{p: rec.Presence(userID), rev: rev, at: rec.Updated}, false)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	go func() {
-		defer func() { _ = w.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case e, ok := <-w.Updates():
-				if !ok {
-					return
-				}
-				if e == nil {
-					o.mu.Lock()
-					o.synced = true
-					o.mu.Unlock()
-					continue
-				}
-				o.apply(ctx, e, log)
-			}
-		}
-	}()
+	o.mu.Lock()
+	o.synced = true
+	o.mu.Unlock()
 	return nil
 }
 
-// apply takes one revision of presence_status.
-func (o *onlineIndex) apply(ctx context.Context, e jetstream.KeyValueEntry, log *slog.Logger) {
-	userID := e.Key()
-	if !presence.ValidUserID(userID) {
+// apply takes one presence event. It runs on the dispatcher and does not
+// block.
+func (o *onlineIndex) apply(ev *presence.Event) {
+	o.take(onlineEntry{p: ev.Presence(), rev: ev.Rev, at: ev.At}, true)
+}
+
+// take records a user's presence at a revision, if it is newer than what
+// the index has and changes what others see, and queues it for the
+// watchers when notify is set.
+func (o *onlineIndex) take(e onlineEntry, notify bool) {
+	u := e.p.UserID
+	o.mu.Lock()
+	prev, was := o.users[u]
+	if was && e.rev <= prev.rev || !was && e.rev <= o.gone[u].rev {
+		o.mu.Unlock()
 		return
 	}
-	next := onlineEntry{p: presence.Presence{UserID: userID, Status: presence.Offline}}
-	if e.Operation() == jetstream.KeyValuePut {
-		var rec presence.Record
-		if err := json.Unmarshal(e.Value(), &rec); err != nil {
-			log.Warn("undecodable status record", "user_id", userID, "err", err)
-			return
-		}
-		next = onlineEntry{p: rec.Presence(userID), pubVer: rec.PubVer, at: rec.Updated}
-	}
-	visible := next.p.Status.Visible()
-
-	o.mu.Lock()
-	prev, was := o.users[userID]
+	visible := e.p.Status.Visible()
 	switch {
-	case visible && (!was || prev.pubVer != next.pubVer || prev.p != next.p):
-		o.users[userID] = next
-	case !visible && was:
-		delete(o.users, userID)
-	default:
+	case visible && (!was || prev.p != e.p):
+		o.users[u] = e
+		delete(o.gone, u)
+	case visible:
+		o.users[u] = e // the same, at a newer revision
 		o.mu.Unlock()
-		return // nothing others can see changed
+		return
+	case was:
+		delete(o.users, u)
+		o.gone[u] = goneEntry{rev: e.rev, seen: time.Now()}
+	default:
+		o.gone[u] = goneEntry{rev: e.rev, seen: time.Now()}
+		o.mu.Unlock()
+		return
 	}
-	watchers := make([]*conn, 0, len(o.all))
-	if o.synced {
-		for c := range o.all {
-			watchers = append(watchers, c)
-		}
+	deliver := notify && o.synced && len(o.all) > 0
+	if deliver {
+		o.changed[u] = e
 	}
 	o.mu.Unlock()
-
-	for _, c := range watchers {
-		p := next.p
-		if !o.s.showLastSeen(ctx, c.userID, userID) {
-			p.LastSeen = 0
+	if deliver {
+		select {
+		case o.wake <- struct{}{}:
+		default:
 		}
-		c.enqueue(p, next.at)
+	}
+}
+
+// run delivers the changes to the sockets watching everyone until ctx is
+// canceled, and forgets revisions of users who went offline long ago.
+func (o *onlineIndex) run(ctx context.Context) {
+	t := time.NewTicker(goneFor)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			o.mu.Lock()
+			for u, g := range o.gone {
+				if now.Sub(g.seen) > goneFor {
+					delete(o.gone, u)
+				}
+			}
+			o.mu.Unlock()
+		case <-o.wake:
+			o.mu.Lock()
+			changed := o.changed
+			o.changed = make(map[string]onlineEntry)
+			o.mu.Unlock()
+			watchers := o.allWatchers()
+			for _, e := range changed {
+				for _, c := range watchers {
+					p := e.p
+					if !o.showLastSeen(ctx, c.userID, p.UserID) {
+						p.LastSeen = 0
+					}
+					c.Deliver(p, e.at)
+				}
+			}
+		}
 	}
 }
 
 // subscribe makes c watch everyone and returns the online users (at most
-// limit, by user id) and how many there are. The caller holds c.wmu until
-// it has written the answer, so no batch overtakes it.
+// limit, by user id) and how many there are. The caller holds c's box
+// until it has written the answer, so no batch overtakes it.
 func (o *onlineIndex) subscribe(c *conn, limit int) (users []presence.Presence, count int, err error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -119,7 +176,7 @@ func (o *onlineIndex) subscribe(c *conn, limit int) (users []presence.Presence, 
 		return nil, 0, ErrUnavailable
 	}
 	if c.closed.Load() {
-		return nil, 0, errConnClosed
+		return nil, 0, hub.ErrClosed
 	}
 	o.all[c] = struct{}{}
 	return o.listLocked(limit), len(o.users), nil
@@ -155,6 +212,24 @@ func (o *onlineIndex) listLocked(limit int) []presence.Presence {
 	out := make([]presence.Presence, len(ids))
 	for i, u := range ids {
 		out[i] = o.users[u].p
+	}
+	return out
+}
+
+// allCount returns how many sockets watch every user.
+func (o *onlineIndex) allCount() int {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return len(o.all)
+}
+
+// allWatchers returns the sockets watching every user.
+func (o *onlineIndex) allWatchers() []*conn {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	out := make([]*conn, 0, len(o.all))
+	for c := range o.all {
+		out = append(out, c)
 	}
 	return out
 }

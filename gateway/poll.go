@@ -7,9 +7,9 @@ import (
 	"sync"
 
 	"github.com/gobwas/ws"
-	"golang.org/x/sys/unix"
 
 	"github.com/greendot/greendot/gateway/internal/netpoll"
+	"github.com/greendot/greendot/gateway/internal/socket"
 )
 
 // readPool holds read buffers; a buffer is held only while a socket is
@@ -28,40 +28,34 @@ func (s *Service) readBuf() *[]byte {
 func (s *Service) readSize() int { return max(16<<10, 2*(s.cfg.MaxMessageSize+ws.MaxHeaderSize)) }
 
 // watchSocket starts reading c: through the poller, or with a goroutine of
-// its own where there is no poller.
+// its own where there is none (Serve waits for those after closing every
+// connection).
 func (s *Service) watchSocket(c *conn) {
-	if s.poller == nil || c.raw == nil {
-		go s.readLoop(c)
+	fd, ok := c.sock.Fd()
+	if s.poller == nil || !ok {
+		s.readLoops.Go(func() { s.readLoop(c) })
 		return
 	}
 	c.pollMu.Lock()
-	defer c.pollMu.Unlock()
-	if c.closed.Load() {
-		return
+	var err error
+	if !c.closed.Load() {
+		c.fd = fd
+		if err = s.poller.Add(c.fd, c.tag); err == nil {
+			c.polled = true
+		}
 	}
-	err := c.raw.Control(func(fd uintptr) { c.fd = int(fd) })
-	if err == nil {
-		err = s.poller.Add(c.fd, c.tag)
-	}
+	c.pollMu.Unlock()
 	if err != nil {
 		s.log.Error("poll socket", "conn_id", c.connID, "err", err)
-		go c.end(endClean, ws.StatusInternalServerError, "internal error")
-		return
+		s.end(c, endClean, ws.StatusInternalServerError, "internal error")
 	}
-	c.polled = true
 }
 
 // pollLoop waits for readable sockets and reads each on a goroutine of its
-// own, at most ReadWorkers at once, until ctx is canceled. It returns when
-// every reader has.
-func (s *Service) pollLoop(ctx context.Context) {
+// own, at most ReadWorkers at once, until the poller is closed (see Serve).
+// It returns when every reader has.
+func (s *Service) pollLoop(context.Context) {
 	events := make([]netpoll.Event, 0, 256)
-	stop := make(chan struct{})
-	go func() {
-		<-ctx.Done()
-		_ = s.poller.Close()
-		close(stop)
-	}()
 	var readers sync.WaitGroup
 	defer readers.Wait()
 	for {
@@ -71,7 +65,6 @@ func (s *Service) pollLoop(ctx context.Context) {
 			if !errors.Is(err, netpoll.ErrClosed) {
 				s.log.Error("poll", "err", err)
 			}
-			<-stop
 			return
 		}
 		for _, ev := range events {
@@ -82,14 +75,17 @@ func (s *Service) pollLoop(ctx context.Context) {
 			s.readSem <- struct{}{}
 			readers.Go(func() {
 				defer func() { <-s.readSem }()
-				if s.readReady(c) {
-					c.pollMu.Lock()
-					if !c.closed.Load() {
-						if err := s.poller.Resume(c.fd, c.tag); err != nil {
-							go c.end(endClean, 0, "socket unusable")
-						}
-					}
-					c.pollMu.Unlock()
+				if !s.readReady(c) {
+					return
+				}
+				c.pollMu.Lock()
+				var err error
+				if !c.closed.Load() {
+					err = s.poller.Resume(c.fd, c.tag)
+				}
+				c.pollMu.Unlock()
+				if err != nil {
+					s.end(c, endClean, 0, "socket unusable")
 				}
 			})
 		}
@@ -99,64 +95,32 @@ func (s *Service) pollLoop(ctx context.Context) {
 // readReady reads what a readable socket holds, without blocking, and
 // handles it. It reports whether the connection is still open.
 func (s *Service) readReady(c *conn) bool {
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
 	bp := s.readBuf()
 	defer readPool.Put(bp)
-	buf := *bp
-	var (
-		n    int
-		rerr error
-	)
-	err := c.raw.Read(func(fd uintptr) bool {
-		n, rerr = unix.Read(int(fd), buf)
-		return true
-	})
-	switch {
-	case err != nil:
-		c.end(endClean, 0, "socket closed")
-		return false
-	case rerr == unix.EAGAIN || rerr == unix.EINTR:
-		return c.open()
-	case rerr != nil || n == 0:
-		// EOF or a reset: the client is gone without a close frame.
-		c.end(endClean, 0, "connection lost")
-		return false
-	}
-	return c.consume(buf[:n])
-}
-
-// consume decodes bytes read from the socket and handles them.
-func (c *conn) consume(data []byte) bool {
-	if err := c.dec.decode(data, c.s.cfg.MaxMessageSize, c); err != nil {
-		var fe *errFrame
-		if errors.As(err, &fe) {
-			c.end(endClean, fe.code, fe.reason)
-		} else {
-			c.end(endClean, ws.StatusProtocolError, err.Error())
-		}
-		return false
-	}
-	return c.open()
+	return s.readEnded(c, c.sock.ReadReady(*bp, s.cfg.MaxMessageSize, c))
 }
 
 // readLoop reads c with a goroutine of its own, where there is no poller.
 func (s *Service) readLoop(c *conn) {
-	c.readMu.Lock()
-	defer c.readMu.Unlock()
 	bp := s.readBuf()
 	defer readPool.Put(bp)
-	for {
-		n, err := c.nc.Read(*bp)
-		if n > 0 && !c.consume((*bp)[:n]) {
-			return
-		}
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !isClosedErr(err) {
-				s.log.Debug("read", "conn_id", c.connID, "err", err)
-			}
-			c.end(endClean, 0, "connection lost")
-			return
-		}
+	s.readEnded(c, c.sock.ReadLoop(*bp, s.cfg.MaxMessageSize, c))
+}
+
+// readEnded ends c as a read's error says, and reports whether c is still
+// open.
+func (s *Service) readEnded(c *conn, err error) bool {
+	var fe *socket.FrameError
+	switch {
+	case err == nil:
+		return c.open()
+	case errors.As(err, &fe):
+		s.end(c, endClean, fe.Code, fe.Reason)
+	case errors.Is(err, io.EOF):
+		// The client is gone without a close frame.
+		s.end(c, endClean, 0, "connection lost")
+	default:
+		s.end(c, endClean, 0, "socket closed")
 	}
+	return false
 }

@@ -3,15 +3,22 @@ package gateway
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
 )
 
-// registry holds every open connection by tag, sharded so that the poller,
-// the sweeper and new connections rarely wait for each other. It is safe
-// for concurrent use.
+// registry holds every open connection: by tag (the poller's), sharded so
+// that the poller, the sweeper and new connections rarely wait for each
+// other, and by user, for self events, per-user limits, kicks and the
+// authorizer. It is safe for concurrent use.
 type registry struct {
 	next   atomic.Uint64
 	count  atomic.Int64
 	shards [registryShards]registryShard
+
+	maxPerUser int
+	umu        sync.RWMutex
+	users      map[string][]*conn
 }
 
 const registryShards = 64
@@ -21,22 +28,35 @@ type registryShard struct {
 	conns map[uint64]*conn
 }
 
-func newRegistry() *registry {
-	r := &registry{}
+// newRegistry returns a registry that holds at most maxPerUser connections
+// of one user.
+func newRegistry(maxPerUser int) *registry {
+	r := &registry{maxPerUser: maxPerUser, users: make(map[string][]*conn)}
 	for i := range r.shards {
 		r.shards[i].conns = make(map[uint64]*conn)
 	}
 	return r
 }
 
-// add assigns c a tag and holds it.
-func (r *registry) add(c *conn) {
+// add assigns c a tag and holds it. It fails with ErrTooManyConns when c's
+// user already has as many connections here as allowed.
+func (r *registry) add(c *conn) error {
+	r.umu.Lock()
+	cs := r.users[c.userID]
+	if len(cs) >= r.maxPerUser {
+		r.umu.Unlock()
+		return ErrTooManyConns
+	}
+	r.users[c.userID] = append(cs, c)
+	r.umu.Unlock()
+
 	c.tag = r.next.Add(1)
 	sh := &r.shards[c.tag%registryShards]
 	sh.mu.Lock()
 	sh.conns[c.tag] = c
 	sh.mu.Unlock()
 	r.count.Add(1)
+	return nil
 }
 
 // remove forgets c; it is a no-op for a connection not held.
@@ -49,8 +69,25 @@ func (r *registry) remove(c *conn) {
 	_, ok := sh.conns[c.tag]
 	delete(sh.conns, c.tag)
 	sh.mu.Unlock()
-	if ok {
-		r.count.Add(-1)
+	if !ok {
+		return
+	}
+	r.count.Add(-1)
+	r.umu.Lock()
+	defer r.umu.Unlock()
+	cs := r.users[c.userID]
+	for i, x := range cs {
+		if x == c {
+			cs[i] = cs[len(cs)-1]
+			cs[len(cs)-1] = nil
+			cs = cs[:len(cs)-1]
+			break
+		}
+	}
+	if len(cs) == 0 {
+		delete(r.users, c.userID)
+	} else {
+		r.users[c.userID] = cs
 	}
 }
 
@@ -65,6 +102,40 @@ func (r *registry) get(tag uint64) *conn {
 
 // len returns how many connections are held.
 func (r *registry) len() int { return int(r.count.Load()) }
+
+// userConns returns the connections of a user.
+func (r *registry) userConns(userID string) []*conn {
+	r.umu.RLock()
+	defer r.umu.RUnlock()
+	return append([]*conn(nil), r.users[userID]...)
+}
+
+// userCount returns how many users have a connection here.
+func (r *registry) userCount() int {
+	r.umu.RLock()
+	defer r.umu.RUnlock()
+	return len(r.users)
+}
+
+// watchersOf returns the connections of a user as watchers, for the
+// authorizer.
+func (r *registry) watchersOf(userID string) []hub.Watcher {
+	r.umu.RLock()
+	defer r.umu.RUnlock()
+	cs := r.users[userID]
+	out := make([]hub.Watcher, len(cs))
+	for i, c := range cs {
+		out[i] = c
+	}
+	return out
+}
+
+// all returns every connection.
+func (r *registry) all() []*conn {
+	var out []*conn
+	r.each(func(c *conn) { out = append(out, c) })
+	return out
+}
 
 // each calls fn for every connection, one shard at a time, without holding
 // a lock while fn runs.

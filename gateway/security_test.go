@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -250,12 +251,11 @@ type apiErr struct {
 // other: after a hostile client did its worst, check proves that their
 // presence and subscriptions are intact.
 type bystander struct {
-	sys             *systest.System
-	subject, watch  *client.Conn
-	subjectID, wID  string
-	busy            bool
-	stopA, stopB    func()
-	lastBatchStatus presence.Status
+	sys            *systest.System
+	subject, watch *client.Conn
+	subjectID, wID string
+	busy           bool
+	stopA, stopB   func()
 }
 
 // newBystander connects two mutual followers to g, the watcher subscribed
@@ -1124,4 +1124,71 @@ func TestAbuseLeavesOthersIntact(t *testing.T) {
 			by.check(t)
 		})
 	}
+}
+
+// TestUnfollowWhileSubscribing: bob stops following alice after the
+// gateway decided her subscribe to bob but before it registered it. The
+// subscription must not be registered as allowed: alice is denied bob, and
+// none of bob's changes reach her.
+func TestUnfollowWhileSubscribing(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{AuthzCacheTTL: time.Hour}})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "bob", "carol")
+	a := secDial(t, gw, "alice")
+	defer systest.KeepAlive(a, systest.Heartbeat)()
+	b := secDial(t, gw, "bob")
+	defer systest.KeepAlive(b, systest.Heartbeat)()
+	c := secDial(t, gw, "carol")
+	defer systest.KeepAlive(c, systest.Heartbeat)()
+
+	var once sync.Once
+	gw.AfterDecide(func() {
+		once.Do(func() {
+			if err := sys.Store.Unfollow(context.Background(), "bob", "alice"); err != nil {
+				t.Error(err)
+				return
+			}
+			// Wait until the gateway has seen the change: its cached
+			// answer is gone, and a fresh read says no.
+			natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+				if ok, err := gw.MayWatch("alice", "bob"); err != nil || ok {
+					return fmt.Errorf("the gateway still lets alice watch bob (%v)", err)
+				}
+				return nil
+			})
+		})
+	})
+	if err := a.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	init := systest.Await(t, a, systest.EventTimeout, "presence_init", isType(protocol.TypePresenceInit))
+	for _, p := range init.Users {
+		if p.UserID == "bob" {
+			t.Errorf("presence_init shows bob after he stopped following alice: %+v", init.Users)
+		}
+	}
+	systest.Await(t, a, systest.EventTimeout, "denied bob", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeDenied && m.UserID == "bob" && m.Reason == protocol.ReasonNotMutualFollowers
+	})
+	// bob's change must not reach alice; carol's, made after it, must.
+	if err := b.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitSelf(t, b, presence.Busy, 1)
+	if err := c.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, a, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
+		for _, p := range m.Updates {
+			if p.UserID == "bob" {
+				t.Errorf("alice got bob's change after he stopped following her: %+v", m.Updates)
+			}
+		}
+		for _, p := range m.Updates {
+			if p.UserID == "carol" && p.Status == presence.Busy {
+				return true
+			}
+		}
+		return false
+	})
 }

@@ -12,11 +12,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/gateway/internal/netpoll"
+	"github.com/greendot/greendot/gateway/internal/outbox"
+	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -25,6 +29,20 @@ import (
 // API on one listener, keeps a connection key alive per socket while its
 // heartbeats arrive, writes users' chosen statuses, answers subscriptions
 // with snapshots, and delivers changes to watching sockets in batches.
+//
+// Its parts, each with one job:
+//
+//   - registry: the open connections, by poller tag and by user;
+//   - registrar (keys): the one place that talks to NATS about a
+//     connection: its key, its entry in the user's status record, its end;
+//   - authorizer (authz): the one place that decides who may watch whom,
+//     and registers the answer in the hub;
+//   - hub: the subscriptions, and the events they deliver;
+//   - scheduler (outbox): when the changes waiting for a socket are
+//     written;
+//   - each connection's socket (socket): the one place that writes to a
+//     socket;
+//   - online: global presence, under the everyone policy.
 type Service struct {
 	nc  *nats.Conn
 	cfg Config
@@ -33,53 +51,31 @@ type Service struct {
 	reg     *prometheus.Registry
 	metrics *gatewayMetrics
 
-	// Set up by Serve.
-	ctx      context.Context
-	store    *presence.Store
-	asyncJS  jetstream.JetStream
-	poller   *netpoll.Poller
-	readSem  chan struct{}
-	regSem   chan struct{} // upgrades being registered (MaxRegistering)
-	registry *registry
-	hub      *hub
-	flusher  *flusher
-	authz    *authorizer
-	online   *onlineIndex
+	registry  *registry
+	hub       *hub.Hub
+	scheduler *outbox.Scheduler
+	linger    *socket.Linger
+	env       *connEnv
+	// events carries presence and self events from NATS to the dispatcher;
+	// calls runs functions there, in order with the events.
+	events chan *nats.Msg
+	calls  chan func()
+
+	// Made by Serve, once the buckets are open.
+	store   *presence.Store
+	keys    *registrar
+	authz   *authz.Authorizer
+	online  *onlineIndex
+	poller  *netpoll.Poller
+	readSem chan struct{}
+	regSem  chan struct{} // upgrades being registered (MaxRegistering)
+	// readLoops are the sockets' reading goroutines where there is no
+	// poller.
+	readLoops sync.WaitGroup
+
 	ready    atomic.Bool
 	draining atomic.Bool
 	served   atomic.Bool
-
-	// bg tracks work that must finish before Serve returns: settling the
-	// keys of closed connections.
-	bg tasks
-}
-
-// tasks tracks background work that Serve waits for before it returns.
-// Once closed, it starts nothing more. It is safe for concurrent use.
-type tasks struct {
-	mu     sync.Mutex
-	wg     sync.WaitGroup
-	closed bool
-}
-
-// Go runs fn in a goroutine and reports true, or reports false once the
-// group is closed.
-func (t *tasks) Go(fn func()) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.closed {
-		return false
-	}
-	t.wg.Go(fn)
-	return true
-}
-
-// close stops new work and waits for what runs.
-func (t *tasks) close() {
-	t.mu.Lock()
-	t.closed = true
-	t.mu.Unlock()
-	t.wg.Wait()
 }
 
 // New validates cfg and returns a gateway that will use nc. It starts no
@@ -91,19 +87,51 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Service{
-		nc:       nc,
-		cfg:      cfg,
-		log:      cfg.Logger.With("svc", "gateway"),
-		reg:      metrics.NewRegistry(),
-		ctx:      context.Background(),
-		registry: newRegistry(),
+		nc:        nc,
+		cfg:       cfg,
+		log:       cfg.Logger.With("svc", "gateway"),
+		reg:       metrics.NewRegistry(),
+		registry:  newRegistry(cfg.MaxConnsPerUser),
+		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.WriteWorkers),
+		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
+		events:    make(chan *nats.Msg, 64*1024),
+		calls:     make(chan func(), 1024),
 	}
-	s.hub = newHub(s)
-	s.flusher = &flusher{s: s}
-	s.authz = newAuthorizer(s)
-	s.online = newOnlineIndex(s)
+	var subscribe func(string) (hub.Subscription, error)
+	if cfg.Policy != PolicyEveryone {
+		// Under the everyone policy one subscription carries every
+		// user's events (see Serve); otherwise one per watched user.
+		subscribe = s.subscribeEvents
+	}
+	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
+	s.env = &connEnv{handler: s, scheduler: s.scheduler, metrics: s.metrics, end: s.end}
 	return s, nil
+}
+
+// The bounds of lingering closes (socket.Linger): how many at once, for
+// how long, and how many bytes each may read.
+const (
+	maxLingering  = 1024
+	lingerTimeout = 2 * time.Second
+	lingerBudget  = 1 << 20
+)
+
+// subscribeEvents subscribes to one user's presence events, into the
+// dispatcher's channel.
+func (s *Service) subscribeEvents(user string) (hub.Subscription, error) {
+	return s.chanSubscribe(presence.EventSubject(user))
+}
+
+func (s *Service) chanSubscribe(subject string) (*nats.Subscription, error) {
+	sub, err := s.nc.ChanSubscribe(subject, s.events)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe %s: %w", subject, err)
+	}
+	// Events are small: a pending limit in messages keeps a burst from
+	// being dropped by byte count.
+	_ = sub.SetPendingLimits(-1, -1)
+	return sub, nil
 }
 
 // ID returns the gateway's id.
@@ -123,91 +151,65 @@ func (s *Service) Conns() int { return s.registry.len() }
 // on GET /ws, and the HTTP API on every other path. Then it stops
 // accepting, closes every socket with 1001 (spread over DrainPeriod), lets
 // their keys live out the offline grace, and returns nil. Serve closes ln.
-// It may be called once.
+// It may be called once, and returns only after every goroutine it started
+// has.
+//
+// It starts its parts in order and stops them in the reverse order:
+//
+//  1. the buckets and the parts that need them (registrar, authorizer,
+//     online index), the poller;
+//  2. the core: the event dispatcher, the scheduler of writes, the
+//     graph watcher, the online index, the watcher of the NATS connection;
+//  3. the sockets' loops: reading (the poller) and liveness (the sweep);
+//  4. serving: the HTTP server, the accept loop, the admin service.
+//
+// Stopping runs 4, then drains the sockets, then 3, then waits for the
+// connections' last key writes and closes, then 2.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if s.served.Swap(true) {
 		return errors.New("gateway: Serve called twice")
 	}
 	defer ln.Close()
-	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
-	if err != nil {
+
+	// 1. Resources.
+	if err := s.open(ctx); err != nil {
 		return err
 	}
-	s.store = store
-	store.OnConflict(s.metrics.statusConflicts.Inc)
-	s.asyncJS, err = jetstream.New(s.nc,
-		jetstream.WithPublishAsyncMaxPending(s.cfg.KVMaxPending),
-		jetstream.WithPublishAsyncTimeout(5*time.Second),
-		jetstream.WithPublishAsyncAckHandler(s.refreshAcked),
-		jetstream.WithPublishAsyncErrHandler(s.refreshFailed),
-	)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	if netpoll.Supported {
-		if s.poller, err = netpoll.New(); err != nil {
-			return err
-		}
-	}
-	s.readSem = make(chan struct{}, s.cfg.ReadWorkers)
-	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
+	defer s.closeResources()
 
-	// Everything below stops when stop is called, after the sockets have
-	// been closed.
-	run, stop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stop()
-	s.ctx = run
-	// The socket loops (reading, liveness and key refreshes) run until
-	// every socket has been drained, so that a socket waiting for its turn
-	// to close stays live, its key kept alive; the rest stops after them.
-	ioCtx, stopIO := context.WithCancel(run)
-	defer stopIO()
-	var loops, ioLoops sync.WaitGroup
-
-	selfSub, err := s.nc.ChanSubscribe(presence.SelfSubject(s.cfg.ID), s.hub.events)
-	if err != nil {
-		return fmt.Errorf("subscribe %s: %w", presence.SelfSubject(s.cfg.ID), err)
-	}
-	_ = selfSub.SetPendingLimits(-1, -1)
-	var dispatched sync.WaitGroup
-	dispatched.Go(func() { s.hub.dispatch(presence.SelfSubject(s.cfg.ID)) })
-
-	if err := s.authz.start(run); err != nil {
-		_ = selfSub.Unsubscribe()
-		close(s.hub.events)
-		dispatched.Wait()
+	// 2. The core. It runs until the sockets are closed.
+	core := newGroup()
+	defer core.stop()
+	if err := s.startCore(ctx, core); err != nil {
 		return err
 	}
-	if s.cfg.Policy == PolicyEveryone {
-		if err := s.online.start(run, s.store, s.log); err != nil {
-			_ = selfSub.Unsubscribe()
-			close(s.hub.events)
-			dispatched.Wait()
-			return err
-		}
-	}
-	loops.Go(func() { s.flusher.run(run) })
-	loops.Go(func() { s.watchNATS(run) })
-	ioLoops.Go(func() { s.sweep(ioCtx) })
+
+	// 3. The sockets' loops, which keep a socket waiting for its turn to
+	// close alive.
+	io := newGroup()
+	defer io.stop()
+	io.Go(func(ctx context.Context) { s.keys.sweep(ctx, s.registry, s.end) })
 	if s.poller != nil {
-		ioLoops.Go(func() { s.pollLoop(ioCtx) })
+		io.Go(s.pollLoop)
+		io.Go(func(ctx context.Context) {
+			<-ctx.Done()
+			_ = s.poller.Close() // wakes pollLoop
+		})
 	}
 
+	// 4. Serving.
 	httpSrv := &http.Server{
 		Handler:           s.httpHandler(),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
-		BaseContext:       func(net.Listener) context.Context { return run },
+		BaseContext:       func(net.Listener) context.Context { return core.ctx },
 	}
 	httpLn := newChanListener(ln.Addr())
-	var served sync.WaitGroup
+	var served, handshakes sync.WaitGroup
 	served.Go(func() { _ = httpSrv.Serve(httpLn) })
-
-	var handshakes sync.WaitGroup
 	accepted := make(chan error, 1)
-	go func() { accepted <- s.accept(ln, httpLn, &handshakes) }()
-
+	served.Go(func() { accepted <- s.accept(ln, httpLn, &handshakes) })
 	s.ready.Store(true)
 	ops, err := s.startAdmin(ln.Addr().String())
 	if err != nil {
@@ -219,11 +221,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
-	case serveErr = <-accepted:
-		serveErr = fmt.Errorf("accept: %w", serveErr)
+	case err := <-accepted:
+		serveErr = fmt.Errorf("accept: %w", err)
 	}
 
-	// Shut down: refuse new work, close the sockets, then stop the loops.
+	// Stop 4: refuse new work.
 	s.draining.Store(true)
 	s.ready.Store(false)
 	if ops != nil {
@@ -232,29 +234,124 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	_ = ln.Close()
-	if serveErr == nil {
-		<-accepted
-	}
 	handshakes.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = httpSrv.Shutdown(shutdownCtx)
 	cancel()
 	served.Wait()
+	// Close the sockets, then stop 3.
 	s.drain()
-	stopIO()
-	ioLoops.Wait()
-	s.bg.close()
-	stop()
-	loops.Wait()
+	s.readLoops.Wait()
+	io.stop()
+	// The connections' last key writes, and their close frames.
+	s.keys.wait()
+	s.linger.Stop()
+	// Stop 2 (deferred), then 1.
+	s.log.Info("gateway stopped", "gateway", s.cfg.ID)
+	return serveErr
+}
+
+// open opens the buckets and makes the parts that need them.
+func (s *Service) open(ctx context.Context) error {
+	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
+	if err != nil {
+		return err
+	}
+	store.OnConflict(s.metrics.statusConflicts.Inc)
+	s.store = store
+	if s.keys, err = newRegistrar(s.nc, store, s.cfg, s.metrics, s.log); err != nil {
+		return err
+	}
+	s.authz = authz.New(authz.Config{
+		Policy:    s.cfg.Policy,
+		Graph:     store,
+		CacheTTL:  s.cfg.AuthzCacheTTL,
+		Hub:       s.hub,
+		SocketsOf: s.registry.watchersOf,
+		Notify:    notifier{s},
+		Logger:    s.log,
+	})
+	if s.cfg.Policy == PolicyEveryone {
+		s.online = newOnlineIndex(s.authz.ShowLastSeen)
+	}
+	if netpoll.Supported {
+		if s.poller, err = netpoll.New(); err != nil {
+			return err
+		}
+	}
+	s.readSem = make(chan struct{}, s.cfg.ReadWorkers)
+	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
+	return nil
+}
+
+// closeResources releases what open made and the core used.
+func (s *Service) closeResources() {
 	if s.poller != nil {
 		_ = s.poller.Release()
 	}
-	_ = selfSub.Unsubscribe()
-	s.hub.closeAll()
-	close(s.hub.events)
-	dispatched.Wait()
-	s.log.Info("gateway stopped", "gateway", s.cfg.ID)
-	return serveErr
+	s.hub.Close()
+}
+
+// startCore subscribes to the gateway's events and starts the core's
+// loops in g.
+func (s *Service) startCore(ctx context.Context, g *group) error {
+	subjects := []string{presence.SelfSubject(s.cfg.ID)}
+	if s.cfg.Policy == PolicyEveryone {
+		subjects = append(subjects, presence.EventWildcard)
+	}
+	for _, subject := range subjects {
+		sub, err := s.chanSubscribe(subject)
+		if err != nil {
+			return err
+		}
+		g.onStop(func() { _ = sub.Unsubscribe() })
+	}
+	g.Go(s.dispatch)
+	g.Go(s.scheduler.Run)
+	graph, err := s.store.WatchGraph(ctx)
+	if err != nil {
+		return err
+	}
+	g.Go(func(ctx context.Context) { s.watchGraph(ctx, graph) })
+	if s.online != nil {
+		if err := s.online.sync(ctx, s.store); err != nil {
+			return err
+		}
+		g.Go(s.online.run)
+	}
+	g.Go(s.watchNATS)
+	return nil
+}
+
+// group runs goroutines until stop, which cancels their context, waits
+// for them, then runs the functions given to onStop in reverse order.
+type group struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	stops  []func()
+	once   sync.Once
+}
+
+func newGroup() *group {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &group{ctx: ctx, cancel: cancel}
+}
+
+// Go runs fn in a goroutine with the group's context.
+func (g *group) Go(fn func(ctx context.Context)) { g.wg.Go(func() { fn(g.ctx) }) }
+
+// onStop has stop run fn after the goroutines have returned.
+func (g *group) onStop(fn func()) { g.stops = append(g.stops, fn) }
+
+func (g *group) stop() {
+	g.once.Do(func() {
+		g.cancel()
+		g.wg.Wait()
+		for i := len(g.stops) - 1; i >= 0; i-- {
+			g.stops[i]()
+		}
+	})
 }
 
 // accept accepts connections until ln is closed, sorting WebSocket
@@ -283,31 +380,49 @@ func (s *Service) accept(ln net.Listener, httpLn *chanListener, handshakes *sync
 	}
 }
 
-// drain closes every socket with 1001, spread over DrainPeriod with jitter,
-// and waits until all are closed.
+// drain closes every socket with 1001, spread over DrainPeriod.
 func (s *Service) drain() {
-	var all []*conn
-	s.registry.each(func(c *conn) { all = append(all, c) })
+	all := s.registry.all()
 	if len(all) == 0 {
 		return
 	}
 	s.log.Info("gateway draining", "conns", len(all), "period", s.cfg.DrainPeriod.String())
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 64)
-	start := time.Now()
 	rand.Shuffle(len(all), func(i, j int) { all[i], all[j] = all[j], all[i] })
+	start := time.Now()
 	for i, c := range all {
 		if s.cfg.DrainPeriod > 0 {
 			at := start.Add(time.Duration(int64(s.cfg.DrainPeriod) * int64(i) / int64(len(all))))
 			time.Sleep(time.Until(at))
 		}
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			c.end(endClean, 1001, "gateway draining")
-		})
+		s.end(c, endClean, ws.StatusGoingAway, "gateway draining")
 	}
-	wg.Wait()
+}
+
+// end closes a connection, once: it takes it out of the poller, closes its
+// socket (with a close frame carrying code, unless code is zero), forgets
+// its subscriptions, and has the registrar settle its key as kind says.
+func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) {
+	if c.closed.Swap(true) {
+		return
+	}
+	c.pollMu.Lock()
+	if c.polled {
+		_ = s.poller.Remove(c.fd)
+		c.polled = false
+	}
+	c.pollMu.Unlock()
+	c.sock.Close(code, reason, s.linger)
+	if s.online != nil {
+		s.online.unsubscribe(c)
+	}
+	s.hub.RemoveWatcher(c)
+	s.registry.remove(c)
+	s.metrics.closes(kind, code)
+	if s.log.Enabled(context.Background(), levelDebug) {
+		s.log.LogAttrs(context.Background(), levelDebug, "connection closed",
+			attrUser(c.userID), attrConn(c.connID), attrReason(reason), attrCode(int(code)))
+	}
+	s.keys.settle(c, kind)
 }
 
 // watchNATS reacts to the NATS connection coming back: connection keys
@@ -324,29 +439,30 @@ func (s *Service) watchNATS(ctx context.Context) {
 		case <-ch:
 		}
 		s.log.Info("nats connection back: re-asserting connections and resyncing watched users")
-		s.registry.each(func(c *conn) { c.writtenAt.Store(0) })
+		s.registry.each(func(c *conn) { c.key.writtenAt.Store(0) })
 		s.resync(ctx)
+		if s.online != nil {
+			if err := s.online.sync(ctx, s.store); err != nil && ctx.Err() == nil {
+				s.log.Warn("resync global presence", "err", err)
+			}
+		}
 	}
 }
 
 // resync reads the state of every watched user and delivers what is newer
 // than what the watchers have, through the dispatcher.
 func (s *Service) resync(ctx context.Context) {
-	for _, u := range s.hub.watchedUsers() {
+	for _, u := range s.hub.Users() {
 		if ctx.Err() != nil {
 			return
 		}
-		rec, rev, err := s.store.Status(ctx, u)
-		if err != nil && !errors.Is(err, presence.ErrNotFound) {
+		p, rev, at, err := s.presenceOf(ctx, u)
+		if err != nil {
 			s.log.Warn("resync", "user_id", u, "err", err)
 			continue
 		}
-		ev := presence.Event{UserID: u, Status: presence.Offline, Rev: rev}
-		if err == nil {
-			p := rec.Presence(u)
-			ev.Status, ev.LastSeen, ev.At = p.Status, p.LastSeen, rec.Updated
-		}
-		s.hub.inject(ctx, &ev)
+		ev := presence.Event{UserID: u, Status: p.Status, LastSeen: p.LastSeen, Rev: rev, At: at}
+		s.call(ctx, func() { s.deliver(&ev) })
 	}
 }
 

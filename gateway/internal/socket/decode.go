@@ -1,4 +1,4 @@
-package gateway
+package socket
 
 import (
 	"encoding/binary"
@@ -7,30 +7,32 @@ import (
 	"github.com/gobwas/ws"
 )
 
-// errFrame is a protocol violation found while decoding client frames. The
-// connection is closed with code.
-type errFrame struct {
-	code   ws.StatusCode
-	reason string
+// FrameError is a protocol violation found while decoding client frames.
+// The connection must be closed with Code.
+type FrameError struct {
+	// Code is the close code the violation calls for.
+	Code ws.StatusCode
+	// Reason says what was wrong, for the close frame and the logs.
+	Reason string
 }
 
-func (e *errFrame) Error() string { return e.reason }
+func (e *FrameError) Error() string { return e.Reason }
 
 var (
-	errBinary   = &errFrame{ws.StatusUnsupportedData, "binary frames are not supported"}
-	errTooBig   = &errFrame{ws.StatusMessageTooBig, "message too big"}
-	errBadUTF8  = &errFrame{ws.StatusInvalidFramePayloadData, "text is not valid UTF-8"}
-	errProtocol = func(err error) *errFrame { return &errFrame{ws.StatusProtocolError, err.Error()} }
+	errBinary   = &FrameError{ws.StatusUnsupportedData, "binary frames are not supported"}
+	errTooBig   = &FrameError{ws.StatusMessageTooBig, "message too big"}
+	errBadUTF8  = &FrameError{ws.StatusInvalidFramePayloadData, "text is not valid UTF-8"}
+	errProtocol = func(err error) *FrameError { return &FrameError{ws.StatusProtocolError, err.Error()} }
 )
 
-// decoder turns the bytes a client sends into whole messages and control
+// Decoder turns the bytes a client sends into whole messages and control
 // frames. It keeps what outlives one read (the start of an incomplete frame,
 // the fragments of a message in progress) and nothing else, so the decoder
 // of an idle connection holds no memory.
 //
-// A decoder is not safe for concurrent use; one goroutine reads a
-// connection at a time.
-type decoder struct {
+// A Decoder is not safe for concurrent use; one goroutine reads a
+// connection at a time. The zero value is ready to use.
+type Decoder struct {
 	// partial holds the bytes of an incomplete frame.
 	partial []byte
 	// frag holds the payload of a fragmented text message so far.
@@ -39,25 +41,25 @@ type decoder struct {
 	fragmented bool
 }
 
-// frameSink receives what the decoder finds. message is called with a whole
-// text message, control with a ping, pong or close frame. The payload is
-// valid only during the call. Returning false stops decoding.
-type frameSink interface {
-	message(payload []byte) bool
-	control(op ws.OpCode, payload []byte) bool
+// Sink receives what a Decoder finds. Message is called with a whole text
+// message, Control with a ping, pong or close frame. The payload is valid
+// only during the call. Returning false stops decoding.
+type Sink interface {
+	Message(payload []byte) bool
+	Control(op ws.OpCode, payload []byte) bool
 }
 
-// decode decodes data, which follows whatever earlier calls left partial,
+// Decode decodes data, which follows whatever earlier calls left partial,
 // and passes each complete message and control frame to sink. data is not
 // retained; an incomplete frame at its end is copied. maxMsg bounds a
 // message (and the frames it is made of).
 //
-// decode returns an *errFrame for a protocol violation, after which the
+// Decode returns a *FrameError for a protocol violation, after which the
 // connection must be closed; or nil. It returns nil early if sink asks to
 // stop. Between calls the decoder holds at most maxMsg plus one frame
 // header (ws.MaxHeaderSize) bytes, and what it finds does not depend on how
 // the bytes are cut into calls.
-func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
+func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 	if len(d.partial) > 0 {
 		data = append(d.partial, data...)
 		d.partial = nil
@@ -100,14 +102,14 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 
 		switch {
 		case h.OpCode.IsControl():
-			if !sink.control(h.OpCode, payload) {
+			if !sink.Control(h.OpCode, payload) {
 				return nil
 			}
 		case h.OpCode == ws.OpText && h.Fin:
 			if !utf8.Valid(payload) {
 				return errBadUTF8
 			}
-			if !sink.message(payload) {
+			if !sink.Message(payload) {
 				return nil
 			}
 		default: // the start or a continuation of a fragmented message
@@ -121,7 +123,7 @@ func (d *decoder) decode(data []byte, maxMsg int, sink frameSink) error {
 			if !utf8.Valid(msg) {
 				return errBadUTF8
 			}
-			if !sink.message(msg) {
+			if !sink.Message(msg) {
 				return nil
 			}
 		}
@@ -172,9 +174,9 @@ func parseHeader(data []byte) (h ws.Header, n int, err error) {
 }
 
 // keep copies the start of an incomplete frame.
-func (d *decoder) keep(data []byte) {
+func (d *Decoder) keep(data []byte) {
 	d.partial = append([]byte(nil), data...)
 }
 
-// buffered reports how many bytes the decoder holds.
-func (d *decoder) buffered() int { return len(d.partial) + len(d.frag) }
+// Buffered reports how many bytes the decoder holds between calls.
+func (d *Decoder) Buffered() int { return len(d.partial) + len(d.frag) }

@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// dispatch reads the events NATS delivers to the gateway, in order, until
+// ctx is canceled, and runs the functions given to call in order with
+// them. It is the only goroutine that delivers events.
+func (s *Service) dispatch(ctx context.Context) {
+	selfSubject := presence.SelfSubject(s.cfg.ID)
+	for {
+		var msg *nats.Msg
+		select {
+		case <-ctx.Done():
+			return
+		case fn := <-s.calls:
+			fn()
+			continue
+		case msg = <-s.events:
+		}
+		s.metrics.eventsIn.Inc()
+		if msg.Subject == selfSubject {
+			var ev presence.SelfEvent
+			if err := json.Unmarshal(msg.Data, &ev); err != nil {
+				s.log.Warn("undecodable self event", "subject", msg.Subject, "err", err)
+				continue
+			}
+			for _, c := range s.registry.userConns(ev.UserID) {
+				c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
+			}
+			continue
+		}
+		var ev presence.Event
+		if err := json.Unmarshal(msg.Data, &ev); err != nil || !presence.ValidUserID(ev.UserID) {
+			s.log.Warn("undecodable presence event", "subject", msg.Subject, "err", err)
+			continue
+		}
+		s.deliver(&ev)
+	}
+}
+
+// deliver hands a presence event to the sockets watching its user, and to
+// global presence. It runs on the dispatcher.
+func (s *Service) deliver(ev *presence.Event) {
+	if dropped := s.hub.Deliver(ev); dropped > 0 {
+		s.metrics.eventsDropped.Add(float64(dropped))
+	}
+	if s.online != nil {
+		s.online.apply(ev)
+	}
+}
+
+// call runs fn on the dispatcher, in order with the events, unless ctx
+// ends first.
+func (s *Service) call(ctx context.Context, fn func()) {
+	select {
+	case s.calls <- fn:
+	case <-ctx.Done():
+	}
+}
+
+// watchGraph applies the changes of the graph bucket that w sees until ctx
+// is canceled, and stops w.
+func (s *Service) watchGraph(ctx context.Context, w jetstream.KeyWatcher) {
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				s.authz.Changed(ctx, e.Key())
+			}
+		}
+	}
+}
+
+// notifier tells sockets what the authorizer changed of their
+// subscriptions (authz.Notifier).
+type notifier struct{ s *Service }
+
+// Revoked sends the socket a denied frame for a subscription that ended.
+func (n notifier) Revoked(w hub.Watcher, user, reason string) {
+	n.s.sendDenied(w.(*conn), "", user, reason)
+}
+
+// Reshow reads user's presence and delivers it to the socket again, as it
+// may now see it.
+func (n notifier) Reshow(w hub.Watcher, user string) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	p, rev, _, err := n.s.presenceOf(ctx, user)
+	if err != nil {
+		n.s.log.Warn("resend presence", "user_id", w.UserID(), "target", user, "err", err)
+		return
+	}
+	n.s.hub.Resend(w, p, rev)
+}
+
+// presenceOf reads what others see of a user, with last_seen, the
+// revision of the status record it comes from, and when that was written
+// (unix ms).
+func (s *Service) presenceOf(ctx context.Context, userID string) (presence.Presence, uint64, int64, error) {
+	start := time.Now()
+	rec, rev, err := s.store.Status(ctx, userID)
+	s.metrics.kvLatency.WithLabelValues("get_status").Observe(time.Since(start).Seconds())
+	switch {
+	case errors.Is(err, presence.ErrNotFound):
+		return presence.Presence{UserID: userID, Status: presence.Offline}, rev, 0, nil
+	case err != nil:
+		return presence.Presence{}, 0, 0, err
+	}
+	return rec.Presence(userID), rev, rec.Updated, nil
+}

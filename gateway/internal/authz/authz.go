@@ -1,0 +1,501 @@
+// Package authz decides who may watch whom on a gateway, and who may see
+// whose last_seen, from the follow graph and privacy settings, and
+// registers what it allows in the gateway's hub.
+//
+// It is the one place where these questions are answered: WebSocket
+// subscriptions (Subscribe), the HTTP API (Decide, Friends), and global
+// presence (Everyone, ShowLastSeen) all ask it. A subscription is decided
+// and registered as one step: a graph change that lands between the two
+// makes the targets it touches be decided again before anything is
+// registered, and a change that lands after the registration re-checks
+// the subscriptions it touches (Changed). So an unfollow can never leave a
+// socket watching someone it may no longer watch.
+package authz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// Policy says who may watch whom.
+type Policy string
+
+// The policies.
+const (
+	// Mutual lets A watch B only when A follows B and B follows A.
+	Mutual Policy = "mutual"
+	// Follow lets A watch B when A follows B.
+	Follow Policy = "follow"
+	// Everyone lets anyone watch anyone, and allows global presence.
+	Everyone Policy = "everyone"
+)
+
+// Valid reports whether p is one of the policies.
+func (p Policy) Valid() bool { return p == Mutual || p == Follow || p == Everyone }
+
+// Graph reads the follow graph and privacy settings (presence.Store).
+type Graph interface {
+	// Follows reports whether a follows b.
+	Follows(ctx context.Context, a, b string) (bool, error)
+	// Following returns everyone a follows.
+	Following(ctx context.Context, a string) ([]string, error)
+	// Settings returns a user's privacy settings.
+	Settings(ctx context.Context, userID string) (presence.Settings, error)
+}
+
+// Notifier tells a socket that one of its subscriptions changed after a
+// graph change: it is the gateway's part, which writes to the socket.
+type Notifier interface {
+	// Revoked says w may no longer watch user: its subscription was ended
+	// for reason (a denial reason of the protocol).
+	Revoked(w hub.Watcher, user, reason string)
+	// Reshow says what w may see of user changed (its last_seen): w is to
+	// be sent user's presence again.
+	Reshow(w hub.Watcher, user string)
+}
+
+// Config configures an Authorizer.
+type Config struct {
+	// Policy says who may watch whom.
+	Policy Policy
+	// Graph is read for follow edges and settings.
+	Graph Graph
+	// CacheTTL bounds how long what was read of the graph is cached;
+	// Changed drops an entry sooner.
+	CacheTTL time.Duration
+	// Hub is where allowed subscriptions are registered.
+	Hub *hub.Hub
+	// SocketsOf returns the sockets of a user on this gateway.
+	SocketsOf func(userID string) []hub.Watcher
+	// Notify is told of subscriptions a graph change ended or changed.
+	Notify Notifier
+	// Logger receives what fails while re-checking.
+	Logger *slog.Logger
+}
+
+// Decision is what the authorizer says of one watcher and one target.
+type Decision struct {
+	// Allowed reports that the watcher may watch the target.
+	Allowed bool
+	// Reason is the denial reason when not allowed.
+	Reason string
+	// LastSeen reports that the watcher may see the target's last_seen.
+	LastSeen bool
+}
+
+// Denial is a target a subscribe was refused, and why.
+type Denial struct {
+	User, Reason string
+}
+
+// ErrGraphBusy means the graph kept changing under a subscription for as
+// long as the authorizer tried to decide it; the client may try again.
+var ErrGraphBusy = errors.New("the follow graph changed while the subscription was decided; try again")
+
+// maxCacheEntries bounds each cache; a full cache is emptied.
+const maxCacheEntries = 200_000
+
+// readConcurrency bounds the graph reads of one request in flight at once.
+const readConcurrency = 16
+
+// maxAttempts bounds how often Subscribe decides again because the graph
+// moved.
+const maxAttempts = 16
+
+// Authorizer decides and registers subscriptions. It is safe for
+// concurrent use.
+type Authorizer struct {
+	cfg Config
+
+	mu       sync.Mutex
+	edges    map[string]cachedBool // follow key -> it exists
+	settings map[string]cachedSettings
+	// gen counts the entries dropped by graph changes: a read that began
+	// before one is not cached, since it may predate the change.
+	gen uint64
+	// tickets are the subscriptions being decided.
+	tickets map[*ticket]struct{}
+
+	// decided, when set, is called by Subscribe between deciding and
+	// registering (tests make the graph change there).
+	decided atomic.Pointer[func()]
+}
+
+type cachedBool struct {
+	v  bool
+	at time.Time
+}
+
+type cachedSettings struct {
+	v  presence.Settings
+	at time.Time
+}
+
+// ticket is a subscription being decided: the graph changes that touch it
+// mark its targets to be decided again.
+type ticket struct {
+	watcher string
+	targets map[string]bool // target -> touched since it was decided
+	touched bool
+}
+
+// New returns an authorizer. It starts nothing and does no I/O.
+func New(cfg Config) *Authorizer {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Authorizer{
+		cfg:      cfg,
+		edges:    make(map[string]cachedBool),
+		settings: make(map[string]cachedSettings),
+		tickets:  make(map[*ticket]struct{}),
+	}
+}
+
+// Everyone reports whether the policy lets anyone watch anyone, and so
+// allows global presence.
+func (a *Authorizer) Everyone() bool { return a.cfg.Policy == Everyone }
+
+// Decide says whether watcher may watch target, and see its last_seen.
+func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decision, error) {
+	if watcher == target {
+		return Decision{Allowed: true, LastSeen: true}, nil
+	}
+	// The target follows the watcher: the watcher is one of the target's
+	// contacts, for last_seen and for the mutual policy.
+	back, err := a.follows(ctx, target, watcher)
+	if err != nil {
+		return Decision{}, err
+	}
+	var d Decision
+	switch a.cfg.Policy {
+	case Everyone:
+		d.Allowed = true
+	case Follow:
+		fwd, err := a.follows(ctx, watcher, target)
+		if err != nil {
+			return Decision{}, err
+		}
+		d.Allowed, d.Reason = fwd, protocol.ReasonNotFollowing
+	default:
+		fwd := false
+		if back {
+			if fwd, err = a.follows(ctx, watcher, target); err != nil {
+				return Decision{}, err
+			}
+		}
+		d.Allowed, d.Reason = fwd && back, protocol.ReasonNotMutualFollowers
+	}
+	if !d.Allowed {
+		return d, nil
+	}
+	d.Reason = ""
+	d.LastSeen, err = a.lastSeen(ctx, target, back)
+	return d, err
+}
+
+// DecideAll decides every target for watcher, reading the graph in
+// parallel.
+func (a *Authorizer) DecideAll(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
+	out := make([]Decision, len(targets))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, t := range targets {
+		g.Go(func() error {
+			d, err := a.Decide(gctx, watcher, t)
+			out[i] = d
+			return err
+		})
+	}
+	return out, g.Wait()
+}
+
+// Subscribe decides whether w may watch each of targets (valid user ids,
+// each once) and registers the allowed ones in the hub, blocked until
+// their snapshot is settled (hub.Settle). It returns what it registered,
+// what it refused, and whether the hub made a new NATS subscription (see
+// hub.Add). A graph change that touches a target while it is decided has
+// it decided again before anything is registered.
+func (a *Authorizer) Subscribe(ctx context.Context, w hub.Watcher, targets []string) ([]hub.Grant, []Denial, bool, error) {
+	t := &ticket{watcher: w.UserID(), targets: make(map[string]bool, len(targets))}
+	for _, u := range targets {
+		t.targets[u] = false
+	}
+	a.mu.Lock()
+	a.tickets[t] = struct{}{}
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.tickets, t)
+		a.mu.Unlock()
+	}()
+
+	decided := make(map[string]Decision, len(targets))
+	todo := targets
+	for range maxAttempts {
+		ds, err := a.DecideAll(ctx, t.watcher, todo)
+		if err != nil {
+			return nil, nil, false, err
+		}
+		for i, u := range todo {
+			decided[u] = ds[i]
+		}
+		if fn := a.decided.Load(); fn != nil {
+			(*fn)()
+		}
+		a.mu.Lock()
+		if !t.touched {
+			grants, denied := split(targets, decided)
+			subscribed, err := a.cfg.Hub.Add(w, grants)
+			a.mu.Unlock()
+			return grants, denied, subscribed, err
+		}
+		todo = todo[:0:0]
+		for u, touched := range t.targets {
+			if touched {
+				todo = append(todo, u)
+				t.targets[u] = false
+			}
+		}
+		t.touched = false
+		a.mu.Unlock()
+	}
+	return nil, nil, false, ErrGraphBusy
+}
+
+// ForTest returns the authorizer's test hooks.
+func (a *Authorizer) ForTest() Hooks { return Hooks{a} }
+
+// Hooks reach into an Authorizer for tests.
+type Hooks struct{ a *Authorizer }
+
+// AfterDecide has Subscribe call fn each time it has decided and is about
+// to register (or decide again).
+func (h Hooks) AfterDecide(fn func()) { h.a.decided.Store(&fn) }
+
+// split sorts targets into grants and denials, in their order.
+func split(targets []string, decided map[string]Decision) ([]hub.Grant, []Denial) {
+	var grants []hub.Grant
+	var denied []Denial
+	for _, u := range targets {
+		d := decided[u]
+		if d.Allowed {
+			grants = append(grants, hub.Grant{User: u, LastSeen: d.LastSeen})
+		} else {
+			denied = append(denied, Denial{User: u, Reason: d.Reason})
+		}
+	}
+	return grants, denied
+}
+
+// ShowLastSeen reports whether watcher may see target's last_seen. An
+// error reading the graph hides it.
+func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) bool {
+	if watcher == target {
+		return true
+	}
+	back, err := a.follows(ctx, target, watcher)
+	if err != nil {
+		return false
+	}
+	show, err := a.lastSeen(ctx, target, back)
+	return show && err == nil
+}
+
+// Friends returns user's mutual followers (of the first max users user
+// follows), with whether user may see each one's last_seen.
+func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.Grant, error) {
+	following, err := a.cfg.Graph.Following(ctx, user)
+	if err != nil {
+		return nil, err
+	}
+	if len(following) > max {
+		following = following[:max]
+	}
+	found := make([]*hub.Grant, len(following))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, u := range following {
+		if u == user {
+			continue
+		}
+		g.Go(func() error {
+			back, err := a.follows(gctx, u, user)
+			if err != nil || !back {
+				return err
+			}
+			show, err := a.lastSeen(gctx, u, true)
+			if err != nil {
+				return err
+			}
+			found[i] = &hub.Grant{User: u, LastSeen: show}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	var out []hub.Grant
+	for _, f := range found {
+		if f != nil {
+			out = append(out, *f)
+		}
+	}
+	return out, nil
+}
+
+// lastSeen reports whether a watcher may see target's last_seen; contact
+// says whether target follows the watcher.
+func (a *Authorizer) lastSeen(ctx context.Context, target string, contact bool) (bool, error) {
+	st, err := a.settingsOf(ctx, target)
+	if err != nil {
+		return false, err
+	}
+	return st.ShowLastSeen(false, contact), nil
+}
+
+// follows reports whether x follows y.
+func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
+	key := presence.FollowKey(x, y)
+	now := time.Now()
+	a.mu.Lock()
+	e, ok := a.edges[key]
+	gen := a.gen
+	a.mu.Unlock()
+	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		return e.v, nil
+	}
+	v, err := a.cfg.Graph.Follows(ctx, x, y)
+	if err != nil {
+		return false, err
+	}
+	a.mu.Lock()
+	if a.gen == gen {
+		if len(a.edges) >= maxCacheEntries {
+			clear(a.edges)
+		}
+		a.edges[key] = cachedBool{v, now}
+	}
+	a.mu.Unlock()
+	return v, nil
+}
+
+// settingsOf returns a user's privacy settings.
+func (a *Authorizer) settingsOf(ctx context.Context, userID string) (presence.Settings, error) {
+	now := time.Now()
+	a.mu.Lock()
+	e, ok := a.settings[userID]
+	gen := a.gen
+	a.mu.Unlock()
+	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		return e.v, nil
+	}
+	v, err := a.cfg.Graph.Settings(ctx, userID)
+	if err != nil {
+		return presence.Settings{}, err
+	}
+	a.mu.Lock()
+	if a.gen == gen {
+		if len(a.settings) >= maxCacheEntries {
+			clear(a.settings)
+		}
+		a.settings[userID] = cachedSettings{v, now}
+	}
+	a.mu.Unlock()
+	return v, nil
+}
+
+// Changed applies one change of the graph bucket, by its key: it drops
+// what was cached, has the subscriptions being decided that it touches
+// decided again, and re-checks the registered subscriptions it touches.
+// The gateway calls it for every change its watcher of the graph sees, in
+// order, from one goroutine.
+func (a *Authorizer) Changed(ctx context.Context, key string) {
+	if x, y, ok := presence.ParseFollowKey(key); ok {
+		a.mu.Lock()
+		delete(a.edges, key)
+		a.gen++
+		// x -> y decides whether x may watch y (every policy but
+		// everyone), whether y may watch x (mutual), and whether y may
+		// see x's last_seen (contacts).
+		a.touchLocked(func(t *ticket, target string) bool {
+			return t.watcher == x && target == y || t.watcher == y && target == x
+		})
+		a.mu.Unlock()
+		a.recheckUser(ctx, x, y)
+		a.recheckUser(ctx, y, x)
+		return
+	}
+	if u, ok := presence.ParseSettingsKey(key); ok {
+		a.mu.Lock()
+		delete(a.settings, u)
+		a.gen++
+		a.touchLocked(func(_ *ticket, target string) bool { return target == u })
+		a.mu.Unlock()
+		for _, w := range a.cfg.Hub.WatchersOf(u) {
+			a.recheck(ctx, w, u)
+		}
+	}
+}
+
+// touchLocked marks the targets of tickets that match as to be decided
+// again; the caller holds mu.
+func (a *Authorizer) touchLocked(match func(t *ticket, target string) bool) {
+	for t := range a.tickets {
+		for target := range t.targets {
+			if match(t, target) {
+				t.targets[target] = true
+				t.touched = true
+			}
+		}
+	}
+}
+
+// recheckUser re-decides the subscriptions of watcher's sockets to target.
+func (a *Authorizer) recheckUser(ctx context.Context, watcher, target string) {
+	for _, w := range a.cfg.SocketsOf(watcher) {
+		if a.cfg.Hub.Watching(w, target) {
+			a.recheck(ctx, w, target)
+		}
+	}
+}
+
+// recheck re-decides w's subscription to target: one no longer allowed
+// ends; a change of what w may see has target shown to it again.
+func (a *Authorizer) recheck(ctx context.Context, w hub.Watcher, target string) {
+	d, err := a.Decide(ctx, w.UserID(), target)
+	if err != nil {
+		a.cfg.Logger.Warn("recheck subscription", "user_id", w.UserID(), "target", target, "err", err)
+		return
+	}
+	if !d.Allowed {
+		a.cfg.Hub.Remove(w, []string{target})
+		a.cfg.Notify.Revoked(w, target, d.Reason)
+		return
+	}
+	if a.cfg.Hub.SetLastSeen(w, target, d.LastSeen) {
+		a.cfg.Notify.Reshow(w, target)
+	}
+}
+
+// String returns the policy's name.
+func (p Policy) String() string { return string(p) }
+
+// ParsePolicy parses a policy name.
+func ParsePolicy(s string) (Policy, error) {
+	if p := Policy(s); p.Valid() {
+		return p, nil
+	}
+	return "", fmt.Errorf("policy %q (want mutual, follow or everyone)", s)
+}

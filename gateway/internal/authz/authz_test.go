@@ -1,0 +1,229 @@
+package authz
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// graph is an in-memory Graph.
+type graph struct {
+	mu       sync.Mutex
+	follows  map[[2]string]bool
+	settings map[string]presence.Settings
+	reads    int
+}
+
+func newGraph(edges ...[2]string) *graph {
+	g := &graph{follows: make(map[[2]string]bool), settings: make(map[string]presence.Settings)}
+	for _, e := range edges {
+		g.follows[e] = true
+	}
+	return g
+}
+
+func (g *graph) Follows(_ context.Context, a, b string) (bool, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.reads++
+	return g.follows[[2]string{a, b}], nil
+}
+
+func (g *graph) Following(_ context.Context, a string) ([]string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var out []string
+	for e := range g.follows {
+		if e[0] == a {
+			out = append(out, e[1])
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (g *graph) Settings(_ context.Context, u string) (presence.Settings, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.settings[u], nil
+}
+
+func (g *graph) set(a, b string, on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.follows[[2]string{a, b}] = on
+}
+
+// sock is a hub.Watcher of a user.
+type sock struct{ user string }
+
+func (s *sock) UserID() string                   { return s.user }
+func (s *sock) Deliver(presence.Presence, int64) {}
+func (s *sock) Closed() bool                     { return false }
+
+// notes records what the authorizer tells sockets.
+type notes struct {
+	mu      sync.Mutex
+	revoked []string
+	reshown []string
+}
+
+func (n *notes) Revoked(w hub.Watcher, user, reason string) {
+	n.mu.Lock()
+	n.revoked = append(n.revoked, w.UserID()+"->"+user+":"+reason)
+	n.mu.Unlock()
+}
+
+func (n *notes) Reshow(w hub.Watcher, user string) {
+	n.mu.Lock()
+	n.reshown = append(n.reshown, w.UserID()+"->"+user)
+	n.mu.Unlock()
+}
+
+type rig struct {
+	a     *Authorizer
+	g     *graph
+	h     *hub.Hub
+	n     *notes
+	socks map[string][]hub.Watcher
+}
+
+func newRig(p Policy, g *graph) *rig {
+	r := &rig{g: g, h: hub.New(nil), n: &notes{}, socks: make(map[string][]hub.Watcher)}
+	r.a = New(Config{
+		Policy: p, Graph: g, CacheTTL: time.Hour, Hub: r.h, Notify: r.n,
+		SocketsOf: func(u string) []hub.Watcher { return r.socks[u] },
+	})
+	return r
+}
+
+func (r *rig) sock(user string) *sock {
+	s := &sock{user}
+	r.socks[user] = append(r.socks[user], s)
+	return s
+}
+
+func TestPolicies(t *testing.T) {
+	g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"}, [2]string{"alice", "carol"})
+	g.settings["bob"] = presence.Settings{LastSeen: presence.Nobody}
+	for _, tt := range []struct {
+		policy          Policy
+		watcher, target string
+		want            Decision
+	}{
+		{Mutual, "alice", "bob", Decision{Allowed: true}},
+		{Mutual, "alice", "carol", Decision{Reason: protocol.ReasonNotMutualFollowers}},
+		{Mutual, "carol", "alice", Decision{Reason: protocol.ReasonNotMutualFollowers}},
+		{Mutual, "alice", "alice", Decision{Allowed: true, LastSeen: true}},
+		{Follow, "alice", "carol", Decision{Allowed: true}},
+		{Follow, "carol", "alice", Decision{Reason: protocol.ReasonNotFollowing}},
+		{Everyone, "carol", "alice", Decision{Allowed: true, LastSeen: true}},
+		{Everyone, "dave", "carol", Decision{Allowed: true}},
+	} {
+		t.Run(string(tt.policy)+"/"+tt.watcher+"->"+tt.target, func(t *testing.T) {
+			got, err := newRig(tt.policy, g).a.Decide(context.Background(), tt.watcher, tt.target)
+			if err != nil || got != tt.want {
+				t.Errorf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestUnfollowBetweenDecideAndRegister: a graph change that lands after a
+// subscription was decided but before it was registered is not lost.
+func TestUnfollowBetweenDecideAndRegister(t *testing.T) {
+	ctx := context.Background()
+	r := newRig(Mutual, newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"}, [2]string{"alice", "carol"}, [2]string{"carol", "alice"}))
+	alice := r.sock("alice")
+	once := true
+	r.a.ForTest().AfterDecide(func() {
+		if once {
+			once = false
+			r.g.set("bob", "alice", false)
+			r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
+		}
+	})
+	grants, denied, _, err := r.a.Subscribe(ctx, alice, []string{"bob", "carol"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []hub.Grant{{User: "carol", LastSeen: true}}; !slices.Equal(grants, want) {
+		t.Errorf("granted %v, want %v", grants, want)
+	}
+	if want := []Denial{{"bob", protocol.ReasonNotMutualFollowers}}; !slices.Equal(denied, want) {
+		t.Errorf("denied %v, want %v", denied, want)
+	}
+	if r.h.Watching(alice, "bob") {
+		t.Error("alice watches bob, who stopped following her before she was registered")
+	}
+}
+
+// TestChangeAfterRegisterRechecks: a graph change after the registration
+// ends or changes the subscriptions it touches, and only those.
+func TestChangeAfterRegisterRechecks(t *testing.T) {
+	ctx := context.Background()
+	g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"}, [2]string{"carol", "bob"}, [2]string{"bob", "carol"})
+	r := newRig(Mutual, g)
+	alice, carol := r.sock("alice"), r.sock("carol")
+	for _, w := range []*sock{alice, carol} {
+		if _, _, _, err := r.a.Subscribe(ctx, w, []string{"bob"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.set("bob", "alice", false)
+	r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
+	if r.h.Watching(alice, "bob") || !r.h.Watching(carol, "bob") {
+		t.Errorf("after bob unfollowed alice: alice watches bob %v (want false), carol %v (want true)",
+			r.h.Watching(alice, "bob"), r.h.Watching(carol, "bob"))
+	}
+	if want := []string{"alice->bob:" + protocol.ReasonNotMutualFollowers}; !slices.Equal(r.n.revoked, want) {
+		t.Errorf("revoked %v, want %v", r.n.revoked, want)
+	}
+	// bob hides his last_seen: carol is shown bob again, without it.
+	g.mu.Lock()
+	g.settings["bob"] = presence.Settings{LastSeen: presence.Nobody}
+	g.mu.Unlock()
+	r.a.Changed(ctx, presence.SettingsKey("bob"))
+	if want := []string{"carol->bob"}; !slices.Equal(r.n.reshown, want) {
+		t.Errorf("reshown %v, want %v", r.n.reshown, want)
+	}
+}
+
+// TestCacheIsDroppedByChanges: what a change drops is read again, and a
+// read that began before a change is not cached.
+func TestCacheIsDroppedByChanges(t *testing.T) {
+	ctx := context.Background()
+	g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
+	r := newRig(Mutual, g)
+	for range 3 {
+		if d, _ := r.a.Decide(ctx, "alice", "bob"); !d.Allowed {
+			t.Fatal("alice may not watch bob")
+		}
+	}
+	if g.reads != 2 {
+		t.Errorf("%d graph reads for three decisions, want 2 (then cached)", g.reads)
+	}
+	g.set("alice", "bob", false)
+	r.a.Changed(ctx, presence.FollowKey("alice", "bob"))
+	if d, _ := r.a.Decide(ctx, "alice", "bob"); d.Allowed {
+		t.Error("alice may still watch bob after she unfollowed him")
+	}
+}
+
+func TestFriends(t *testing.T) {
+	g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"}, [2]string{"alice", "carol"}, [2]string{"alice", "dave"}, [2]string{"dave", "alice"})
+	g.settings["dave"] = presence.Settings{LastSeen: presence.Nobody}
+	got, err := newRig(Mutual, g).a.Friends(context.Background(), "alice", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []hub.Grant{{User: "bob", LastSeen: true}, {User: "dave"}}; !slices.Equal(got, want) {
+		t.Errorf("friends %v, want %v", got, want)
+	}
+}

@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// Box holds what waits to be written to one socket. It is safe for
+// concurrent use. The zero value is an empty box.
+type Box struct {
+	mu      sync.Mutex
+	pending []presence.Presence // the newest change per watched user
+	self    Self
+	// oldest is when the oldest pending change was written, in unix ms;
+	// zero when unknown.
+	oldest int64
+	// queued reports that the box was handed to a scheduler and not taken
+	// since.
+	queued bool
+	// held counts the holds that keep changes back (see Hold).
+	held int
+	// flushedAt is when changes were last taken for writing, in unix ns.
+	flushedAt atomic.Int64
+}
+
+// Self is the socket's own user's state, as the socket last learnt it.
+type Self struct {
+	Rev     uint64
+	Status  presence.Status
+	Devices int
+	// Pending reports that it changed since it was last taken.
+	Pending bool
+}
+
+// Add adds a change, replacing an older change of the same user. at is
+// when the change was written (unix ms; zero when unknown), for measuring
+// how long it took to reach the socket. Add reports whether the caller
+// must hand the box to the scheduler.
+func (b *Box) Add(p presence.Presence, at int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	replaced := false
+	for i := range b.pending {
+		if b.pending[i].UserID == p.UserID {
+			b.pending[i] = p
+			replaced = true
+			break
+		}
+	}
+	if !replaced {
+		b.pending = append(b.pending, p)
+	}
+	if at != 0 && (b.oldest == 0 || at < b.oldest) {
+		b.oldest = at
+	}
+	return b.queueLocked()
+}
+
+// AddSelf records the socket's own user's state at status revision rev,
+// unless the box already has a newer one. It reports whether the caller
+// must hand the box to the scheduler.
+func (b *Box) AddSelf(rev uint64, status presence.Status, devices int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if rev <= b.self.Rev {
+		return false
+	}
+	b.self = Self{Rev: rev, Status: status, Devices: devices, Pending: true}
+	return b.queueLocked()
+}
+
+// queueLocked marks the box queued and reports whether it was not yet.
+func (b *Box) queueLocked() bool {
+	if b.queued || b.held > 0 {
+		return false
+	}
+	b.queued = true
+	return true
+}
+
+// Take returns what waits and empties the box, noting now (unix ns) as
+// the time of the write when it returns anything. While the box is held it
+// returns nothing.
+func (b *Box) Take(now int64) (updates []presence.Presence, self Self, oldest int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queued = false
+	if b.held > 0 {
+		return nil, Self{}, 0
+	}
+	updates, self, oldest = b.pending, b.self, b.oldest
+	b.pending, b.oldest = nil, 0
+	b.self.Pending = false
+	if len(updates) > 0 || self.Pending {
+		b.flushedAt.Store(now)
+	}
+	return updates, self, oldest
+}
+
+// Hold keeps the box's changes from being taken until Release: a reply
+// that must reach the socket before them (presence_init) is being made.
+func (b *Box) Hold() {
+	b.mu.Lock()
+	b.held++
+	b.mu.Unlock()
+}
+
+// Release ends a Hold. It reports whether the caller must hand the box to
+// the scheduler, because changes came while it was held.
+func (b *Box) Release() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held--
+	if b.held > 0 || len(b.pending) == 0 && !b.self.Pending {
+		return false
+	}
+	return b.queueLocked()
+}
+
+// Len returns how many changes of watched users wait.
+func (b *Box) Len() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.pending)
+}
+
+// FlushedAt returns when changes were last taken for writing, in unix ns;
+// zero if never.
+func (b *Box) FlushedAt() int64 { return b.flushedAt.Load() }

@@ -1,0 +1,326 @@
+package socket
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/gobwas/ws"
+	"golang.org/x/sys/unix"
+)
+
+// Conn is the transport of one WebSocket connection after its upgrade: it
+// reads client frames into a Decoder, writes server frames one at a time
+// with a deadline, and closes the connection as RFC 6455 asks.
+//
+// Writes are serialized by a write lock that callers may also hold across
+// several frames (Lock, WriteTextLocked, Unlock), so that a reply is never
+// overtaken. One goroutine reads at a time. Close may be called from any
+// goroutine, once; after it every write fails with net.ErrClosed.
+type Conn struct {
+	nc           net.Conn
+	raw          syscall.RawConn // nil when nc has no descriptor
+	writeTimeout time.Duration
+
+	wmu    sync.Mutex
+	closed atomic.Bool
+
+	// rmu is held by the goroutine reading the socket. A poller hands a
+	// socket to one reader at a time, but through the kernel; the mutex
+	// makes each reader see what the previous one left.
+	rmu sync.Mutex
+	dec Decoder
+}
+
+// New returns the transport of an upgraded connection. Writes that take
+// longer than writeTimeout fail (the peer does not read). The Conn owns nc
+// and closes it in Close.
+func New(nc net.Conn, writeTimeout time.Duration) *Conn {
+	c := &Conn{nc: nc, writeTimeout: writeTimeout}
+	if sc, ok := nc.(syscall.Conn); ok {
+		c.raw, _ = sc.SyscallConn()
+	}
+	return c
+}
+
+// Fd returns the socket's file descriptor, for a poller; false when it
+// has none or is closed.
+func (c *Conn) Fd() (int, bool) {
+	if c.raw == nil {
+		return 0, false
+	}
+	fd := -1
+	if err := c.raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		return 0, false
+	}
+	return fd, true
+}
+
+// Closed reports whether Close was called.
+func (c *Conn) Closed() bool { return c.closed.Load() }
+
+// ReadReady reads what the socket holds, without blocking, into buf, and
+// passes each message and control frame to sink. The socket must have a
+// descriptor (Fd) and have been reported readable. It returns nil when the
+// connection stays open; io.EOF when the peer hung up or reset it without
+// a close frame; a *FrameError for a protocol violation; or the error of
+// the socket.
+func (c *Conn) ReadReady(buf []byte, maxMsg int, sink Sink) error {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	var (
+		n    int
+		rerr error
+	)
+	if err := c.raw.Read(func(fd uintptr) bool {
+		n, rerr = unix.Read(int(fd), buf)
+		return true
+	}); err != nil {
+		return err
+	}
+	switch {
+	case rerr == unix.EAGAIN || rerr == unix.EINTR:
+		return nil
+	case rerr != nil || n == 0:
+		return io.EOF
+	}
+	return c.dec.Decode(buf[:n], maxMsg, sink)
+}
+
+// ReadLoop reads the socket with blocking reads into buf until the
+// connection ends or sink asks to stop, and returns why it ended (as
+// ReadReady does; nil when sink stopped it). It is for platforms without a
+// poller, where each connection has a reading goroutine.
+func (c *Conn) ReadLoop(buf []byte, maxMsg int, sink Sink) error {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	stop := &stopSink{Sink: sink}
+	for {
+		n, err := c.nc.Read(buf)
+		if n > 0 {
+			if derr := c.dec.Decode(buf[:n], maxMsg, stop); derr != nil {
+				return derr
+			}
+			if stop.stopped || c.closed.Load() {
+				return nil
+			}
+		}
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
+				return io.EOF
+			}
+			return err
+		}
+	}
+}
+
+// stopSink remembers that its sink asked to stop.
+type stopSink struct {
+	Sink
+	stopped bool
+}
+
+func (s *stopSink) Message(p []byte) bool {
+	ok := s.Sink.Message(p)
+	s.stopped = s.stopped || !ok
+	return ok
+}
+
+func (s *stopSink) Control(op ws.OpCode, p []byte) bool {
+	ok := s.Sink.Control(op, p)
+	s.stopped = s.stopped || !ok
+	return ok
+}
+
+var framePool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// Lock takes the write lock, to write several frames in a row with
+// WriteTextLocked.
+func (c *Conn) Lock() { c.wmu.Lock() }
+
+// TryLock takes the write lock if it is free, and reports whether it did.
+func (c *Conn) TryLock() bool { return c.wmu.TryLock() }
+
+// Unlock releases the write lock.
+func (c *Conn) Unlock() { c.wmu.Unlock() }
+
+// WriteText writes one text frame.
+func (c *Conn) WriteText(payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.WriteTextLocked(payload)
+}
+
+// WriteTextLocked writes one text frame; the caller holds the write lock.
+// A write that fails leaves the frame stream cut: the caller closes the
+// connection (code 0). A deadline passing is reported as an error for
+// which IsTimeout is true: the peer does not read fast enough.
+func (c *Conn) WriteTextLocked(payload []byte) error {
+	if c.closed.Load() {
+		return net.ErrClosed
+	}
+	fb := framePool.Get().(*bytes.Buffer)
+	fb.Reset()
+	_ = ws.WriteHeader(fb, ws.Header{Fin: true, OpCode: ws.OpText, Length: int64(len(payload))})
+	fb.Write(payload)
+	err := c.writeRaw(fb.Bytes(), c.writeTimeout)
+	if fb.Cap() <= 64<<10 {
+		framePool.Put(fb)
+	}
+	return err
+}
+
+// WriteControl writes a control frame (a pong) if no other write is in
+// progress, and reports whether it did: a peer that sends pings faster
+// than it reads loses pongs, not the server's memory.
+func (c *Conn) WriteControl(op ws.OpCode, payload []byte) (bool, error) {
+	if !c.wmu.TryLock() {
+		return false, nil
+	}
+	defer c.wmu.Unlock()
+	if c.closed.Load() {
+		return false, net.ErrClosed
+	}
+	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
+	buf := bytes.NewBuffer(b[:0])
+	_ = ws.WriteFrame(buf, ws.NewFrame(op, true, payload))
+	return true, c.writeRaw(buf.Bytes(), c.writeTimeout)
+}
+
+// writeRaw writes b with a deadline; the caller holds the write lock.
+func (c *Conn) writeRaw(b []byte, timeout time.Duration) error {
+	if err := c.nc.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
+		return err
+	}
+	_, err := c.nc.Write(b)
+	return err
+}
+
+// IsTimeout reports whether err is a write deadline passing.
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Close ends the connection, once, and reports whether this call did.
+//
+// With code 0 the socket is closed at once: the peer is gone, or the
+// frame stream is cut. Otherwise the connection is closed as RFC 6455
+// §7.1.1 asks: after any write in progress, a close frame with code and
+// reason is sent, the write side is shut down, and what the peer still
+// sends is read and thrown away until its own close frame or the end of
+// its stream, within l's bounds of time and bytes; only then is the socket
+// closed. Closing a socket with unread data makes the kernel answer with
+// a reset, which would destroy the close frame (and the error frames
+// before it) before the peer reads them. That part runs in the background
+// under l; when l is full or stopped, the socket is closed after a quick
+// read of what is already buffered.
+func (c *Conn) Close(code ws.StatusCode, reason string, l *Linger) bool {
+	if c.closed.Swap(true) {
+		return false
+	}
+	if code == 0 {
+		_ = c.nc.Close()
+		return true
+	}
+	if l.start(func() { c.linger(code, reason, l) }) {
+		return true
+	}
+	if c.wmu.TryLock() {
+		c.writeClose(code, reason)
+		c.wmu.Unlock()
+		c.closeWrite()
+		if c.rmu.TryLock() {
+			c.discardBuffered()
+			c.rmu.Unlock()
+		}
+	}
+	_ = c.nc.Close()
+	return true
+}
+
+// linger sends the close frame, waits for the peer's, and closes.
+func (c *Conn) linger(code ws.StatusCode, reason string, l *Linger) {
+	defer func() { _ = c.nc.Close() }()
+	c.wmu.Lock()
+	c.writeClose(code, reason)
+	c.wmu.Unlock()
+	c.closeWrite()
+	// The deadline also ends a ReadLoop blocked on the socket, so that
+	// the read lock comes free.
+	if err := c.nc.SetReadDeadline(time.Now().Add(l.timeout)); err != nil {
+		return
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	buf := make([]byte, 4096)
+	sink := &closeSink{}
+	for budget := l.budget; budget > 0 && !sink.closed; {
+		n, err := c.nc.Read(buf[:min(len(buf), budget)])
+		budget -= n
+		if n > 0 && c.dec.Decode(buf[:n], l.maxMsg, sink) != nil {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeClose writes a close frame with a short deadline; the caller holds
+// the write lock. Its error is of no use: the socket is closed next.
+func (c *Conn) writeClose(code ws.StatusCode, reason string) {
+	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
+	buf := bytes.NewBuffer(b[:0])
+	_ = ws.WriteFrame(buf, ws.NewCloseFrame(ws.NewCloseFrameBody(code, reason)))
+	_ = c.writeRaw(buf.Bytes(), time.Second)
+}
+
+// closeWrite shuts the write side down: the peer reads the close frame and
+// then the end of the stream.
+func (c *Conn) closeWrite() {
+	if cw, ok := c.nc.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+		return
+	}
+	if c.raw != nil {
+		_ = c.raw.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_WR) })
+	}
+}
+
+// discardBuffered reads, without blocking, what the kernel already holds
+// for the socket; the caller holds the read lock.
+func (c *Conn) discardBuffered() {
+	if c.raw == nil {
+		return
+	}
+	var buf [4096]byte
+	for range 256 {
+		n := 0
+		_ = c.raw.Read(func(fd uintptr) bool {
+			n, _ = unix.Read(int(fd), buf[:])
+			return true
+		})
+		if n <= 0 {
+			return
+		}
+	}
+}
+
+// closeSink ignores messages and notes the peer's close frame.
+type closeSink struct{ closed bool }
+
+func (s *closeSink) Message([]byte) bool { return true }
+
+func (s *closeSink) Control(op ws.OpCode, _ []byte) bool {
+	if op == ws.OpClose {
+		s.closed = true
+		return false
+	}
+	return true
+}

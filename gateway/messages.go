@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// requestTimeout bounds the NATS work one client message causes.
+const requestTimeout = 10 * time.Second
+
+// message handles one client message. It runs on the goroutine reading the
+// socket, so one connection's messages are handled in order.
+func (s *Service) message(c *conn, payload []byte) bool {
+	now := nowNano()
+	c.lastFrame.Store(now)
+	if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
+		return s.limited(c, now)
+	}
+	if protocol.IsHeartbeat(payload) {
+		// The most frequent message needs no decoding, no context and
+		// no NATS work: the frame itself was the sign of life.
+		s.metrics.heartbeatMsgs.Inc()
+		s.metrics.heartbeats.Inc()
+		return c.open()
+	}
+	var m protocol.ClientMessage
+	if err := protocol.DecodeClient(payload, &m); err != nil {
+		s.metrics.msgsIn.WithLabelValues("invalid").Inc()
+		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		return c.open()
+	}
+	if protocol.KnownClientType(m.Type) {
+		s.metrics.msgsIn.WithLabelValues(m.Type).Inc()
+	} else {
+		s.metrics.msgsIn.WithLabelValues("unknown").Inc()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	switch m.Type {
+	case protocol.TypeHeartbeat:
+		s.metrics.heartbeats.Inc()
+	case protocol.TypeActivity:
+		s.reply(c, m.ID, s.keys.active(ctx, c, now))
+	case protocol.TypeIdle:
+		s.reply(c, m.ID, s.keys.setIdle(ctx, c))
+	case protocol.TypeAuth:
+		s.reauth(c, &m)
+	case protocol.TypeSetStatus:
+		s.setStatus(ctx, c, now, &m)
+	case protocol.TypeSubscribe:
+		s.subscribe(ctx, c, &m)
+	case protocol.TypeUnsubscribe:
+		s.unsubscribe(c, &m)
+	default:
+		s.sendError(c, m.ID, protocol.CodeUnknownType, fmt.Sprintf("unknown message type %q", m.Type))
+	}
+	return c.open()
+}
+
+// control handles a ping, pong or close frame.
+func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
+	now := nowNano()
+	c.lastFrame.Store(now)
+	switch op {
+	case ws.OpPing:
+		s.metrics.heartbeats.Inc()
+		if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
+			return s.limited(c, now)
+		}
+		if _, err := c.sock.WriteControl(ws.OpPong, payload); err != nil {
+			c.writeFailed(err)
+		}
+	case ws.OpClose:
+		code, reason := ws.ParseCloseFrameData(payload)
+		switch {
+		case len(payload) == 0:
+			code = ws.StatusNormalClosure
+		case len(payload) == 1 || code > maxCloseCode || ws.CheckCloseFrameData(code, reason) != nil:
+			// gobwas/ws takes codes of 5000 and more; RFC 6455 defines
+			// none, so echoing one back would break the protocol too.
+			s.end(c, endClean, ws.StatusProtocolError, "invalid close frame")
+			return false
+		}
+		s.end(c, endClean, code, "")
+		return false
+	}
+	return c.open()
+}
+
+// maxCloseCode is the highest close code RFC 6455 lets a peer send (the
+// top of the private range 4000-4999).
+const maxCloseCode = 4999
+
+// limited answers a message over the rate limit: a rate_limited error, or,
+// after RateStrikes of them within a minute, a close with 1008.
+func (s *Service) limited(c *conn, now int64) bool {
+	s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+	if c.limiter.Strike(now, s.cfg.RateStrikes) {
+		s.end(c, endClean, ws.StatusPolicyViolation, "rate limit exceeded")
+		return false
+	}
+	s.sendError(c, "", protocol.CodeRateLimited, fmt.Sprintf("too many messages: at most %g per second", s.cfg.RateLimit))
+	return c.open()
+}
+
+// sendError writes an error frame.
+func (s *Service) sendError(c *conn, id, code, message string) {
+	s.send(c, protocol.TypeError, &protocol.Error{Type: protocol.TypeError, ID: id, Code: code, Message: message})
+}
+
+// sendDenied writes a denied frame.
+func (s *Service) sendDenied(c *conn, id, userID, reason string) {
+	s.send(c, protocol.TypeDenied, &protocol.Denied{Type: protocol.TypeDenied, ID: id, UserID: userID, Reason: reason})
+}
+
+// send writes one frame of type typ.
+func (s *Service) send(c *conn, typ string, v any) {
+	c.sock.Lock()
+	defer c.sock.Unlock()
+	_ = s.sendLocked(c, typ, v)
+}
+
+// sendLocked writes one frame of type typ; the caller holds the socket's
+// write lock. A failed write ends the connection.
+func (s *Service) sendLocked(c *conn, typ string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		s.log.Error("encode frame", "type", typ, "err", err)
+		return err
+	}
+	if err := c.sock.WriteTextLocked(data); err != nil {
+		c.writeFailed(err)
+		return err
+	}
+	s.metrics.msgsOut.WithLabelValues(typ).Inc()
+	return nil
+}
+
+// reply answers a message whose NATS work failed with an unavailable
+// error; it does nothing when err is nil.
+func (s *Service) reply(c *conn, id string, err error) {
+	if err == nil || errors.Is(err, hub.ErrClosed) || !c.open() {
+		return
+	}
+	s.log.Warn("request failed", "user_id", c.userID, "conn_id", c.connID, "err", err)
+	s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now; try again")
+}
+
+// reauth takes a fresh token for the connection.
+func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
+	fail := func(msg string) {
+		s.sendError(c, m.ID, protocol.CodeUnauthorized, msg)
+		s.end(c, endClean, ws.StatusPolicyViolation, "unauthorized")
+	}
+	if m.Token == "" {
+		fail("auth needs a token")
+		return
+	}
+	if s.cfg.Tokens == nil {
+		fail("this gateway accepts no tokens")
+		return
+	}
+	userID, exp, err := s.cfg.Tokens.Verify(m.Token)
+	if err != nil {
+		fail("invalid token: " + err.Error())
+		return
+	}
+	if userID != c.userID {
+		fail("the token is for another user")
+		return
+	}
+	c.expires.Store(exp.UnixNano())
+}
+
+// setStatus writes the user's chosen status. Choosing is a sign of use, so
+// it also counts as activity on this connection.
+func (s *Service) setStatus(ctx context.Context, c *conn, now int64, m *protocol.ClientMessage) {
+	st, err := presence.ParseChosen(m.Status)
+	if err != nil {
+		s.sendError(c, m.ID, protocol.CodeInvalidStatus, err.Error())
+		return
+	}
+	if err := s.keys.active(ctx, c, now); err != nil {
+		s.reply(c, m.ID, err)
+		return
+	}
+	s.reply(c, m.ID, s.keys.setStatus(ctx, c, st))
+}
+
+// unsubscribe ends subscriptions; it has no answer.
+func (s *Service) unsubscribe(c *conn, m *protocol.ClientMessage) {
+	if m.All && s.online != nil {
+		s.online.unsubscribe(c)
+	}
+	s.hub.Remove(c, m.UserIDs)
+}

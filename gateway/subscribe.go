@@ -1,0 +1,169 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// readConcurrency bounds the status reads of one request in flight at
+// once.
+const readConcurrency = 16
+
+// subscribe answers a subscribe message: presence_init with the current
+// state of every allowed target, and a denied frame per refused one.
+//
+// Everything that needs NATS happens first, with no lock held on the
+// socket: the authorizer decides and registers the subscriptions, then the
+// snapshots are read. Changes that arrive meanwhile wait in the socket's
+// box, held until presence_init is written, so that no batch overtakes it.
+func (s *Service) subscribe(ctx context.Context, c *conn, m *protocol.ClientMessage) {
+	if m.All {
+		s.subscribeAll(ctx, c, m.ID)
+		return
+	}
+	if len(m.UserIDs) == 0 {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, `subscribe needs "user_ids" (an array of user ids) or "all": true`)
+		return
+	}
+	if len(m.UserIDs) > s.cfg.MaxSubscribeIDs {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("at most %d user ids per subscribe", s.cfg.MaxSubscribeIDs))
+		return
+	}
+	var denied []protocol.Denied
+	deny := func(user, reason string) {
+		denied = append(denied, protocol.Denied{Type: protocol.TypeDenied, ID: m.ID, UserID: user, Reason: reason})
+	}
+	var candidates []string
+	seen := make(map[string]bool, len(m.UserIDs))
+	room := s.cfg.MaxSubscriptions - s.hub.Count(c)
+	for _, u := range m.UserIDs {
+		if seen[u] {
+			continue
+		}
+		seen[u] = true
+		if !presence.ValidUserID(u) {
+			deny(u, protocol.ReasonInvalidUserID)
+			continue
+		}
+		if !s.hub.Watching(c, u) {
+			if room <= 0 {
+				deny(u, protocol.ReasonTooManySubscriptions)
+				continue
+			}
+			room--
+		}
+		candidates = append(candidates, u)
+	}
+
+	c.box.Hold()
+	defer c.release()
+	users, refused, err := s.watch(ctx, c, candidates)
+	if err != nil {
+		s.reply(c, m.ID, err)
+		return
+	}
+	for _, d := range refused {
+		deny(d.User, d.Reason)
+	}
+	c.sock.Lock()
+	defer c.sock.Unlock()
+	if s.sendLocked(c, protocol.TypePresenceInit, &protocol.PresenceInit{
+		Type: protocol.TypePresenceInit, ID: m.ID, Users: users,
+	}) != nil {
+		return
+	}
+	for i := range denied {
+		if s.sendLocked(c, protocol.TypeDenied, &denied[i]) != nil {
+			return
+		}
+	}
+}
+
+// watch has the authorizer decide and register c's subscriptions to
+// targets, reads their snapshots, and returns the presence of each one
+// allowed, as c may see it, and the refused ones.
+func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]presence.Presence, []denial, error) {
+	if len(targets) == 0 {
+		return []presence.Presence{}, nil, nil
+	}
+	grants, refused, subscribed, err := s.authz.Subscribe(ctx, c, targets)
+	if err != nil {
+		return nil, nil, err
+	}
+	var denials []denial
+	for _, d := range refused {
+		denials = append(denials, denial{d.User, d.Reason})
+	}
+	if len(grants) == 0 {
+		return []presence.Presence{}, denials, nil
+	}
+	entries, err := s.snapshot(ctx, subscribed, grants)
+	if err != nil {
+		users := make([]string, len(grants))
+		for i, g := range grants {
+			users[i] = g.User
+		}
+		s.hub.Remove(c, users)
+		return nil, nil, err
+	}
+	entries = s.hub.Settle(c, entries)
+	out := make([]presence.Presence, len(entries))
+	for i := range entries {
+		out[i] = entries[i].Presence
+	}
+	return out, denials, nil
+}
+
+// denial is a refused subscription.
+type denial struct{ User, Reason string }
+
+// snapshot reads the presence of the granted users, in parallel. When the
+// hub made a new NATS subscription, the server must know of it before the
+// snapshot is read, or an event published in between is lost.
+func (s *Service) snapshot(ctx context.Context, subscribed bool, grants []hub.Grant) ([]hub.Entry, error) {
+	if subscribed {
+		if err := s.nc.FlushWithContext(ctx); err != nil {
+			return nil, fmt.Errorf("flush subscriptions: %w", err)
+		}
+	}
+	entries := make([]hub.Entry, len(grants))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for i, gr := range grants {
+		g.Go(func() error {
+			p, rev, _, err := s.presenceOf(gctx, gr.User)
+			entries[i] = hub.Entry{Presence: p, Rev: rev}
+			return err
+		})
+	}
+	return entries, g.Wait()
+}
+
+// subscribeAll answers a subscribe with "all": true.
+func (s *Service) subscribeAll(ctx context.Context, c *conn, id string) {
+	if !s.authz.Everyone() {
+		s.sendDenied(c, id, "*", protocol.ReasonNotAllowed)
+		return
+	}
+	c.box.Hold()
+	defer c.release()
+	users, count, err := s.online.subscribe(c, s.cfg.OnlineLimit)
+	if err != nil {
+		s.reply(c, id, err)
+		return
+	}
+	for i := range users {
+		if !s.authz.ShowLastSeen(ctx, c.userID, users[i].UserID) {
+			users[i].LastSeen = 0
+		}
+	}
+	s.send(c, protocol.TypePresenceInit, &protocol.PresenceInit{
+		Type: protocol.TypePresenceInit, ID: id, Users: users, OnlineCount: &count,
+	})
+}
