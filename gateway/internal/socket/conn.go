@@ -260,11 +260,12 @@ func (c *Conn) linger(code ws.StatusCode, reason string, l *Linger) {
 	defer c.rmu.Unlock()
 	buf := make([]byte, 4096)
 	sink := &closeSink{}
+	decoding := true // until the stream cannot be decoded: then until EOF
 	for budget := l.budget; budget > 0 && !sink.closed; {
 		n, err := c.nc.Read(buf[:min(len(buf), budget)])
 		budget -= n
-		if n > 0 && c.dec.Decode(buf[:n], l.maxMsg, sink) != nil {
-			return
+		if n > 0 && decoding && c.dec.Decode(buf[:n], l.maxMsg, sink) != nil {
+			decoding = false
 		}
 		if err != nil {
 			return

@@ -56,8 +56,9 @@ type Sink interface {
 //
 // Decode returns a *FrameError for a protocol violation, after which the
 // connection must be closed; or nil. It returns nil early if sink asks to
-// stop. Between calls the decoder holds at most maxMsg plus one frame
-// header (ws.MaxHeaderSize) bytes, and what it finds does not depend on how
+// stop, keeping what follows for the next call. Between calls the decoder
+// holds at most maxMsg plus one frame header (ws.MaxHeaderSize) bytes,
+// unless the sink asked to stop, and what it finds does not depend on how
 // the bytes are cut into calls.
 func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 	if len(d.partial) > 0 {
@@ -103,6 +104,7 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 		switch {
 		case h.OpCode.IsControl():
 			if !sink.Control(h.OpCode, payload) {
+				d.stopped(data)
 				return nil
 			}
 		case h.OpCode == ws.OpText && h.Fin:
@@ -110,6 +112,7 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 				return errBadUTF8
 			}
 			if !sink.Message(payload) {
+				d.stopped(data)
 				return nil
 			}
 		default: // the start or a continuation of a fragmented message
@@ -124,6 +127,7 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 				return errBadUTF8
 			}
 			if !sink.Message(msg) {
+				d.stopped(data)
 				return nil
 			}
 		}
@@ -171,6 +175,15 @@ func parseHeader(data []byte) (h ws.Header, n int, err error) {
 		n += 4
 	}
 	return h, n, nil
+}
+
+// stopped keeps what follows the frame at which the sink asked to stop, so
+// that a later call (a close that reads until the peer's close frame) goes
+// on from the right byte. It may hold more than a frame then.
+func (d *Decoder) stopped(rest []byte) {
+	if len(rest) > 0 {
+		d.keep(rest)
+	}
 }
 
 // keep copies the start of an incomplete frame.
