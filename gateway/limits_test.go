@@ -554,35 +554,41 @@ func TestIdleConnectionFlood(t *testing.T) {
 		flood   = 500
 		timeout = time.Second
 	)
-	sys := secStart(t, systest.Options{})
+	// The sockets that must stay up get a long TTL: on a loaded machine
+	// this test is about handshakes, not heartbeats.
+	live := gateway.Config{ConnTTL: 30 * time.Second}
+	sys := secStart(t, systest.Options{Gateway: live})
 	by := newBystander(t, sys, sys.Gateway())
-	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
-	idle := make([]net.Conn, 0, flood)
-	start := time.Now()
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout, ConnTTL: live.ConnTTL})
+	type dialed struct {
+		nc net.Conn
+		at time.Time
+	}
+	idle := make([]dialed, 0, flood)
 	for range flood {
 		nc, err := net.Dial("tcp", gw.Addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		idle = append(idle, nc)
+		idle = append(idle, dialed{nc, time.Now()})
 	}
 	c := secDial(t, gw, "alice")
 	defer systest.KeepAlive(c, systest.Heartbeat)()
 	subscribeSelf(t, c, "during-flood")
 	var wg sync.WaitGroup
 	cut := make(chan time.Duration, flood)
-	for _, nc := range idle {
+	for _, d := range idle {
 		wg.Go(func() {
-			_ = nc.SetReadDeadline(start.Add(timeout + 10*time.Second))
+			_ = d.nc.SetReadDeadline(d.at.Add(timeout + 20*time.Second))
 			var b [1]byte
-			_, err := nc.Read(b[:])
+			_, err := d.nc.Read(b[:])
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
-				t.Errorf("idle connection still open after %v", time.Since(start))
+				t.Errorf("idle connection still open after %v", time.Since(d.at))
 				return
 			}
-			cut <- time.Since(start)
+			cut <- time.Since(d.at)
 		})
 	}
 	wg.Wait()
@@ -591,7 +597,10 @@ func TestIdleConnectionFlood(t *testing.T) {
 	for d := range cut {
 		latest = max(latest, d)
 	}
-	if latest > timeout+3*time.Second {
+	// The handshake timeout counts from the accept, which a busy machine
+	// may make late: the bound is loose, what matters is that every idle
+	// connection is cut.
+	if latest > timeout+10*time.Second {
 		t.Errorf("the last idle connection was cut %v after it opened; want about %v", latest, timeout)
 	}
 	if n := gw.Conns(); n != 1 {
@@ -611,10 +620,15 @@ func TestSlowReader(t *testing.T) {
 		watched      = 20
 		writeTimeout = 500 * time.Millisecond
 	)
-	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	// A TTL far longer than the write timeout: on a loaded machine a
+	// reader blocked in writes could otherwise end the socket as dead
+	// first, and this test is about the write timeout.
+	const ttl = 30 * time.Second
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, ConnTTL: ttl}})
 	by := newBystander(t, sys, sys.Gateway())
 	gw := sys.StartGateway(gateway.Config{
 		Policy:       gateway.PolicyEveryone,
+		ConnTTL:      ttl,
 		WriteTimeout: writeTimeout,
 		RateLimit:    100_000,
 		RateBurst:    100_000,
