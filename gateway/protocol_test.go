@@ -407,9 +407,11 @@ func TestOfflineGraceAndReload(t *testing.T) {
 	if err := bob.Close(); err != nil {
 		t.Fatal(err)
 	}
+	var offline presence.Presence
 	systest.Await(t, alice, 10*time.Second, "bob offline", func(m protocol.ServerMessage) bool {
 		for _, p := range m.Updates {
 			if p.UserID == "bob" && p.Status == presence.Offline {
+				offline = p
 				return true
 			}
 		}
@@ -417,6 +419,10 @@ func TestOfflineGraceAndReload(t *testing.T) {
 	})
 	if took := time.Since(closed); took < 2*time.Second-300*time.Millisecond || took > 2*time.Second+2*time.Second {
 		t.Errorf("offline %v after a clean close; want the 2s grace, plus at most 2s", took)
+	}
+	// bob was last seen when he closed, not when the grace ended.
+	if seen := time.Unix(offline.LastSeen, 0); seen.Before(closed.Truncate(time.Second)) || seen.After(closed.Add(time.Second)) {
+		t.Errorf("last_seen %v after a close at %v; want the time of the close", seen, closed)
 	}
 }
 

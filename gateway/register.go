@@ -408,6 +408,7 @@ func (r *registrar) settleNow(c *conn, kind endKind) {
 	c.key.mu.Lock()
 	defer c.key.mu.Unlock()
 	if kind == endClean && r.cfg.OfflineGrace > 0 {
+		closedAt := time.Now().UnixMilli()
 		rec := r.record(c)
 		rec.Closing, rec.AwayAt = true, 0
 		rev, err := r.store.WriteConn(ctx, c.userID, c.connID, rec, r.cfg.OfflineGrace, c.key.rev)
@@ -422,7 +423,7 @@ func (r *registrar) settleNow(c *conn, kind endKind) {
 				if !ok || ci.Closing {
 					return presence.ErrNoChange
 				}
-				ci.Closing = true
+				ci.Closing, ci.ClosedAt = true, closedAt
 				rec.Conns[c.connID] = ci
 				return nil
 			})

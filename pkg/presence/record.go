@@ -62,6 +62,9 @@ type ConnInfo struct {
 	// Closing reports that the socket closed cleanly and the connection only
 	// lives out the offline grace, so that a quick reconnect does not flap.
 	Closing bool `json:"closing,omitempty"`
+	// ClosedAt is when the socket closed, in unix milliseconds, once it
+	// is Closing: the user's last_seen when it was their last connection.
+	ClosedAt int64 `json:"closed_at,omitempty"`
 }
 
 // Clone returns a deep copy of r.
@@ -138,7 +141,7 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 	if r.Public != prevPublic {
 		r.PubVer++
 		if r.Public.Visible() || prevPublic.Visible() {
-			r.LastSeen = now.Unix()
+			r.LastSeen = r.seenAt(prev, now).Unix()
 		}
 	}
 	if r.Status != prevStatus || r.Devices != prev.Devices {
@@ -148,6 +151,30 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 		r.Since = now.UnixMilli()
 	}
 	r.Updated = now.UnixMilli()
+}
+
+// seenAt returns when the user was last seen, for a write at now over prev
+// that changes whether others see them: when the write removes only
+// connections that had closed cleanly, the latest of their closes (not the
+// end of the offline grace); otherwise now.
+func (r *Record) seenAt(prev *Record, now time.Time) time.Time {
+	if r.Public.Visible() {
+		return now
+	}
+	var latest int64
+	for id, c := range prev.Conns {
+		if _, ok := r.Conns[id]; ok {
+			continue
+		}
+		if c.ClosedAt == 0 {
+			return now
+		}
+		latest = max(latest, c.ClosedAt)
+	}
+	if latest == 0 || latest > now.UnixMilli() {
+		return now
+	}
+	return time.UnixMilli(latest)
 }
 
 // Presence returns what others see of the user, with LastSeen included

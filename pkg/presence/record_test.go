@@ -133,6 +133,27 @@ func TestRecordFinish(t *testing.T) {
 				LastSeen: t1.Unix(), Since: t1.UnixMilli(), PubVer: 2, SelfVer: 2},
 		},
 		{
+			name: "last connection gone after the grace: last seen at its close",
+			prev: finished(presence.Record{Conns: conns(closedAt(t0.Add(30 * time.Second)))}, t0),
+			next: presence.Record{},
+			want: presence.Record{Status: presence.Offline, Public: presence.Offline, Devices: 0,
+				LastSeen: t0.Add(30 * time.Second).Unix(), Since: t1.UnixMilli(), PubVer: 2, SelfVer: 2},
+		},
+		{
+			name: "two closed connections gone: the later close",
+			prev: finished(presence.Record{Conns: conns(closedAt(t0.Add(10*time.Second)), closedAt(t0.Add(20*time.Second)))}, t0),
+			next: presence.Record{},
+			want: presence.Record{Status: presence.Offline, Public: presence.Offline, Devices: 0,
+				LastSeen: t0.Add(20 * time.Second).Unix(), Since: t1.UnixMilli(), PubVer: 2, SelfVer: 2},
+		},
+		{
+			name: "a closed and a dead connection gone: now",
+			prev: finished(presence.Record{Conns: conns(closedAt(t0.Add(10*time.Second)), active)}, t0),
+			next: presence.Record{},
+			want: presence.Record{Status: presence.Offline, Public: presence.Offline, Devices: 0,
+				LastSeen: t1.Unix(), Since: t1.UnixMilli(), PubVer: 2, SelfVer: 2},
+		},
+		{
 			name: "nothing changes: only Updated moves",
 			prev: finished(presence.Record{Chosen: presence.Busy, Conns: conns(active)}, t0),
 			next: presence.Record{Chosen: presence.Busy, Conns: conns(active)},
@@ -159,6 +180,11 @@ func TestRecordFinish(t *testing.T) {
 			}
 		})
 	}
+}
+
+// closedAt is a connection that closed cleanly at t.
+func closedAt(t time.Time) presence.ConnInfo {
+	return presence.ConnInfo{Gateway: "g1", Closing: true, ClosedAt: t.UnixMilli()}
 }
 
 // finished returns r as written at t over a zero record: the state of a
