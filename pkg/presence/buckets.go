@@ -15,6 +15,12 @@ import (
 // comes back; after longer, its periodic sweep catches up instead.
 const DefaultMarkerTTL = time.Minute
 
+// LeaseMarkerTTL is how long LeasesBucket keeps the marker of a lease that
+// ended. A reaper that was down for less than this learns of every lease
+// that ended meanwhile from its durable consumer; after longer, its
+// start-up sweep finds what is left.
+const LeaseMarkerTTL = 24 * time.Hour
+
 // StatusHistory is how many revisions StatusBucket keeps per user, so that
 // `nats kv history presence_status <user>` shows recent transitions.
 const StatusHistory = 10
@@ -71,8 +77,12 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 	case ConnsBucket:
 		// History 1: with more, every TTL is raised to LimitMarkerTTL and an
 		// older revision can come back silently when the newest one expires.
-		cfg.Description = "greendot: one key per live connection, <user>.<conn>, kept alive by heartbeats"
+		// The marker TTL serves keys of the earlier shape, which expire.
+		cfg.Description = "greendot: one key per live connection, <gateway>.<epoch>.<user>.<conn>, held under its gateway's lease"
 		cfg.LimitMarkerTTL = o.markerTTL()
+	case LeasesBucket:
+		cfg.Description = "greendot: one key per gateway lease, <gateway>.<epoch>, refreshed every second; its end ends its connections"
+		cfg.LimitMarkerTTL = LeaseMarkerTTL
 	case StatusBucket:
 		cfg.Description = "greendot: one record per user: chosen status, live connections, public view"
 		cfg.History = StatusHistory

@@ -4,9 +4,19 @@ import "strings"
 
 // Bucket names. They are part of the operator interface.
 const (
-	// ConnsBucket holds one key per live connection: "<user>.<conn>", value
-	// a ConnRecord, with a per-key TTL refreshed by heartbeats.
+	// ConnsBucket holds one key per live connection,
+	// "<gateway>.<epoch>.<user>.<conn>" (LeaseConnKey), value a
+	// ConnRecord: created when the connection starts, rewritten when it
+	// turns idle or active, removed when it ends. Its gateway's lease
+	// (LeasesBucket) keeps it alive. Keys of the earlier shape,
+	// "<user>.<conn>" (ConnKey), kept alive by per-key TTLs, are still
+	// understood, so that a deployment can be upgraded in place.
 	ConnsBucket = "presence_conns"
+	// LeasesBucket holds one key per gateway lease, "<gateway>.<epoch>"
+	// (LeaseKey), value a LeaseRecord, with a per-key TTL its gateway
+	// refreshes about every second. Its expiry or deletion ends every
+	// connection held under it.
+	LeasesBucket = "presence_leases"
 	// StatusBucket holds one key per user: "<user>", value a Record.
 	StatusBucket = "presence_status"
 	// GraphBucket holds the social graph and privacy settings:
@@ -42,20 +52,66 @@ func StreamName(bucket string) string { return "KV_" + bucket }
 // KeySubject returns the subject a KV key is stored on.
 func KeySubject(bucket, key string) string { return "$KV." + bucket + "." + key }
 
-// ConnKey returns the key of a connection in ConnsBucket.
+// ConnKey returns the key of a connection in ConnsBucket in the earlier
+// shape, "<user>.<conn>", kept alive by its own TTL.
 func ConnKey(userID, connID string) string { return userID + "." + connID }
 
-// ConnKeyFilter returns the key filter matching all connections of a user.
+// ConnKeyFilter returns the key filter matching all connections of a user
+// in the earlier shape.
 func ConnKeyFilter(userID string) string { return userID + ".*" }
 
-// SplitConnKey splits a ConnsBucket key into user and connection ids. It
-// reports false for a key of any other shape.
+// LegacyConnsFilter matches every key of the earlier shape (two tokens);
+// keys held under a lease have four.
+const LegacyConnsFilter = "*.*"
+
+// SplitConnKey splits a ConnsBucket key of the earlier shape into user and
+// connection ids. It reports false for a key of any other shape.
 func SplitConnKey(key string) (userID, connID string, ok bool) {
 	userID, connID, ok = strings.Cut(key, ".")
 	if !ok || !ValidUserID(userID) || connID == "" || strings.Contains(connID, ".") {
 		return "", "", false
 	}
 	return userID, connID, true
+}
+
+// LeaseKey returns the key of a gateway's lease in LeasesBucket: the
+// gateway's id and the epoch of this lease, a token the gateway makes new
+// each time it takes a lease.
+func LeaseKey(gatewayID, epoch string) string { return gatewayID + "." + epoch }
+
+// ParseLeaseKey parses a LeasesBucket key. It reports false for any other
+// key.
+func ParseLeaseKey(key string) (gatewayID, epoch string, ok bool) {
+	gatewayID, epoch, ok = strings.Cut(key, ".")
+	if !ok || !ValidToken(gatewayID) || !ValidToken(epoch) {
+		return "", "", false
+	}
+	return gatewayID, epoch, true
+}
+
+// LeaseConnKey returns the ConnsBucket key of a connection held under a
+// gateway's lease: "<gateway>.<epoch>.<user>.<conn>". One lease's keys are
+// listed, or purged, with LeaseConnsFilter.
+func LeaseConnKey(gatewayID, epoch, userID, connID string) string {
+	return gatewayID + "." + epoch + "." + userID + "." + connID
+}
+
+// LeaseConnsFilter returns the key filter matching every connection held
+// under one lease.
+func LeaseConnsFilter(gatewayID, epoch string) string { return gatewayID + "." + epoch + ".>" }
+
+// UserConnsFilter returns the key filter matching every connection of a
+// user held under any lease.
+func UserConnsFilter(userID string) string { return "*.*." + userID + ".*" }
+
+// ParseLeaseConnKey parses a ConnsBucket key held under a lease. It
+// reports false for a key of any other shape.
+func ParseLeaseConnKey(key string) (gatewayID, epoch, userID, connID string, ok bool) {
+	parts := strings.Split(key, ".")
+	if len(parts) != 4 || !ValidToken(parts[0]) || !ValidToken(parts[1]) || !ValidUserID(parts[2]) || !ValidToken(parts[3]) {
+		return "", "", "", "", false
+	}
+	return parts[0], parts[1], parts[2], parts[3], true
 }
 
 // StatusKey returns the key of a user in StatusBucket.

@@ -17,9 +17,14 @@ type Record struct {
 	// again when they reconnect.
 	Chosen Status `json:"chosen,omitempty"`
 	// Conns are the user's connections, by connection id: every connection
-	// whose key in ConnsBucket was created, and whose end (expiry, purge, or
-	// the end of the offline grace) was not yet applied.
+	// whose key in ConnsBucket was created, and whose end (its gateway
+	// closing it, the end of its gateway's lease, or for a key of the
+	// earlier shape its expiry) was not yet applied.
 	Conns map[string]ConnInfo `json:"conns,omitempty"`
+
+	// ended is when the connections the writer took out (RemoveConn) were
+	// last seen, in unix ms; it is not stored.
+	ended int64
 
 	// The fields below are derived by Finish; writers never set them.
 
@@ -48,14 +53,19 @@ type Record struct {
 type ConnInfo struct {
 	// Gateway is the id of the gateway holding the socket.
 	Gateway string `json:"gw"`
+	// Lease is the epoch of the gateway's lease the connection is held
+	// under: the end of that lease ends it. Empty for a connection with a
+	// key of the earlier shape, which Rev is for.
+	Lease string `json:"lease,omitempty"`
 	// Device is the label the client gave (web, ios, ...), if any.
 	Device string `json:"device,omitempty"`
 	// Since is when the connection was established, in unix milliseconds.
 	Since int64 `json:"since"`
-	// Rev is the revision at which the gateway last created the connection's
-	// key. A removal marker with a higher revision ends this connection; one
-	// with a lower revision belongs to an earlier life of the key.
-	Rev uint64 `json:"rev"`
+	// Rev is, for a key of the earlier shape, the revision at which the
+	// gateway last created it. A removal marker with a higher revision ends
+	// this connection; one with a lower revision belongs to an earlier life
+	// of the key.
+	Rev uint64 `json:"rev,omitempty"`
 	// Idle reports that the connection is not in use: the client said idle,
 	// or sent no activity for the gateway's away-after period.
 	Idle bool `json:"idle,omitempty"`
@@ -80,6 +90,17 @@ func (r *Record) SetConn(connID string, c ConnInfo) {
 		r.Conns = make(map[string]ConnInfo, 1)
 	}
 	r.Conns[connID] = c
+}
+
+// RemoveConn takes a connection out, noting when it was last seen (unix
+// ms; zero if unknown), which dates the user's last_seen when it was the
+// last one. A connection that closed cleanly carries its own (ClosedAt).
+func (r *Record) RemoveConn(connID string, lastSeen int64) {
+	if _, ok := r.Conns[connID]; !ok {
+		return
+	}
+	delete(r.Conns, connID)
+	r.ended = max(r.ended, lastSeen)
 }
 
 // True computes the user's true status and live device count from Chosen
@@ -155,21 +176,24 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 
 // seenAt returns when the user was last seen, for a write at now over prev
 // that changes whether others see them: when the write removes only
-// connections that had closed cleanly, the latest of their closes (not the
-// end of the offline grace); otherwise now.
+// connections whose end is known (closed cleanly: ClosedAt; or noted by
+// RemoveConn), the latest of those ends (not the end of the offline grace,
+// nor the moment a silent death was found); otherwise now.
 func (r *Record) seenAt(prev *Record, now time.Time) time.Time {
 	if r.Public.Visible() {
 		return now
 	}
-	var latest int64
+	latest := r.ended
 	for id, c := range prev.Conns {
 		if _, ok := r.Conns[id]; ok {
 			continue
 		}
-		if c.ClosedAt == 0 {
+		switch {
+		case c.ClosedAt != 0:
+			latest = max(latest, c.ClosedAt)
+		case r.ended == 0:
 			return now
 		}
-		latest = max(latest, c.ClosedAt)
 	}
 	if latest == 0 || latest > now.UnixMilli() {
 		return now
@@ -188,18 +212,22 @@ func (r *Record) Presence(userID string) Presence {
 }
 
 // ConnRecord is the value of a connection's key in ConnsBucket. The gateway
-// holding the socket rewrites it (with a fresh TTL) when heartbeats and
-// activity arrive.
+// holding the socket writes it when the connection starts and when it
+// turns idle or active again. (A key of the earlier shape was rewritten
+// with a fresh TTL as heartbeats arrived, and carried ActiveAt and AwayAt.)
 type ConnRecord struct {
 	// Gateway is the id of the gateway holding the socket.
 	Gateway string `json:"gw"`
+	// Lease is the epoch of the gateway's lease the connection is held
+	// under; empty for a key of the earlier shape.
+	Lease string `json:"lease,omitempty"`
 	// Device is the label the client gave, if any.
 	Device string `json:"device,omitempty"`
 	// Since is when the connection was established, in unix milliseconds.
 	Since int64 `json:"since"`
 	// ActiveAt is the last activity the gateway knew of when it wrote this
 	// revision, in unix milliseconds.
-	ActiveAt int64 `json:"active_at"`
+	ActiveAt int64 `json:"active_at,omitempty"`
 	// AwayAt is when the connection counts as inactive unless a newer
 	// revision moves it, in unix milliseconds; zero while Idle or Closing.
 	// The gateway computes it from its away-after setting with enough margin
@@ -213,6 +241,19 @@ type ConnRecord struct {
 	Closing bool `json:"closing,omitempty"`
 }
 
+// LeaseRecord is the value of a gateway's lease in LeasesBucket.
+type LeaseRecord struct {
+	// Gateway is the gateway's id.
+	Gateway string `json:"gw"`
+	// Epoch is the lease's epoch: every connection registered under the
+	// lease carries it, in its key and in its user's record.
+	Epoch string `json:"epoch"`
+	// Started is when the gateway took the lease, in unix milliseconds.
+	Started int64 `json:"started"`
+	// Addr is the gateway's listen address, for operators.
+	Addr string `json:"addr,omitempty"`
+}
+
 // Presence is the public presence object of the client protocol.
 type Presence struct {
 	UserID string `json:"user_id"`
@@ -222,8 +263,10 @@ type Presence struct {
 	LastSeen int64 `json:"last_seen,omitempty"`
 }
 
-// Event is published by the fanout on EventSubject(UserID) whenever what
-// others see of the user changes.
+// Event is published on EventSubject(UserID) whenever what others see of
+// the user changes: by the process that wrote the status revision, right
+// after the write, and by the fanout for any revision it did not see
+// published.
 type Event struct {
 	UserID   string `json:"user_id"`
 	Status   Status `json:"status"`
@@ -241,9 +284,9 @@ func (e *Event) Presence() Presence {
 	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen}
 }
 
-// SelfEvent is published by the fanout on SelfSubject(gateway) for each
-// gateway holding a connection of UserID, whenever the user's true status or
-// device count changes.
+// SelfEvent is published on SelfSubject(gateway) for each gateway holding
+// a connection of UserID, whenever the user's true status or device count
+// changes: by the writer of the revision, and by the fanout as Event is.
 type SelfEvent struct {
 	UserID  string `json:"user_id"`
 	Status  Status `json:"status"`

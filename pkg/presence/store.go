@@ -28,6 +28,7 @@ type Store struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	conns  jetstream.KeyValue
+	leases jetstream.KeyValue
 	status jetstream.KeyValue
 	graph  jetstream.KeyValue
 	opts   BucketOptions
@@ -38,7 +39,18 @@ type Store struct {
 	onConflict func()
 }
 
-// Open ensures greendot's three buckets exist with the configuration opts
+// buckets returns the store's buckets with where each is kept.
+func (s *Store) buckets() []struct {
+	name string
+	kv   *jetstream.KeyValue
+} {
+	return []struct {
+		name string
+		kv   *jetstream.KeyValue
+	}{{ConnsBucket, &s.conns}, {LeasesBucket, &s.leases}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}}
+}
+
+// Open ensures greendot's buckets exist with the configuration opts
 // asks for, and returns a Store over them. The caller owns nc.
 func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error) {
 	if err := opts.Validate(); err != nil {
@@ -49,10 +61,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
-	for _, b := range []struct {
-		name string
-		kv   *jetstream.KeyValue
-	}{{ConnsBucket, &s.conns}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}} {
+	for _, b := range s.buckets() {
 		if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
 			return nil, err
 		}
@@ -73,10 +82,7 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
-	for _, b := range []struct {
-		name string
-		kv   *jetstream.KeyValue
-	}{{ConnsBucket, &s.conns}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}} {
+	for _, b := range s.buckets() {
 		kv, err := js.KeyValue(ctx, b.name)
 		switch {
 		case err == nil:
@@ -113,7 +119,7 @@ func (s *Store) Ready(ctx context.Context) error {
 	if !s.nc.IsConnected() {
 		return errors.New("nats: not connected")
 	}
-	for _, kv := range []jetstream.KeyValue{s.conns, s.status, s.graph} {
+	for _, kv := range []jetstream.KeyValue{s.conns, s.leases, s.status, s.graph} {
 		if _, err := s.js.Stream(ctx, StreamName(kv.Bucket())); err != nil {
 			return fmt.Errorf("bucket %q: %w", kv.Bucket(), err)
 		}
@@ -277,6 +283,81 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 		}
 	}
 	return Record{}, 0, false, fmt.Errorf("write status of %q: %w", userID, ErrConflict)
+}
+
+// Cached is a writer's copy of a user's Record and its revision, which
+// WriteStatus starts from and keeps up to date.
+type Cached struct {
+	Rec Record
+	Rev uint64
+	// Valid reports that Rec and Rev were read or written; the zero Cached
+	// knows nothing.
+	Valid bool
+}
+
+// Write is what one status write did.
+type Write struct {
+	// Prev is the record the write was made over (the zero Record for a
+	// new key), Next the record written, at revision Rev.
+	Prev, Next Record
+	Rev        uint64
+	// Written is false when mutate said there was nothing to change: Next
+	// and Rev are then the current record.
+	Written bool
+}
+
+// WriteStatus changes a user's Record by compare-and-set, like
+// UpdateStatus, but starts from the writer's cached copy when it has one:
+// a writer that is the only one to change a record (a user's gateway)
+// saves a read per write. When the cache is out of date, the write fails
+// its compare-and-set, and the record is read and the mutation applied
+// again. The cache is left holding what was written (or read).
+//
+// Unlike with UpdateStatus, mutate may be given a cached record: it must
+// not decide from reads of other state.
+func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, mutate func(*Record) error) (Write, error) {
+	for attempt := 0; attempt < maxCASAttempts; attempt++ {
+		if !cache.Valid {
+			cur, rev, err := s.Status(ctx, userID)
+			if err != nil && !errors.Is(err, ErrNotFound) {
+				return Write{}, err
+			}
+			*cache = Cached{Rec: cur, Rev: rev, Valid: true}
+		}
+		cur, curRev := cache.Rec, cache.Rev
+		next := cur.Clone()
+		if err := mutate(&next); err != nil {
+			if errors.Is(err, ErrNoChange) {
+				return Write{Prev: cur, Next: cur, Rev: curRev}, nil
+			}
+			return Write{}, err
+		}
+		next.Finish(&cur, s.now())
+		data, err := json.Marshal(&next)
+		if err != nil {
+			return Write{}, err
+		}
+		newRev, err := s.status.Update(ctx, StatusKey(userID), data, curRev)
+		if err == nil {
+			*cache = Cached{Rec: next, Rev: newRev, Valid: true}
+			return Write{Prev: cur, Next: next, Rev: newRev, Written: true}, nil
+		}
+		cache.Valid = false
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return Write{}, fmt.Errorf("write status of %q: %w", userID, err)
+		}
+		if s.onConflict != nil {
+			s.onConflict()
+		}
+		if attempt > 2 {
+			select {
+			case <-ctx.Done():
+				return Write{}, ctx.Err()
+			case <-time.After(time.Duration(attempt) * time.Millisecond):
+			}
+		}
+	}
+	return Write{}, fmt.Errorf("write status of %q: %w", userID, ErrConflict)
 }
 
 // DeleteStatus removes a user's Record, as `nats kv del` would.

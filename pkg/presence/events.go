@@ -1,0 +1,53 @@
+package presence
+
+// Changes returns the events a status revision of userID calls for: the
+// public Event when what others see of the user changed from prev to next,
+// and the SelfEvent when the user's true status or device count did, with
+// the gateways it goes to. next is the record written at revision rev
+// over prev (the zero Record for a new key, or the record last published);
+// a nil next means the record was deleted, which others see as offline.
+//
+// It is the one place that decides what a revision means to others: the
+// process that writes a revision publishes what it returns at once, and
+// the fanout, which makes sure every revision was published, uses it too.
+func Changes(userID string, prev, next *Record, rev uint64) (pub *Event, self *SelfEvent, gateways []string) {
+	if next == nil {
+		return &Event{UserID: userID, Status: Offline, Rev: rev}, nil, nil
+	}
+	// PubVer and SelfVer move with every change; a record made again
+	// after a deletion starts them over, so any difference is a change.
+	if next.PubVer != prev.PubVer || prev.Updated == 0 {
+		pub = &Event{UserID: userID, Status: next.Public, LastSeen: next.LastSeen, Rev: rev, At: next.Updated}
+		if pub.Status == "" {
+			pub.Status = Offline
+		}
+	}
+	if next.SelfVer != prev.SelfVer || prev.Updated == 0 {
+		if gateways = Gateways(next); len(gateways) > 0 {
+			self = &SelfEvent{UserID: userID, Status: next.Status, Devices: next.Devices, Rev: rev}
+		}
+	}
+	return pub, self, gateways
+}
+
+// Gateways returns the distinct gateways holding a live (not closing)
+// connection of the record's user: where its SelfEvents go.
+func Gateways(rec *Record) []string {
+	var out []string
+	for _, c := range rec.Conns {
+		if c.Closing || c.Gateway == "" {
+			continue
+		}
+		dup := false
+		for _, g := range out {
+			if g == c.Gateway {
+				dup = true
+				break
+			}
+		}
+		if !dup {
+			out = append(out, c.Gateway)
+		}
+	}
+	return out
+}
