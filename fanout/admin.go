@@ -16,17 +16,13 @@ var ErrNotReady = errors.New("fanout: not ready")
 // connection is up. It is safe for concurrent use; --metrics-listen serves
 // it on GET /readyz.
 func (s *Service) Ready(ctx context.Context) error {
-	store := s.ready.Load()
-	if store == nil {
-		return ErrNotReady
-	}
-	return store.Ready(ctx)
+	return s.consumer.Ready(ctx)
 }
 
-// startAdmin registers the fanout's micro service, greendot-fanout, with
+// adminConfig describes the fanout's micro service, greendot-fanout, with
 // its info endpoint.
-func (s *Service) startAdmin() (*admin.Server, error) {
-	return admin.Start(s.nc, admin.ServiceConfig{
+func (s *Service) adminConfig() admin.ServiceConfig {
+	return admin.ServiceConfig{
 		Name:        admin.FanoutService,
 		Description: "greendot fanout: status revisions to presence events",
 		InfoSubject: admin.FanoutInfoSubject,
@@ -42,5 +38,5 @@ func (s *Service) startAdmin() (*admin.Server, error) {
 		},
 		Ready:  s.Ready,
 		Logger: s.log,
-	})
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/internal/durable"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -62,9 +63,10 @@ var ErrInvalidConfig = errors.New("fanout: invalid config")
 
 // Service is a fanout instance.
 type Service struct {
-	nc  *nats.Conn
-	cfg Config
-	log *slog.Logger
+	nc       *nats.Conn
+	cfg      Config
+	log      *slog.Logger
+	consumer *durable.Consumer
 
 	// sent holds, per user, the versions last published by this instance.
 	// It is touched only by the consume callback, which runs on one
@@ -75,8 +77,6 @@ type Service struct {
 
 	reg     *prometheus.Registry
 	metrics *fanoutMetrics
-	// ready holds the store once Run has opened the buckets.
-	ready atomic.Pointer[presence.Store]
 }
 
 // versions are what this instance last published of a user: the record's
@@ -98,48 +98,37 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		reg:  metrics.NewRegistry(),
 	}
 	s.metrics = newFanoutMetrics(s.reg, s)
+	consumer, err := durable.New(nc, durable.Config{
+		Name:    "fanout",
+		Logger:  s.log,
+		Buckets: cfg.Buckets,
+		Bucket:  presence.StatusBucket,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       presence.FanoutConsumer,
+			Description:   "greendot fanout: status revisions to presence events",
+			FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxAckPending: 10_000,
+		},
+		PullMaxMessages: 1000,
+		Admin:           s.adminConfig(),
+		NotReady:        ErrNotReady,
+		Handle:          s.handle,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.consumer = consumer
 	return s, nil
 }
 
-// Run consumes status revisions until ctx is canceled, then stops consuming
-// and returns nil.
+// Run consumes status revisions until ctx is canceled, then stops
+// consuming, finishes the revisions handed out, and returns nil. It
+// returns an error only when the fanout cannot start.
 func (s *Service) Run(ctx context.Context) error {
-	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
-	if err != nil {
-		return err
-	}
-	js := store.JetStream()
-	cons, err := js.CreateOrUpdateConsumer(ctx, presence.StreamName(presence.StatusBucket), jetstream.ConsumerConfig{
-		Durable:       presence.FanoutConsumer,
-		Description:   "greendot fanout: status revisions to presence events",
-		FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.cfg.AckWait,
-		MaxAckPending: 10_000,
-	})
-	if err != nil {
-		return fmt.Errorf("fanout consumer: %w", err)
-	}
-	s.ready.Store(store)
-	ops, err := s.startAdmin()
-	if err != nil {
-		return err
-	}
-	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(1000))
-	if err != nil {
-		_ = ops.Stop()
-		return fmt.Errorf("fanout consume: %w", err)
-	}
-	s.log.Info("fanout running", "bucket", presence.StatusBucket)
-	<-ctx.Done()
-	s.ready.Store(nil)
-	if err := ops.Stop(); err != nil {
-		s.log.Error("stop admin service", "err", err)
-	}
-	cc.Drain()
-	<-cc.Closed()
-	return nil
+	return s.consumer.Run(ctx)
 }
 
 var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")

@@ -17,17 +17,13 @@ var ErrNotReady = errors.New("reaper: not ready")
 // connection is up. It is safe for concurrent use; --metrics-listen serves
 // it on GET /readyz.
 func (s *Service) Ready(ctx context.Context) error {
-	store := s.ready.Load()
-	if store == nil {
-		return ErrNotReady
-	}
-	return store.Ready(ctx)
+	return s.consumer.Ready(ctx)
 }
 
-// startAdmin registers the reaper's micro service, greendot-reaper: its
+// adminConfig describes the reaper's micro service, greendot-reaper: its
 // info (broadcast) and sweep (one reaper) endpoints.
-func (s *Service) startAdmin() (*admin.Server, error) {
-	return admin.Start(s.nc, admin.ServiceConfig{
+func (s *Service) adminConfig() admin.ServiceConfig {
+	return admin.ServiceConfig{
 		Name:        admin.ReaperService,
 		Description: "greendot reaper: ended connections to offline, inactive ones to away",
 		InfoSubject: admin.ReaperInfoSubject,
@@ -53,7 +49,7 @@ func (s *Service) startAdmin() (*admin.Server, error) {
 			Timeout: 5 * time.Minute,
 			Handle:  s.sweepRequest,
 		}},
-	})
+	}
 }
 
 // sweepRequest runs a sweep now and reports what it removed. The request's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"strings"
@@ -16,15 +15,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/internal/durable"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
 // Service is a reaper instance.
 type Service struct {
-	nc    *nats.Conn
-	cfg   Config
-	log   *slog.Logger
+	cfg      Config
+	log      *slog.Logger
+	consumer *durable.Consumer
+	// store is set once Run has opened the buckets.
 	store *presence.Store
 
 	timers  *timers
@@ -35,8 +36,6 @@ type Service struct {
 	metrics *reaperMetrics
 	// queue counts the tasks dispatched and not yet taken by a worker.
 	queue atomic.Int64
-	// ready holds the store once Run has opened the buckets.
-	ready atomic.Pointer[presence.Store]
 	// sweepMu keeps sweeps (periodic and on request) one at a time.
 	sweepMu sync.Mutex
 }
@@ -61,86 +60,57 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &Service{
-		nc:     nc,
-		cfg:    cfg,
-		log:    cfg.Logger.With("svc", "reaper"),
-		timers: newTimers(),
-		seed:   maphash.MakeSeed(),
-		reg:    metrics.NewRegistry(),
+		cfg:     cfg,
+		log:     cfg.Logger.With("svc", "reaper"),
+		timers:  newTimers(),
+		workers: make([]chan task, cfg.Workers),
+		seed:    maphash.MakeSeed(),
+		reg:     metrics.NewRegistry(),
+	}
+	for i := range s.workers {
+		s.workers[i] = make(chan task, 256)
 	}
 	s.metrics = newReaperMetrics(s.reg, s)
+	consumer, err := durable.New(nc, durable.Config{
+		Name:    "reaper",
+		Logger:  s.log,
+		Buckets: cfg.Buckets,
+		Bucket:  presence.ConnsBucket,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       presence.ReaperConsumer,
+			Description:   "greendot reaper: ended connections to offline, inactive ones to away",
+			FilterSubject: presence.KeySubject(presence.ConnsBucket, ">"),
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxAckPending: 20_000,
+		},
+		PullMaxMessages: 2000,
+		Admin:           s.adminConfig(),
+		NotReady:        ErrNotReady,
+		Opened:          s.opened,
+		Work:            s.work,
+		Handle:          s.handle,
+		Loops:           []func(context.Context){s.timerLoop, s.sweepLoop},
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.consumer = consumer
 	return s, nil
 }
 
 // Run reaps until ctx is canceled, then stops consuming, lets the workers
-// finish what they hold, and returns nil.
+// finish what they hold, and returns nil. It returns an error only when
+// the reaper cannot start.
 func (s *Service) Run(ctx context.Context) error {
-	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
-	if err != nil {
-		return err
-	}
+	return s.consumer.Run(ctx)
+}
+
+// opened keeps the store Run opened.
+func (s *Service) opened(store *presence.Store) {
 	s.store = store
 	store.OnConflict(s.metrics.conflicts.Inc)
-	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, presence.StreamName(presence.ConnsBucket), jetstream.ConsumerConfig{
-		Durable:       presence.ReaperConsumer,
-		Description:   "greendot reaper: ended connections to offline, inactive ones to away",
-		FilterSubject: presence.KeySubject(presence.ConnsBucket, ">"),
-		DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       s.cfg.AckWait,
-		MaxAckPending: 20_000,
-	})
-	if err != nil {
-		return fmt.Errorf("reaper consumer: %w", err)
-	}
-	s.ready.Store(store)
-	ops, err := s.startAdmin()
-	if err != nil {
-		return err
-	}
-
-	// Workers run on their own context: on shutdown they finish the tasks
-	// already queued after consuming has stopped.
-	wctx, stopWorkers := context.WithCancel(context.Background())
-	defer stopWorkers()
-	var wg sync.WaitGroup
-	s.workers = make([]chan task, s.cfg.Workers)
-	for i := range s.workers {
-		ch := make(chan task, 256)
-		s.workers[i] = ch
-		wg.Go(func() { s.work(wctx, ch) })
-	}
-
-	cc, err := cons.Consume(s.handle, jetstream.PullMaxMessages(2000))
-	if err != nil {
-		_ = ops.Stop()
-		for _, ch := range s.workers {
-			close(ch)
-		}
-		wg.Wait()
-		return fmt.Errorf("reaper consume: %w", err)
-	}
-	s.log.Info("reaper running", "bucket", presence.ConnsBucket)
-
-	var lg sync.WaitGroup
-	lctx, stopLoops := context.WithCancel(ctx)
-	lg.Go(func() { s.timerLoop(lctx) })
-	lg.Go(func() { s.sweepLoop(lctx) })
-
-	<-ctx.Done()
-	s.ready.Store(nil)
-	if err := ops.Stop(); err != nil {
-		s.log.Error("stop admin service", "err", err)
-	}
-	stopLoops()
-	lg.Wait()
-	cc.Drain()
-	<-cc.Closed()
-	for _, ch := range s.workers {
-		close(ch)
-	}
-	wg.Wait()
-	return nil
 }
 
 var connSubjectPrefix = presence.KeySubject(presence.ConnsBucket, "")
@@ -189,27 +159,54 @@ func (s *Service) dispatch(t task) {
 	s.workers[h.Sum64()%uint64(len(s.workers))] <- t
 }
 
-func (s *Service) work(ctx context.Context, ch <-chan task) {
-	for t := range ch {
-		s.queue.Add(-1)
-		var err error
-		if t.removedAt != 0 {
-			err = s.remove(ctx, t.userID, t.connID, t.removedAt)
-			if err == nil {
-				s.metrics.markerLag.Observe(time.Since(t.markedAt).Seconds())
+// work runs the workers until ctx is canceled, then lets each finish the
+// tasks queued for it. Tasks run on a context that is not canceled, so
+// that a removal handed out before the drain is applied.
+func (s *Service) work(ctx context.Context) {
+	tctx := context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for _, ch := range s.workers {
+		wg.Go(func() {
+			for {
+				select {
+				case t := <-ch:
+					s.do(tctx, t)
+				case <-ctx.Done():
+					for {
+						select {
+						case t := <-ch:
+							s.do(tctx, t)
+						default:
+							return
+						}
+					}
+				}
 			}
-		} else {
-			err = s.checkInactive(ctx, t.userID, t.connID)
+		})
+	}
+	wg.Wait()
+}
+
+// do runs one task and acknowledges its message, or hands it back.
+func (s *Service) do(ctx context.Context, t task) {
+	s.queue.Add(-1)
+	var err error
+	if t.removedAt != 0 {
+		err = s.remove(ctx, t.userID, t.connID, t.removedAt)
+		if err == nil {
+			s.metrics.markerLag.Observe(time.Since(t.markedAt).Seconds())
 		}
-		switch {
-		case err != nil && t.msg != nil:
-			s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
-			_ = t.msg.NakWithDelay(time.Second)
-		case err != nil:
-			s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
-		case t.msg != nil:
-			_ = t.msg.Ack()
-		}
+	} else {
+		err = s.checkInactive(ctx, t.userID, t.connID)
+	}
+	switch {
+	case err != nil && t.msg != nil:
+		s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
+		_ = t.msg.NakWithDelay(time.Second)
+	case err != nil:
+		s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
+	case t.msg != nil:
+		_ = t.msg.Ack()
 	}
 }
 

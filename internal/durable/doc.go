@@ -1,0 +1,22 @@
+// Package durable runs the life of a process that consumes a JetStream KV
+// bucket's stream through a durable consumer shared by all its instances:
+// the reaper (presence_conns) and the fanout (presence_status).
+//
+// A Consumer's Run goes through the same steps for both:
+//
+//  1. open the buckets (presence.Open), creating missing ones;
+//  2. create the durable consumer, or bring its configuration up to date;
+//  3. become ready;
+//  4. start the process's admin micro service;
+//  5. start the process's work, consume, and start its loops;
+//
+// and when its context is canceled it undoes them in reverse: it stops
+// being ready, stops the admin service (waiting for requests being
+// handled), stops the loops, drains the consumer (the messages handed out
+// are handled), then lets the workers finish what they hold. Run starts
+// every goroutine the process needs and returns only after all of them
+// have exited.
+//
+// The package holds no knowledge of what a message means: the process
+// gives the steps that are its own as functions in Config.
+package durable

@@ -1,0 +1,204 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// ErrNotReady is what Ready returns while the process is not ready, unless
+// Config.NotReady names another error.
+var ErrNotReady = errors.New("not ready")
+
+// ErrInvalidConfig wraps every error of New about its Config.
+var ErrInvalidConfig = errors.New("durable: invalid config")
+
+// Config describes a process's durable consumer and the steps of its life
+// that are its own. Name, Bucket, Consumer.Durable, Admin.Name and Handle
+// are required.
+type Config struct {
+	// Name is the kind of process ("reaper"), as its logs say it: Run
+	// logs "<name> running" once it consumes.
+	Name string
+	// Logger receives the lifecycle's logs; nil discards them.
+	Logger *slog.Logger
+	// Buckets says how buckets are created if they are missing.
+	Buckets presence.BucketOptions
+	// Bucket is the KV bucket whose stream is consumed.
+	Bucket string
+	// Consumer configures the durable consumer on the bucket's stream. It
+	// is created, or updated to this configuration, at every start.
+	Consumer jetstream.ConsumerConfig
+	// PullMaxMessages bounds the messages the client holds ahead of
+	// Handle; zero means the nats.go default.
+	PullMaxMessages int
+	// Admin describes the process's micro service. A nil Admin.Ready means
+	// the Consumer's Ready.
+	Admin admin.ServiceConfig
+	// NotReady is the error Ready returns before the process is ready and
+	// once it is stopping; nil means ErrNotReady.
+	NotReady error
+
+	// Opened, if set, is called with the store once the buckets are open,
+	// before anything else runs. The store works over the Consumer's NATS
+	// connection.
+	Opened func(store *presence.Store)
+	// Work, if set, runs on a goroutine of its own from before consuming
+	// starts until the consumer is drained: it does what Handle and the
+	// loops hand it. Its ctx is canceled once nothing more can be handed
+	// to it (the admin service is stopped, the loops have returned and the
+	// consumer is drained); it then finishes what it holds and returns.
+	Work func(ctx context.Context)
+	// Handle takes one message of the stream and acknowledges it, or asks
+	// for its redelivery. It runs on the consumer's goroutine, one message
+	// at a time.
+	Handle func(msg jetstream.Msg)
+	// Loops run beside consuming, each on a goroutine of its own, until
+	// their ctx is canceled when the process stops, before the consumer is
+	// drained.
+	Loops []func(ctx context.Context)
+}
+
+// Consumer runs the life of a process built around a durable consumer.
+// Its Ready is safe for concurrent use; Run is called once.
+type Consumer struct {
+	nc       *nats.Conn
+	cfg      Config
+	log      *slog.Logger
+	notReady error
+	// ready holds the store while the process is ready.
+	ready atomic.Pointer[presence.Store]
+}
+
+// New checks cfg and returns a Consumer that will use nc. It starts no
+// goroutines and does no I/O. The caller owns nc.
+func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
+	switch {
+	case cfg.Name == "":
+		return nil, fmt.Errorf("%w: no name", ErrInvalidConfig)
+	case cfg.Bucket == "":
+		return nil, fmt.Errorf("%w: no bucket", ErrInvalidConfig)
+	case cfg.Consumer.Durable == "":
+		return nil, fmt.Errorf("%w: no durable name", ErrInvalidConfig)
+	case cfg.Admin.Name == "":
+		return nil, fmt.Errorf("%w: no admin service name", ErrInvalidConfig)
+	case cfg.Handle == nil:
+		return nil, fmt.Errorf("%w: no message handler", ErrInvalidConfig)
+	case cfg.PullMaxMessages < 0:
+		return nil, fmt.Errorf("%w: pull max messages %d", ErrInvalidConfig, cfg.PullMaxMessages)
+	}
+	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if c.notReady == nil {
+		c.notReady = ErrNotReady
+	}
+	if c.cfg.Admin.Ready == nil {
+		c.cfg.Admin.Ready = c.Ready
+	}
+	return c, nil
+}
+
+// Ready reports whether the process runs: its buckets are open, it is
+// past its preparation and not stopping, and its NATS connection is up.
+func (c *Consumer) Ready(ctx context.Context) error {
+	store := c.ready.Load()
+	if store == nil {
+		return c.notReady
+	}
+	return store.Ready(ctx)
+}
+
+// Run opens the buckets, creates the consumer, becomes ready, starts the
+// admin service and consumes until ctx is canceled; then it stops being
+// ready, stops the admin service, stops the loops, drains the consumer,
+// lets the work finish, and returns nil. It returns an error only when the
+// process cannot start; a start canceled by ctx is not an error. Every
+// goroutine Run starts has exited when it returns.
+func (c *Consumer) Run(ctx context.Context) error {
+	store, err := presence.Open(ctx, c.nc, c.cfg.Buckets)
+	if err != nil {
+		return startErr(ctx, err)
+	}
+	if c.cfg.Opened != nil {
+		c.cfg.Opened(store)
+	}
+	stream := presence.StreamName(c.cfg.Bucket)
+	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, c.cfg.Consumer)
+	if err != nil {
+		return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", c.cfg.Consumer.Durable, stream, err))
+	}
+
+	c.ready.Store(store)
+	ops, err := admin.Start(c.nc, c.cfg.Admin)
+	if err != nil {
+		c.ready.Store(nil)
+		return err
+	}
+
+	// The work runs on a context of its own: on shutdown it finishes what
+	// the consumer handed it before the drain.
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	var work sync.WaitGroup
+	if c.cfg.Work != nil {
+		work.Go(func() { c.cfg.Work(workCtx) })
+	}
+	var opts []jetstream.PullConsumeOpt
+	if c.cfg.PullMaxMessages > 0 {
+		opts = append(opts, jetstream.PullMaxMessages(c.cfg.PullMaxMessages))
+	}
+	cc, err := cons.Consume(c.cfg.Handle, opts...)
+	if err != nil {
+		c.ready.Store(nil)
+		c.stopAdmin(ops)
+		stopWork()
+		work.Wait()
+		return fmt.Errorf("consume %s on %s: %w", c.cfg.Consumer.Durable, stream, err)
+	}
+	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket)
+
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	defer stopLoops()
+	var loops sync.WaitGroup
+	for _, loop := range c.cfg.Loops {
+		loops.Go(func() { loop(loopCtx) })
+	}
+
+	<-ctx.Done()
+	c.ready.Store(nil)
+	c.stopAdmin(ops)
+	stopLoops()
+	loops.Wait()
+	cc.Drain()
+	<-cc.Closed()
+	stopWork()
+	work.Wait()
+	return nil
+}
+
+// stopAdmin stops the admin service, and logs it if that fails.
+func (c *Consumer) stopAdmin(ops *admin.Server) {
+	if err := ops.Stop(); err != nil {
+		c.log.Error("stop admin service", "err", err)
+	}
+}
+
+// startErr returns err, the reason a start failed, or nil when ctx was
+// canceled: a process asked to stop while it starts has not failed.
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

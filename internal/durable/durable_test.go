@@ -1,0 +1,219 @@
+package durable_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/internal/adminclient"
+	"github.com/greendot/greendot/internal/durable"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// journal records the steps of a Consumer's life in order.
+type journal struct {
+	mu    sync.Mutex
+	steps []string
+}
+
+func (j *journal) add(step string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.steps = append(j.steps, step)
+}
+
+func (j *journal) list() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.list())
+}
+
+func (j *journal) has(step string) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Contains(j.steps, step)
+}
+
+func (j *journal) index(step string) int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Index(j.steps, step)
+}
+
+var errTestNotReady = errors.New("test: not ready")
+
+func testConfig(j *journal, handled chan<- string) durable.Config {
+	return durable.Config{
+		Name:   "test",
+		Bucket: presence.StatusBucket,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       "durable-test",
+			FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
+			AckPolicy:     jetstream.AckExplicitPolicy,
+		},
+		Admin: admin.ServiceConfig{
+			Name:        "greendot-durable-test",
+			InfoSubject: "greendot.durable-test.info",
+		},
+		NotReady: errTestNotReady,
+		Opened:   func(*presence.Store) { j.add("opened") },
+		Work: func(ctx context.Context) {
+			j.add("work started")
+			<-ctx.Done()
+			j.add("work stopped")
+		},
+		Handle: func(msg jetstream.Msg) {
+			_ = msg.Ack()
+			handled <- msg.Subject()
+		},
+		Loops: []func(context.Context){func(ctx context.Context) {
+			j.add("loop started")
+			<-ctx.Done()
+			j.add("loop stopped")
+		}},
+	}
+}
+
+// TestLifecycle runs a Consumer through its whole life: not ready before
+// Run, ready with its admin service and consuming while it runs, and on
+// cancellation every goroutine it started has returned, loops before the
+// work, when Run returns.
+func TestLifecycle(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx := context.Background()
+	var j journal
+	handled := make(chan string, 10)
+	cfg := testConfig(&j, handled)
+	var logs bytes.Buffer // written by Run, read once it has returned
+	cfg.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+	c, err := durable.New(natstest.Connect(t, srv), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) {
+		t.Fatalf("Ready before Run = %v, want the configured NotReady", err)
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return c.Ready(ctx) })
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if !j.has("loop started") || !j.has("work started") {
+			return fmt.Errorf("steps so far: %v", j.list())
+		}
+		return nil
+	})
+	if !j.has("opened") {
+		t.Errorf("ready without Opened having been called: %v", j.list())
+	}
+
+	// The admin service answers, and says it is ready.
+	infos, err := adminclient.GatherJSON[admin.Info](ctx, nc, "greendot.durable-test.info", nil,
+		adminclient.GatherOptions{Want: 1, Timeout: 10 * time.Second})
+	if err != nil || len(infos) != 1 || !infos[0].Ready {
+		t.Fatalf("info = %+v, %v; want one ready instance", infos, err)
+	}
+
+	// A message of the bucket's stream reaches Handle.
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := store.UpdateStatus(ctx, "alice", func(r *presence.Record) error {
+		r.SetConn("a1", presence.ConnInfo{Gateway: "gw1"})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case subject := <-handled:
+		if subject != presence.KeySubject(presence.StatusBucket, "alice") {
+			t.Errorf("handled %s, want alice's record", subject)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no message handled within 20s")
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return within 30s of its cancellation")
+	}
+	if !j.has("loop stopped") || !j.has("work stopped") {
+		t.Fatalf("Run returned before its goroutines did: %v", j.list())
+	}
+	// Tools wait for this line to know that a process consumes.
+	if want := `"msg":"test running","bucket":"` + presence.StatusBucket + `"`; !strings.Contains(logs.String(), want) {
+		t.Errorf("logs lack %s:\n%s", want, logs.String())
+	}
+	if j.index("loop stopped") > j.index("work stopped") {
+		t.Errorf("work stopped before the loops: %v", j.list())
+	}
+	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) {
+		t.Errorf("Ready after Run = %v, want the configured NotReady", err)
+	}
+	inst, err := adminclient.Instances(ctx, nc, "greendot-durable-test", 300*time.Millisecond)
+	if err != nil || len(inst) != 0 {
+		t.Errorf("admin instances after Run = %v, %v; want none", inst, err)
+	}
+}
+
+// TestCanceledStart: a Run canceled before it could start returns nil and
+// starts nothing.
+func TestCanceledStart(t *testing.T) {
+	srv := natstest.RunServer(t)
+	var j journal
+	c, err := durable.New(natstest.Connect(t, srv), testConfig(&j, make(chan string, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Run(ctx); err != nil {
+		t.Errorf("Run with a canceled context = %v, want nil", err)
+	}
+	if j.has("work started") || j.has("loop started") {
+		t.Errorf("a canceled start started goroutines: %v", j.list())
+	}
+}
+
+func TestNewRefusesIncompleteConfig(t *testing.T) {
+	full := testConfig(&journal{}, nil)
+	tests := []struct {
+		name   string
+		change func(*durable.Config)
+	}{
+		{"no name", func(c *durable.Config) { c.Name = "" }},
+		{"no bucket", func(c *durable.Config) { c.Bucket = "" }},
+		{"no durable name", func(c *durable.Config) { c.Consumer.Durable = "" }},
+		{"no admin service", func(c *durable.Config) { c.Admin.Name = "" }},
+		{"no handler", func(c *durable.Config) { c.Handle = nil }},
+		{"negative pull", func(c *durable.Config) { c.PullMaxMessages = -1 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := full
+			tt.change(&cfg)
+			if _, err := durable.New(nil, cfg); !errors.Is(err, durable.ErrInvalidConfig) {
+				t.Errorf("got %v, want ErrInvalidConfig", err)
+			}
+		})
+	}
+}
