@@ -9,13 +9,13 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 )
 
-// ErrNotReady means the reaper has not opened its buckets yet, or is
-// stopping.
+// ErrNotReady means the reaper has not opened its buckets or finished its
+// sweep at start yet, or is stopping.
 var ErrNotReady = errors.New("reaper: not ready")
 
-// Ready reports whether the reaper runs: its buckets are open and its NATS
-// connection is up. It is safe for concurrent use; --metrics-listen serves
-// it on GET /readyz.
+// Ready reports whether the reaper runs: its buckets are open, its sweep
+// at start has finished, and its NATS connection is up. It is safe for
+// concurrent use; --metrics-listen serves it on GET /readyz.
 func (s *Service) Ready(ctx context.Context) error {
 	return s.consumer.Ready(ctx)
 }

@@ -22,5 +22,6 @@
 // A periodic sweep (and one at start) repairs what events cannot: it reads
 // every status record, then lists every live connection key, and removes
 // connections whose keys are gone (their markers may have aged out while no
-// reaper ran), and reschedules inactivity timers.
+// reaper ran), and reschedules inactivity timers. A reaper is ready only
+// once its sweep at start has finished.
 package reaper

@@ -65,12 +65,12 @@ func startRig(t *testing.T) *rig {
 			if err != nil {
 				t.Errorf("Run: %v", err)
 			}
-		case <-time.After(30 * time.Second):
+		case <-time.After(patience):
 			t.Errorf("reaper did not stop")
 		}
 	}
 	t.Cleanup(stop)
-	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return r.Ready(ctx) })
+	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error { return r.Ready(ctx) })
 	return &rig{t: t, srv: srv, store: store, r: r, stop: stop}
 }
 
@@ -98,7 +98,7 @@ func (g *rig) addToRecord(user, conn string, rev uint64) {
 
 func (g *rig) awaitStatus(user string, want presence.Status) {
 	g.t.Helper()
-	natstest.CheckFor(g.t, 10*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(g.t, patience, 10*time.Millisecond, func() error {
 		rec, _, err := g.store.Status(context.Background(), user)
 		if err != nil {
 			return err
@@ -113,7 +113,7 @@ func (g *rig) awaitStatus(user string, want presence.Status) {
 // awaitMetric waits until the metric has at least want.
 func (g *rig) awaitMetric(want float64, name string, labels ...string) {
 	g.t.Helper()
-	natstest.CheckFor(g.t, 10*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(g.t, patience, 10*time.Millisecond, func() error {
 		got, _ := metricstest.Value(g.r.Registry(), name, labels...)
 		if got < want {
 			return fmt.Errorf("%s%v = %v, want at least %v", name, labels, got, want)

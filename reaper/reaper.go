@@ -89,6 +89,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		Admin:           s.adminConfig(),
 		NotReady:        ErrNotReady,
 		Opened:          s.opened,
+		Prepare:         s.startupSweep,
 		Work:            s.work,
 		Handle:          s.handle,
 		Loops:           []func(context.Context){s.timerLoop, s.sweepLoop},
@@ -309,17 +310,41 @@ func (s *Service) timerLoop(ctx context.Context) {
 	}
 }
 
+// startupSweep runs the first sweep, again after a failure, until one
+// finishes or ctx is canceled. The reaper is not ready before: whoever
+// waits for it to be ready does not race a sweep that still removes
+// connections.
+func (s *Service) startupSweep(ctx context.Context) error {
+	wait := 100 * time.Millisecond
+	for {
+		_, err := s.runSweep(ctx)
+		if err == nil || ctx.Err() != nil {
+			return ctx.Err()
+		}
+		s.log.Error("start-up sweep", "err", err)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, s.cfg.SweepInterval)
+	}
+}
+
+// sweepLoop sweeps every SweepInterval after the start-up sweep.
 func (s *Service) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.cfg.SweepInterval)
 	defer t.Stop()
 	for {
-		if _, err := s.runSweep(ctx); err != nil && ctx.Err() == nil {
-			s.log.Error("sweep", "err", err)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if _, err := s.runSweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("sweep", "err", err)
 		}
 	}
 }

@@ -6,9 +6,11 @@
 //
 //  1. open the buckets (presence.Open), creating missing ones;
 //  2. create the durable consumer, or bring its configuration up to date;
-//  3. become ready;
-//  4. start the process's admin micro service;
-//  5. start the process's work, consume, and start its loops;
+//  3. run the process's preparation, if it has one (the reaper's start-up
+//     sweep), so that ready means ready;
+//  4. become ready;
+//  5. start the process's admin micro service;
+//  6. start the process's work, consume, and start its loops;
 //
 // and when its context is canceled it undoes them in reverse: it stops
 // being ready, stops the admin service (waiting for requests being

@@ -52,6 +52,11 @@ type Config struct {
 	// before anything else runs. The store works over the Consumer's NATS
 	// connection.
 	Opened func(store *presence.Store)
+	// Prepare, if set, runs once the consumer exists and before the
+	// process becomes ready: what must be done before anyone relies on
+	// the process (the reaper's start-up sweep). Run returns its error,
+	// unless ctx was canceled.
+	Prepare func(ctx context.Context) error
 	// Work, if set, runs on a goroutine of its own from before consuming
 	// starts until the consumer is drained: it does what Handle and the
 	// loops hand it. Its ctx is canceled once nothing more can be handed
@@ -109,8 +114,9 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// Ready reports whether the process runs: its buckets are open, it is
-// past its preparation and not stopping, and its NATS connection is up.
+// Ready reports whether the process runs: its buckets are open, its
+// preparation has finished, it is not stopping, and its NATS connection is
+// up.
 func (c *Consumer) Ready(ctx context.Context) error {
 	store := c.ready.Load()
 	if store == nil {
@@ -119,12 +125,12 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	return store.Ready(ctx)
 }
 
-// Run opens the buckets, creates the consumer, becomes ready, starts the
-// admin service and consumes until ctx is canceled; then it stops being
-// ready, stops the admin service, stops the loops, drains the consumer,
-// lets the work finish, and returns nil. It returns an error only when the
-// process cannot start; a start canceled by ctx is not an error. Every
-// goroutine Run starts has exited when it returns.
+// Run opens the buckets, creates the consumer, prepares, becomes ready,
+// starts the admin service and consumes until ctx is canceled; then it
+// stops being ready, stops the admin service, stops the loops, drains the
+// consumer, lets the work finish, and returns nil. It returns an error
+// only when the process cannot start; a start canceled by ctx is not an
+// error. Every goroutine Run starts has exited when it returns.
 func (c *Consumer) Run(ctx context.Context) error {
 	store, err := presence.Open(ctx, c.nc, c.cfg.Buckets)
 	if err != nil {
@@ -137,6 +143,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, c.cfg.Consumer)
 	if err != nil {
 		return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", c.cfg.Consumer.Durable, stream, err))
+	}
+	if c.cfg.Prepare != nil {
+		if err := c.cfg.Prepare(ctx); err != nil {
+			return startErr(ctx, err)
+		}
 	}
 
 	c.ready.Store(store)

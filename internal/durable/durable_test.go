@@ -217,3 +217,55 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 		})
 	}
 }
+
+// TestPrepareBeforeReady: the process is not ready while its preparation
+// runs, and a preparation that fails ends Run with its error, with nothing
+// started.
+func TestPrepareBeforeReady(t *testing.T) {
+	srv := natstest.RunServer(t)
+	ctx := context.Background()
+	var j journal
+	cfg := testConfig(&j, make(chan string, 10))
+	entered, release := make(chan struct{}), make(chan struct{})
+	cfg.Prepare = func(context.Context) error {
+		close(entered)
+		<-release
+		return nil
+	}
+	c, err := durable.New(natstest.Connect(t, srv), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Prepare not called within 20s")
+	}
+	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) {
+		t.Errorf("Ready while preparing = %v, want the configured NotReady", err)
+	}
+	close(release)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return c.Ready(ctx) })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run = %v", err)
+	}
+
+	failure := errors.New("cannot prepare")
+	var j2 journal
+	cfg = testConfig(&j2, make(chan string, 10))
+	cfg.Prepare = func(context.Context) error { return failure }
+	c, err = durable.New(natstest.Connect(t, srv), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx); !errors.Is(err, failure) {
+		t.Errorf("Run with a failing Prepare = %v, want its error", err)
+	}
+	if j2.has("work started") || j2.has("loop started") {
+		t.Errorf("a failed preparation started goroutines: %v", j2.list())
+	}
+}
