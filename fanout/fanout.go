@@ -3,7 +3,6 @@ package fanout
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -18,48 +17,6 @@ import (
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 )
-
-// Config configures a fanout. The zero value is usable.
-type Config struct {
-	// Logger receives the service's logs; nil discards them.
-	Logger *slog.Logger
-	// Buckets says how buckets are created if they are missing.
-	Buckets presence.BucketOptions
-	// CacheSize bounds how many users' last published versions are
-	// remembered to suppress duplicates; zero means 1,000,000. When full the
-	// memory is cleared, which costs at most one duplicate event per user.
-	CacheSize int
-	// AckWait is how long a revision may stay unacknowledged before it is
-	// delivered to another instance; zero means 10s.
-	AckWait time.Duration
-}
-
-func (c Config) withDefaults() Config {
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.CacheSize == 0 {
-		c.CacheSize = 1_000_000
-	}
-	if c.AckWait == 0 {
-		c.AckWait = 10 * time.Second
-	}
-	return c
-}
-
-// Validate reports whether c is usable.
-func (c Config) Validate() error {
-	if c.CacheSize < 0 {
-		return fmt.Errorf("%w: cache size %d", ErrInvalidConfig, c.CacheSize)
-	}
-	if c.AckWait < 0 {
-		return fmt.Errorf("%w: ack wait %v", ErrInvalidConfig, c.AckWait)
-	}
-	return c.Buckets.Validate()
-}
-
-// ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("fanout: invalid config")
 
 // Service is a fanout instance.
 type Service struct {

@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +13,8 @@ import (
 // ErrInvalidConfig wraps every configuration error.
 var ErrInvalidConfig = errors.New("reaper: invalid config")
 
-// Config configures a reaper. The zero value is usable.
+// Config configures a reaper. The zero value is usable: every zero field
+// stands for its value in DefaultConfig.
 type Config struct {
 	// Logger receives the service's logs; nil discards them.
 	Logger *slog.Logger
@@ -30,26 +32,32 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultConfig returns the configuration every zero field of a Config
+// stands for (a nil Logger discards, a nil Now is time.Now). The command
+// line's flags take their defaults from it.
+func DefaultConfig() Config {
+	return Config{
+		Workers:       32,
+		SweepInterval: time.Minute,
+		AckWait:       30 * time.Second,
+	}
+}
+
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.Workers == 0 {
-		c.Workers = 32
-	}
-	if c.SweepInterval == 0 {
-		c.SweepInterval = time.Minute
-	}
-	if c.AckWait == 0 {
-		c.AckWait = 30 * time.Second
-	}
+	c.Workers = cmp.Or(c.Workers, d.Workers)
+	c.SweepInterval = cmp.Or(c.SweepInterval, d.SweepInterval)
+	c.AckWait = cmp.Or(c.AckWait, d.AckWait)
 	if c.Now == nil {
 		c.Now = time.Now
 	}
 	return c
 }
 
-// Validate reports whether c is usable.
+// Validate reports whether c is usable. Every error wraps ErrInvalidConfig.
 func (c Config) Validate() error {
 	switch {
 	case c.Workers < 0:
@@ -59,5 +67,8 @@ func (c Config) Validate() error {
 	case c.AckWait < 0:
 		return fmt.Errorf("%w: ack wait %v", ErrInvalidConfig, c.AckWait)
 	}
-	return c.Buckets.Validate()
+	if err := c.Buckets.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
 }

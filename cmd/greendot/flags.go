@@ -7,8 +7,10 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/natsconn"
+	"github.com/greendot/greendot/reaper"
 )
 
 // Flag categories, as --help groups them.
@@ -81,6 +83,7 @@ func natsFlags() []cli.Flag {
 // gatewayFlags configure a gateway. standalone changes the defaults that
 // standalone mode has of its own.
 func gatewayFlags(standalone bool) []cli.Flag {
+	d := gateway.DefaultConfig()
 	devAuth := boolFlag(catAuth, "dev-auth", "accept ?user=<id> as a client's identity with no proof: development only")
 	if standalone {
 		devAuth.Value = true
@@ -90,17 +93,17 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		stringFlag(catGateway, "listen", "127.0.0.1:8080", "address of the WebSocket endpoint (/ws) and the HTTP API"),
 		&cli.StringFlag{Category: catGateway, Name: "gateway-id", Usage: "this gateway's id in connection records and subjects, 1 to 64 of A-Z a-z 0-9 _ -",
 			DefaultText: "random", EnvVars: []string{envVar("gateway-id")}},
-		stringFlag(catGateway, "policy", string(gateway.PolicyMutual), "who may watch whom: mutual (both follow each other), follow (the watcher follows the target) or everyone (also enables global presence)"),
-		&cli.DurationFlag{Category: catGateway, Name: "heartbeat-interval", Value: gateway.DefaultHeartbeatInterval,
+		stringFlag(catGateway, "policy", string(d.Policy), "who may watch whom: mutual (both follow each other), follow (the watcher follows the target) or everyone (also enables global presence)"),
+		&cli.DurationFlag{Category: catGateway, Name: "heartbeat-interval", Value: d.HeartbeatInterval,
 			Usage:       "how often clients are asked to send a heartbeat; less than --conn-ttl",
-			DefaultText: gateway.DefaultHeartbeatInterval.String() + ", or half of --conn-ttl when that is shorter",
+			DefaultText: d.HeartbeatInterval.String() + ", or half of --conn-ttl when that is shorter",
 			EnvVars:     []string{envVar("heartbeat-interval")}},
-		durationFlag(catGateway, "conn-ttl", gateway.DefaultConnTTL, "how long a connection stays live without a frame from its client; at least 1s, rounded up to whole seconds"),
-		durationFlag(catGateway, "offline-grace", gateway.DefaultOfflineGrace, "how long a cleanly closed connection still counts, so a page reload does not flap; 0 for none; rounded up to whole seconds"),
-		durationFlag(catGateway, "away-after", gateway.DefaultAwayAfter, "how long a connection may go without activity before it counts as idle"),
-		durationFlag(catGateway, "batch-interval", gateway.DefaultBatchInterval, "how often changes are written to watching sockets, coalesced; 1ms to 10s"),
-		durationFlag(catGateway, "authz-cache-ttl", 5*time.Second, "how long an authorization decision and a user's privacy settings are cached"),
-		durationFlag(catGateway, "drain-period", 0, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
+		durationFlag(catGateway, "conn-ttl", d.ConnTTL, "how long a connection stays live without a frame from its client; at least 1s, rounded up to whole seconds"),
+		durationFlag(catGateway, "offline-grace", d.OfflineGrace, "how long a cleanly closed connection still counts, so a page reload does not flap; 0 for none; rounded up to whole seconds"),
+		durationFlag(catGateway, "away-after", d.AwayAfter, "how long a connection may go without activity before it counts as idle"),
+		durationFlag(catGateway, "batch-interval", d.BatchInterval, "how often changes are written to watching sockets, coalesced; 1ms to 10s"),
+		durationFlag(catGateway, "authz-cache-ttl", d.AuthzCacheTTL, "how long an authorization decision and a user's privacy settings are cached"),
+		durationFlag(catGateway, "drain-period", d.DrainPeriod, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
 		stringFlag(catGateway, "allowed-origins", "", "comma-separated Origin values a browser may connect from (https://app.example.com), or * for any; empty allows any"),
 
 		devAuth,
@@ -112,41 +115,43 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		stringFlag(catAuth, "jwt-audience", "", "value the aud claim of every token must contain; empty checks none"),
 		durationFlag(catAuth, "jwt-leeway", 0, "clock skew forgiven when checking exp, nbf and iat; at most 5m"),
 
-		intFlag(catLimits, "max-message-size", gateway.DefaultMaxMessageSize, "largest client message in bytes (256 to 1048576); larger frames close the socket with 1009"),
-		intFlag(catLimits, "max-subscriptions", gateway.DefaultMaxSubscriptions, "subscriptions one socket may hold"),
-		intFlag(catLimits, "max-subscribe-ids", gateway.DefaultMaxSubscribeIDs, "user ids in one subscribe message"),
-		intFlag(catLimits, "max-query-ids", gateway.DefaultMaxQueryIDs, "user ids in one POST /api/presence/query"),
-		intFlag(catLimits, "online-limit", gateway.DefaultOnlineLimit, "users listed by global presence (policy everyone)"),
-		&cli.IntFlag{Category: catLimits, Name: "max-conns", Usage: "connections this gateway holds (503 when full); 0 for no limit",
+		intFlag(catLimits, "max-message-size", d.MaxMessageSize, "largest client message in bytes (256 to 1048576); larger frames close the socket with 1009"),
+		intFlag(catLimits, "max-subscriptions", d.MaxSubscriptions, "subscriptions one socket may hold"),
+		intFlag(catLimits, "max-subscribe-ids", d.MaxSubscribeIDs, "user ids in one subscribe message"),
+		intFlag(catLimits, "max-query-ids", d.MaxQueryIDs, "user ids in one POST /api/presence/query"),
+		intFlag(catLimits, "online-limit", d.OnlineLimit, "users listed by global presence (policy everyone)"),
+		&cli.IntFlag{Category: catLimits, Name: "max-conns", Value: d.MaxConns, Usage: "connections this gateway holds (503 when full); 0 for no limit",
 			DefaultText: "0 (no limit)", EnvVars: []string{envVar("max-conns")}},
-		intFlag(catLimits, "max-conns-per-user", gateway.DefaultMaxConnsPerUser, "connections one user may hold on this gateway"),
-		intFlag(catLimits, "max-registering", gateway.DefaultMaxRegistering, "upgrades registered in NATS at once; more are refused with 503 at once, so a reconnect storm does not pile up work that times out"),
-		floatFlag(catLimits, "rate-limit", 20, "messages per second a socket may send on average"),
-		intFlag(catLimits, "rate-burst", 40, "messages a socket may send at once"),
-		intFlag(catLimits, "rate-strikes", 10, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
-		durationFlag(catLimits, "handshake-timeout", 10*time.Second, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
-		durationFlag(catLimits, "write-timeout", 10*time.Second, "time one write to a socket may take; a slower socket is closed"),
+		intFlag(catLimits, "max-conns-per-user", d.MaxConnsPerUser, "connections one user may hold on this gateway"),
+		intFlag(catLimits, "max-registering", d.MaxRegistering, "upgrades registered in NATS at once; more are refused with 503 at once, so a reconnect storm does not pile up work that times out"),
+		floatFlag(catLimits, "rate-limit", d.RateLimit, "messages per second a socket may send on average"),
+		intFlag(catLimits, "rate-burst", d.RateBurst, "messages a socket may send at once"),
+		intFlag(catLimits, "rate-strikes", d.RateStrikes, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
+		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
+		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time one write to a socket may take; a slower socket is closed"),
 
-		intFlag(catTuning, "read-workers", 256, "sockets read at once"),
-		intFlag(catTuning, "write-workers", 64, "sockets written to at once by the batch flusher"),
-		intFlag(catTuning, "kv-max-pending", 4096, "asynchronous connection key writes in flight"),
+		intFlag(catTuning, "read-workers", d.ReadWorkers, "sockets read at once"),
+		intFlag(catTuning, "write-workers", d.WriteWorkers, "sockets written to at once by the batch flusher"),
+		intFlag(catTuning, "kv-max-pending", d.KVMaxPending, "asynchronous connection key writes in flight"),
 	}
 }
 
 // reaperFlags configure a reaper.
 func reaperFlags() []cli.Flag {
+	d := reaper.DefaultConfig()
 	return []cli.Flag{
-		intFlag(catProcess, "workers", 32, "users reconciled at once"),
-		durationFlag(catProcess, "sweep-interval", time.Minute, "how often the full sweep of connections and statuses runs; at least 100ms"),
-		durationFlag(catProcess, "ack-wait", 30*time.Second, "how long a removal may stay unacknowledged before it is handed to another reaper"),
+		intFlag(catProcess, "workers", d.Workers, "users reconciled at once"),
+		durationFlag(catProcess, "sweep-interval", d.SweepInterval, "how often the full sweep of connections and statuses runs; at least 100ms"),
+		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a removal may stay unacknowledged before it is handed to another reaper"),
 	}
 }
 
 // fanoutFlags configure a fanout.
 func fanoutFlags() []cli.Flag {
+	d := fanout.DefaultConfig()
 	return []cli.Flag{
-		intFlag(catProcess, "cache-size", 1_000_000, "users whose last published versions are remembered to suppress duplicate events"),
-		durationFlag(catProcess, "ack-wait", 10*time.Second, "how long a status revision may stay unacknowledged before it is handed to another fanout"),
+		intFlag(catProcess, "cache-size", d.CacheSize, "users whose last published versions are remembered to suppress duplicate events"),
+		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a status revision may stay unacknowledged before it is handed to another fanout"),
 	}
 }
 

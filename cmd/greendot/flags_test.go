@@ -8,11 +8,14 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/reaper"
 )
 
 // TestBadInput runs command lines that must be refused before anything
@@ -158,36 +161,75 @@ func parseFlags(t *testing.T, flags []cli.Flag, args []string, fn func(c *cli.Co
 	}
 }
 
-// TestGatewayDefaultsAreReal checks that the defaults --help shows for the
-// gateway are the gateway's own.
-func TestGatewayDefaultsAreReal(t *testing.T) {
-	var got gateway.Config
-	parseFlags(t, concat(gatewayFlags(false), natsFlags(), logFlags()), nil, func(c *cli.Context) error {
-		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
-		got = cfg
-		return err
+// TestFlagDefaultsAreTheProcessDefaults: for every process, the config a
+// command builds from its flags when given none equals the process's
+// DefaultConfig in every field a flag sets. Defaults are written once, in
+// the process's package, and --help shows them.
+func TestFlagDefaultsAreTheProcessDefaults(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	gatewayFromFlags := func(t *testing.T, flags []cli.Flag) {
+		t.Helper()
+		var got gateway.Config
+		var heartbeat time.Duration
+		parseFlags(t, flags, nil, func(c *cli.Context) error {
+			cfg, err := gatewayConfig(c, log, presence.BucketOptions{})
+			got, heartbeat = cfg, c.Duration("heartbeat-interval")
+			return err
+		})
+		// The heartbeat interval is left to the gateway unless it is given,
+		// since its default depends on the TTL; its flag shows the default.
+		if got.HeartbeatInterval != 0 {
+			t.Errorf("heartbeat interval from no flags = %v, want 0 (the gateway's own)", got.HeartbeatInterval)
+		}
+		got.HeartbeatInterval = heartbeat
+		// Fields no flag sets.
+		got.Logger, got.Buckets, got.DevAuth, got.Tokens = nil, presence.BucketOptions{}, false, nil
+		if want := gateway.DefaultConfig(); !reflect.DeepEqual(got, want) {
+			t.Errorf("gateway config from default flags:\n%+v\nDefaultConfig:\n%+v", got, want)
+		}
+	}
+	t.Run("gateway", func(t *testing.T) { gatewayFromFlags(t, gatewayCommand().Flags) })
+	t.Run("reaper", func(t *testing.T) {
+		var got reaper.Config
+		parseFlags(t, reaperCommand().Flags, nil, func(c *cli.Context) error {
+			cfg, err := reaperConfig(c, log, presence.BucketOptions{})
+			got = cfg
+			return err
+		})
+		got.Logger = nil
+		if want := reaper.DefaultConfig(); !reflect.DeepEqual(got, want) {
+			t.Errorf("reaper config from default flags %+v, DefaultConfig %+v", got, want)
+		}
 	})
-	fromFlags, err := gateway.New(nil, got)
-	if err != nil {
-		t.Fatal(err)
-	}
-	own, err := gateway.New(nil, gateway.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, b := fromFlags.Config(), own.Config()
-	for _, c := range []*gateway.Config{&a, &b} {
-		c.Logger, c.ID = nil, ""
-	}
-	if a.OfflineGrace != b.OfflineGrace {
-		t.Errorf("offline grace from flags %v, gateway default %v", a.OfflineGrace, b.OfflineGrace)
-	}
-	if !reflect.DeepEqual(a, b) {
-		t.Errorf("config from default flags:\n%+v\ngateway defaults:\n%+v", a, b)
-	}
+	t.Run("fanout", func(t *testing.T) {
+		var got fanout.Config
+		parseFlags(t, fanoutCommand().Flags, nil, func(c *cli.Context) error {
+			cfg, err := fanoutConfig(c, log, presence.BucketOptions{})
+			got = cfg
+			return err
+		})
+		got.Logger = nil
+		if want := fanout.DefaultConfig(); !reflect.DeepEqual(got, want) {
+			t.Errorf("fanout config from default flags %+v, DefaultConfig %+v", got, want)
+		}
+	})
+	t.Run("standalone", func(t *testing.T) {
+		flags := standaloneCommand().Flags
+		gatewayFromFlags(t, flags)
+		parseFlags(t, flags, nil, func(c *cli.Context) error {
+			if got, want := c.Duration("sweep-interval"), reaper.DefaultConfig().SweepInterval; got != want {
+				t.Errorf("standalone --sweep-interval defaults to %v, the reaper's default is %v", got, want)
+			}
+			return nil
+		})
+	})
+}
 
-	// Derived defaults follow the flags they derive from.
-	parseFlags(t, concat(gatewayFlags(false), natsFlags(), logFlags()), []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "10ms"}, func(c *cli.Context) error {
+// TestGatewayDerivedDefaults: defaults that derive from other flags follow
+// them.
+func TestGatewayDerivedDefaults(t *testing.T) {
+	var got gateway.Config
+	parseFlags(t, gatewayCommand().Flags, []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "10ms"}, func(c *cli.Context) error {
 		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
 		got = cfg
 		return err
