@@ -59,10 +59,25 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
 
 - **Environment.** Every flag can also be set with an environment variable:
   ` + "`GREENDOT_`" + ` and the flag's name in upper snake case (` + "`--nats-url`" + ` is
-  ` + "`GREENDOT_NATS_URL`" + `). A flag on the command line wins over the variable,
-  and the variable over the default. An empty variable sets a text flag to
-  empty (` + "`GREENDOT_NATS_LISTEN=`" + ` turns the embedded server's listener off)
-  and a switch to false; for numbers and durations it is ignored.
+  ` + "`GREENDOT_NATS_URL`" + `). A flag of one process kind has the kind's name too:
+  the reaper's ` + "`--ack-wait`" + ` is ` + "`GREENDOT_REAPER_ACK_WAIT`" + `, the fanout's
+  ` + "`GREENDOT_FANOUT_ACK_WAIT`" + `. A variable means the same in every command that
+  reads it (the NATS connection, logging and gateway flags are shared), so one
+  environment can serve every process. A flag on the command line wins over
+  the variable, and the variable over the default. An empty variable sets a
+  text flag to empty (` + "`GREENDOT_NATS_LISTEN=`" + ` turns the embedded server's
+  listener off) and a switch to false; for numbers and durations it is
+  ignored.
+- **Renamed variables.** Each flag of the reaper and of the fanout, and
+  ` + "`greendot graph show --json`" + `, has a variable of its own; these commands no
+  longer read the old names, some of which other commands read with another
+  meaning: ` + "`GREENDOT_ACK_WAIT`" + ` is now ` + "`GREENDOT_REAPER_ACK_WAIT`" + ` and
+  ` + "`GREENDOT_FANOUT_ACK_WAIT`" + `; ` + "`GREENDOT_METRICS_LISTEN`" + `,
+  ` + "`GREENDOT_REAPER_METRICS_LISTEN`" + ` and ` + "`GREENDOT_FANOUT_METRICS_LISTEN`" + `;
+  ` + "`GREENDOT_WORKERS`" + `, ` + "`GREENDOT_REAPER_WORKERS`" + `; ` + "`GREENDOT_SWEEP_INTERVAL`" + `
+  (of ` + "`greendot reaper`" + `), ` + "`GREENDOT_REAPER_SWEEP_INTERVAL`" + `;
+  ` + "`GREENDOT_CACHE_SIZE`" + `, ` + "`GREENDOT_FANOUT_CACHE_SIZE`" + `; ` + "`GREENDOT_JSON`" + ` (of
+  ` + "`greendot graph show`" + `), ` + "`GREENDOT_GRAPH_JSON`" + `.
 - **Durations** are Go durations: ` + "`10ms`, `1s`, `5m`, `1h30m`" + `.
 - **Exit codes.** 0 after a clean shutdown (SIGINT or SIGTERM; a second signal
   ends the process at once) or a successful command; 1 with a one-line error

@@ -36,6 +36,32 @@ func envVar(name string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
+// ownEnv binds each of flags, which belong to one kind of process (or one
+// command), to GREENDOT_, the kind and the flag's name: the reaper's
+// --ack-wait is GREENDOT_REAPER_ACK_WAIT, the fanout's
+// GREENDOT_FANOUT_ACK_WAIT. A variable set for one process then means
+// nothing to another, and one environment can serve them all. The flags
+// every process shares (NATS, logging, the gateway's) keep GREENDOT_ and
+// their name.
+func ownEnv(kind string, flags ...cli.Flag) []cli.Flag {
+	for _, f := range flags {
+		env := []string{envVar(kind + "-" + f.Names()[0])}
+		switch f := f.(type) {
+		case *cli.StringFlag:
+			f.EnvVars = env
+		case *cli.BoolFlag:
+			f.EnvVars = env
+		case *cli.IntFlag:
+			f.EnvVars = env
+		case *cli.Float64Flag:
+			f.EnvVars = env
+		case *cli.DurationFlag:
+			f.EnvVars = env
+		}
+	}
+	return flags
+}
+
 func stringFlag(cat, name, value, usage string) *cli.StringFlag {
 	return &cli.StringFlag{Category: cat, Name: name, Value: value, Usage: usage, EnvVars: []string{envVar(name)}}
 }
@@ -136,23 +162,32 @@ func gatewayFlags(standalone bool) []cli.Flag {
 	}
 }
 
-// reaperFlags configure a reaper.
+// reaperFlags configure a reaper. They are the reaper's own.
 func reaperFlags() []cli.Flag {
 	d := reaper.DefaultConfig()
-	return []cli.Flag{
+	return ownEnv("reaper",
 		intFlag(catProcess, "workers", d.Workers, "users reconciled at once"),
-		durationFlag(catProcess, "sweep-interval", d.SweepInterval, "how often the full sweep of connections and statuses runs; at least 100ms"),
+		sweepFlag(),
 		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a removal may stay unacknowledged before it is handed to another reaper"),
-	}
+		metricsFlag(),
+	)
 }
 
-// fanoutFlags configure a fanout.
+// sweepFlag is the reaper's --sweep-interval, for every command that runs
+// a reaper.
+func sweepFlag() cli.Flag {
+	return ownEnv("reaper", durationFlag(catProcess, "sweep-interval", reaper.DefaultConfig().SweepInterval,
+		"how often the reaper's full sweep of connections and statuses runs; at least 100ms"))[0]
+}
+
+// fanoutFlags configure a fanout. They are the fanout's own.
 func fanoutFlags() []cli.Flag {
 	d := fanout.DefaultConfig()
-	return []cli.Flag{
+	return ownEnv("fanout",
 		intFlag(catProcess, "cache-size", d.CacheSize, "users whose last published versions are remembered to suppress duplicate events"),
 		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a status revision may stay unacknowledged before it is handed to another fanout"),
-	}
+		metricsFlag(),
+	)
 }
 
 // metricsFlag serves health and metrics for processes without a listener

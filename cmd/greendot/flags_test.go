@@ -119,20 +119,77 @@ func TestBadEnvVar(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, `--policy "friends"`) {
 		t.Errorf("exit %d, stderr %q: want 1 and the bad policy from the environment", code, stderr)
 	}
+	// A flag of one process kind reads its kind's variable.
+	t.Setenv("GREENDOT_REAPER_WORKERS", "0")
+	code, _, stderr = runOnce(t, "reaper")
+	if code != 1 || !strings.Contains(stderr, "--workers 0: want at least 1") {
+		t.Errorf("exit %d, stderr %q: want 1 and the bad --workers from GREENDOT_REAPER_WORKERS", code, stderr)
+	}
 }
 
-// TestEveryFlagHasItsEnvVar walks every command's flags.
+// TestEveryFlagHasItsEnvVar walks every command's flags: each has one
+// variable, GREENDOT_ and its name, or for a flag of one process kind
+// GREENDOT_, the kind (the command) and its name.
 func TestEveryFlagHasItsEnvVar(t *testing.T) {
 	walkFlags(newApp(io.Discard, io.Discard).Commands, "greendot", func(cmd string, f cli.DocGenerationFlag) {
 		name := f.Names()[0]
-		want := "GREENDOT_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		if got := f.GetEnvVars(); len(got) != 1 || got[0] != want {
-			t.Errorf("%s --%s: env vars %v, want [%s]", cmd, name, got, want)
+		shared := envVar(name)
+		own := envVar(strings.Fields(cmd)[1] + "-" + name)
+		if got := f.GetEnvVars(); len(got) != 1 || got[0] != shared && got[0] != own {
+			t.Errorf("%s --%s: env vars %v, want [%s] or [%s]", cmd, name, got, shared, own)
 		}
 		if f.GetUsage() == "" {
 			t.Errorf("%s --%s has no usage text", cmd, name)
 		}
 	})
+}
+
+// TestEnvVarsMeanOneThing walks every command's flags and fails when one
+// environment variable sets flags of different meaning: another name,
+// usage or default. One environment can then serve every process: the
+// reaper's --ack-wait and the fanout's are different settings, so they
+// have different variables. greendot bench is left out: it is a load
+// generator, not a greendot process, and is to become its own command.
+func TestEnvVarsMeanOneThing(t *testing.T) {
+	type meaning struct{ name, usage, def string }
+	// Variables whose flags differ in their default only, on purpose: the
+	// variable sets the same thing wherever it is read.
+	defaultsMayDiffer := map[string]bool{
+		// Dev auth is on by default in standalone while --listen is
+		// loopback; GREENDOT_DEV_AUTH turns the gateway's dev auth on or
+		// off in both commands.
+		"GREENDOT_DEV_AUTH": true,
+	}
+	seen := map[string]meaning{}
+	where := map[string]string{}
+	var cmds []*cli.Command
+	for _, c := range newApp(io.Discard, io.Discard).Commands {
+		if c.Name != "bench" {
+			cmds = append(cmds, c)
+		}
+	}
+	walkFlags(cmds, "greendot", func(cmd string, f cli.DocGenerationFlag) {
+		for _, env := range f.GetEnvVars() {
+			m := meaning{f.Names()[0], f.GetUsage(), f.GetDefaultText()}
+			prev, ok := seen[env]
+			if !ok {
+				seen[env], where[env] = m, cmd
+				continue
+			}
+			if _, ok := defaultsMayDiffer[env]; ok {
+				prev.def, m.def = "", ""
+			}
+			if prev != m {
+				t.Errorf("%s sets different things: --%s (%q, default %q) in %s and --%s (%q, default %q) in %s",
+					env, prev.name, prev.usage, prev.def, where[env], m.name, m.usage, m.def, cmd)
+			}
+		}
+	})
+	for env := range defaultsMayDiffer {
+		if _, ok := seen[env]; !ok {
+			t.Errorf("%s, whose defaults may differ, is no flag's variable any more", env)
+		}
+	}
 }
 
 // walkFlags calls fn with every flag of every command under cmds.

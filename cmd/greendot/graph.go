@@ -55,7 +55,7 @@ func graphCommand() *cli.Command {
 				Name:         "show",
 				Usage:        "print whom <user> follows, who follows <user>, their mutual followers and privacy setting",
 				ArgsUsage:    "<user>",
-				Flags:        flags(boolFlag(catOutput, "json", "print one JSON object instead of text")),
+				Flags:        flags(ownEnv("graph", boolFlag(catOutput, "json", "print one JSON object instead of text"))...),
 				OnUsageError: usageError,
 				Action:       graphShow,
 			},

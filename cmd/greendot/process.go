@@ -40,7 +40,7 @@ func reaperCommand() *cli.Command {
 		Name:         "reaper",
 		Usage:        "run a reaper: ended connections to offline, inactive users to away",
 		Description:  "Reapers share their work through a durable NATS consumer: run two or more for availability.",
-		Flags:        concat(reaperFlags(), []cli.Flag{metricsFlag()}, natsFlags(), logFlags()),
+		Flags:        concat(reaperFlags(), natsFlags(), logFlags()),
 		OnUsageError: usageError,
 		Action: func(c *cli.Context) error {
 			log, buckets, err := processSetup(c)
@@ -61,7 +61,7 @@ func fanoutCommand() *cli.Command {
 		Name:         "fanout",
 		Usage:        "run a fanout: status changes to presence events for the gateways",
 		Description:  "Fanouts share their work through a durable NATS consumer: run two or more for availability.",
-		Flags:        concat(fanoutFlags(), []cli.Flag{metricsFlag()}, natsFlags(), logFlags()),
+		Flags:        concat(fanoutFlags(), natsFlags(), logFlags()),
 		OnUsageError: usageError,
 		Action: func(c *cli.Context) error {
 			log, buckets, err := processSetup(c)
