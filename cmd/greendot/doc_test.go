@@ -170,6 +170,9 @@ func writeCommand(b *strings.Builder, level string, l leaf) {
 	var cats []string
 	byCat := map[string][]cli.DocGenerationFlag{}
 	for _, f := range l.cmd.Flags {
+		if f == cli.HelpFlag {
+			continue
+		}
 		df := f.(cli.DocGenerationFlag)
 		cat := f.(cli.CategorizableFlag).GetCategory()
 		if !slices.Contains(cats, cat) {

@@ -192,12 +192,15 @@ func TestEnvVarsMeanOneThing(t *testing.T) {
 	}
 }
 
-// walkFlags calls fn with every flag of every command under cmds.
+// walkFlags calls fn with every flag of every command under cmds, but
+// --help.
 func walkFlags(cmds []*cli.Command, path string, fn func(cmd string, f cli.DocGenerationFlag)) {
 	for _, c := range cmds {
 		p := path + " " + c.Name
 		for _, f := range c.Flags {
-			fn(p, f.(cli.DocGenerationFlag))
+			if f != cli.HelpFlag {
+				fn(p, f.(cli.DocGenerationFlag))
+			}
 		}
 		walkFlags(c.Subcommands, p, fn)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -36,7 +37,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // newApp builds the command line application. Flags hold parse state, so
 // every call builds them afresh.
 func newApp(stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "greendot",
 		Usage:   "presence (online, away, busy, offline) for apps with many users, over NATS",
 		Version: version(),
@@ -67,6 +68,23 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			}
 			return cli.ShowAppHelp(c)
 		},
+	}
+	listHelp(app.Commands)
+	return app
+}
+
+// listHelp gives every command under cmds its --help flag before the
+// library sorts the commands' flags into categories, so that every
+// command's --help lists --help, once, first. The library adds the flag to
+// a command only when it runs it: too late for the categories of the
+// top-level commands, so their help left it out while that of the graph
+// commands showed it.
+func listHelp(cmds []*cli.Command) {
+	for _, c := range cmds {
+		if !slices.Contains(c.Flags, cli.HelpFlag) {
+			c.Flags = append(c.Flags, cli.HelpFlag)
+		}
+		listHelp(c.Subcommands)
 	}
 }
 
