@@ -6,12 +6,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/greendot/greendot/internal/version"
 )
 
 func main() {
@@ -40,7 +41,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	app := &cli.App{
 		Name:    "greendot",
 		Usage:   "presence (online, away, busy, offline) for apps with many users, over NATS",
-		Version: version(),
+		Version: version.String(),
 		Description: "Run 'greendot standalone' to try it on one machine: it embeds a NATS server and runs every\n" +
 			"process kind in one process. In production, run gateways, reapers and fanouts as separate\n" +
 			"processes against a NATS server or cluster. Every flag can also be set with an environment\n" +
@@ -106,12 +107,4 @@ func oneLine(err error) string {
 		return "failed"
 	}
 	return strings.Join(lines, "; ")
-}
-
-// version returns the module version the binary was built from.
-func version() string {
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
 }

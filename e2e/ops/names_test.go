@@ -105,12 +105,14 @@ func TestOperationsPageNames(t *testing.T) {
 	}
 
 	// Flags: every --flag of the prose is a flag of greendot's command
-	// line (in cmd/greendot's source) or of the nats CLI used here.
+	// line (in cmd/greendot's source, or --help and --version, which the
+	// command line library adds) or of the nats CLI used here.
 	src := cmdSource(t)
 	natsFlags := []string{"replies", "timeout", "raw", "creds", "server"}
+	libraryFlags := []string{"help", "version"}
 	for _, f := range find(`--[a-z][a-z-]+`) {
 		name := strings.TrimPrefix(f, "--")
-		if slices.Contains(natsFlags, name) {
+		if slices.Contains(natsFlags, name) || slices.Contains(libraryFlags, name) {
 			continue
 		}
 		if !strings.Contains(src, `"`+name+`"`) {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/version"
 	"github.com/greendot/greendot/pkg/admin"
 )
 
@@ -207,7 +208,7 @@ func TestServiceEndpoints(t *testing.T) {
 		t.Fatalf("infos = %+v, %v", infos, err)
 	}
 	for _, in := range infos {
-		if in.Service != "greendot-test" || !in.Ready || in.Version != admin.Version ||
+		if in.Service != "greendot-test" || !in.Ready || in.Version != version.String() ||
 			in.Config["ttl"] != "1s" || in.Load["conns"] != float64(7) {
 			t.Errorf("info = %+v", in)
 		}

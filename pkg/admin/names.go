@@ -1,10 +1,5 @@
 package admin
 
-// Version is the version every greendot micro service reports. It is
-// semantic versioning, as micro requires; builds may set it with
-// -ldflags "-X github.com/greendot/greendot/pkg/admin.Version=1.2.3".
-var Version = "0.1.0"
-
 // The micro service names, one per process kind.
 const (
 	// GatewayService is the micro service of every gateway.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/greendot/greendot/internal/version"
 )
 
 // DefaultTimeout bounds the work of one admin request unless its Endpoint
@@ -69,6 +71,7 @@ type Server struct {
 	svc     micro.Service
 	cfg     ServiceConfig
 	log     *slog.Logger
+	version string
 	started time.Time
 
 	ctx    context.Context
@@ -91,7 +94,7 @@ func Start(nc *nats.Conn, cfg ServiceConfig) (*Server, error) {
 		cfg.Load = func() map[string]any { return map[string]any{} }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, started: time.Now().UTC()}
+	s := &Server{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, version: version.String(), started: time.Now().UTC()}
 
 	md := make(map[string]string, len(cfg.Config)+1)
 	for k, v := range cfg.Config {
@@ -102,7 +105,7 @@ func Start(nc *nats.Conn, cfg ServiceConfig) (*Server, error) {
 	}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        cfg.Name,
-		Version:     Version,
+		Version:     s.version,
 		Description: cfg.Description,
 		Metadata:    md,
 		StatsHandler: func(e *micro.Endpoint) any {
@@ -160,7 +163,7 @@ func (s *Server) Info(ctx context.Context) Info {
 		Service:  s.cfg.Name,
 		Instance: s.svc.Info().ID,
 		ID:       s.cfg.ID,
-		Version:  Version,
+		Version:  s.version,
 		Started:  s.started,
 		Ready:    true,
 		Config:   maps.Clone(s.cfg.Config),

@@ -142,11 +142,13 @@ type Info struct {
 	// Service is the micro service name; Instance the micro instance id
 	// (as `nats micro ls` shows it); ID the process's own id where it has
 	// one (a gateway's id).
-	Service  string    `json:"service"`
-	Instance string    `json:"instance"`
-	ID       string    `json:"id,omitempty"`
-	Version  string    `json:"version"`
-	Started  time.Time `json:"started"`
+	Service  string `json:"service"`
+	Instance string `json:"instance"`
+	ID       string `json:"id,omitempty"`
+	// Version is the version of greendot the process runs, the one
+	// greendot --version prints; Started is when its service started.
+	Version string    `json:"version"`
+	Started time.Time `json:"started"`
 	// Ready reports that the process is connected to NATS and its buckets
 	// are present; NotReady says why not.
 	Ready    bool   `json:"ready"`
