@@ -29,7 +29,8 @@ import (
 
 // The browser tests drive Debian's Chromium through the DevTools protocol
 // (chromedp), against a whole greendot system in the test process, with
-// fast timings. They fail, never skip, when Chromium is missing.
+// fast timings. Without Chromium they fail in CI (CI=true) and are skipped
+// elsewhere, with a line that says how to install it.
 
 // Timings of the system under the browser tests.
 const (
@@ -45,7 +46,10 @@ const (
 const fastPage = "backoff_base_ms=100&backoff_max_ms=1000&drain_jitter_ms=300&graph_poll_ms=250"
 
 // chromiumPath returns the Chromium to drive: $GREENDOT_CHROMIUM, or
-// Debian's chromium. It fails the test when there is none.
+// Debian's chromium. When there is none it fails the test in CI (the
+// environment variable CI is true), where the browser tests are
+// mandatory, and skips it elsewhere, so that go test ./... passes on a
+// fresh machine.
 func chromiumPath(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("GREENDOT_CHROMIUM"); p != "" {
@@ -59,8 +63,12 @@ func chromiumPath(t testing.TB) string {
 			return p
 		}
 	}
-	t.Fatal("the browser tests need Chromium, and none was found: apt-get install -y chromium " +
-		"(or set GREENDOT_CHROMIUM to a Chromium or Chrome binary)")
+	const missing = "no Chromium for the browser tests: install it (apt-get install -y chromium) " +
+		"or set GREENDOT_CHROMIUM to a Chromium or Chrome binary"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(missing)
+	}
+	t.Skip(missing)
 	return ""
 }
 
@@ -99,12 +107,12 @@ type chrome struct {
 	ctx context.Context
 }
 
-// startChrome starts a headless Chromium with a fresh profile; it is
-// closed when the test ends.
-func startChrome(t *testing.T) *chrome {
+// startChrome starts the headless Chromium at path (from chromiumPath)
+// with a fresh profile; it is closed when the test ends.
+func startChrome(t *testing.T, path string) *chrome {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromiumPath(t)),
+		chromedp.ExecPath(path),
 		chromedp.Flag("headless", true),
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
@@ -133,7 +141,7 @@ func startChrome(t *testing.T) *chrome {
 	if err != nil {
 		cancel()
 		cancelAlloc()
-		t.Fatalf("start %s: %v", chromiumPath(t), err)
+		t.Fatalf("start %s: %v", path, err)
 	}
 	t.Cleanup(func() {
 		closing, done := context.WithTimeout(ctx, 10*time.Second)

@@ -61,9 +61,10 @@ func (p *page) connID() string {
 // through the demo page and see each other go online, busy, invisible
 // (offline to the other) and offline, live.
 func TestBrowserTwoUsers(t *testing.T) {
+	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()
-	c := startChrome(t)
+	c := startChrome(t, chromium)
 
 	// alice's page reads the graph only after her own changes (no polling
 	// within the test), so what she follows must show at once.
@@ -161,10 +162,11 @@ func evalScreenshot(p *page) ([]byte, error) {
 // TestBrowserHiddenTab: a tab hidden for a while makes its user away, then
 // offline, and back online when it is visible again.
 func TestBrowserHiddenTab(t *testing.T) {
+	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
-	c := startChrome(t)
+	c := startChrome(t, chromium)
 
 	alice := c.open("alice", demoURL(gw.HTTP, "alice", "idle_after_ms=500", "close_after_ms=3000"))
 	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
@@ -202,10 +204,11 @@ func TestBrowserHiddenTab(t *testing.T) {
 // replaced by another (the old one draining with 1001), both reconnect,
 // and the dots recover, chosen status included.
 func TestBrowserReconnect(t *testing.T) {
+	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	sys.Mutual("alice", "bob")
 	px := startProxy(t, sys.Gateway().Addr)
-	c := startChrome(t)
+	c := startChrome(t, chromium)
 
 	alice := c.open("alice", demoURL(px.URL(), "alice"))
 	bob := c.open("bob", demoURL(px.URL(), "bob"))
@@ -253,9 +256,10 @@ func TestBrowserReconnect(t *testing.T) {
 // argument checks, reconnect and restore against a scripted socket, and a
 // few exchanges with the real gateway that serves the page.
 func TestClientInBrowser(t *testing.T) {
+	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	sys.Mutual("unit-me", "unit-friend")
-	c := startChrome(t)
+	c := startChrome(t, chromium)
 	p := c.open("unit", sys.Gateway().HTTP+"/")
 
 	src, err := os.ReadFile(filepath.Join("testdata", "client_test.js"))
