@@ -307,7 +307,8 @@ func TestBucketConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	// History 1: with more, TTLs are raised to the marker TTL and an older
-	// revision can come back when the newest expires (DESIGN.md, fact 5).
+	// revision can come back when the newest expires (docs/architecture.md,
+	// "State").
 	if conns.History != 1 || conns.LimitMarkerTTL != presence.DefaultMarkerTTL || conns.Replicas != 1 {
 		t.Errorf("conns bucket: history %d, marker TTL %v, replicas %d", conns.History, conns.LimitMarkerTTL, conns.Replicas)
 	}

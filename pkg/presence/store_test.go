@@ -159,8 +159,9 @@ func TestStatusAfterDelete(t *testing.T) {
 	}
 }
 
-// TestConnLifecycle re-checks the JetStream facts (DESIGN.md) the gateway
-// and reaper stand on, through the Store.
+// TestConnLifecycle re-checks, through the Store, what the gateway and the
+// reaper rely on JetStream KV to do with connection keys
+// (docs/architecture.md, "State").
 func TestConnLifecycle(t *testing.T) {
 	st, _ := openStore(t, presence.BucketOptions{MarkerTTL: time.Second})
 	ctx := context.Background()
@@ -196,7 +197,7 @@ func TestConnLifecycle(t *testing.T) {
 		t.Error("created a key that exists")
 	}
 
-	// Fact 4: the key expires by itself and watchers see a purge marker.
+	// The key expires by itself and watchers see a purge marker.
 	e := next()
 	expired := time.Now()
 	if e.Operation() != jetstream.KeyValuePurge || e.Revision() <= rev {
@@ -220,7 +221,7 @@ func TestConnLifecycle(t *testing.T) {
 		t.Errorf("a later watcher's first entry: %v, want the marker", first)
 	}
 
-	// Fact 6: a key is created again over its expiry marker.
+	// A key is created again over its expiry marker.
 	rev2, err := st.CreateConn(ctx, "dave", "d1", rec, time.Minute)
 	if err != nil {
 		t.Fatalf("create over the marker: %v", err)
@@ -238,7 +239,7 @@ func TestConnLifecycle(t *testing.T) {
 		t.Errorf("write at an old revision: %v, want a wrong-last-sequence error", err)
 	}
 
-	// Fact 2: a write with a TTL replaces the key's TTL. Refreshed with
+	// A write with a TTL replaces the key's TTL. Refreshed with
 	// 2s, the key outlives the 1s it was first given.
 	rev3, err := st.CreateConn(ctx, "dave", "d2", rec, time.Second)
 	if err != nil {
