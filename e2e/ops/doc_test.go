@@ -498,7 +498,7 @@ func (r *runner) sub(words []string) (output, error) {
 		return output{}, errors.New("nats sub SUBJECT")
 	}
 	subject := pos[0]
-	if u, ok := presence.UserFromEventSubject(subject); subject != presence.EventWildcard && (!ok || presence.EventSubject(u) != subject) {
+	if subject != presence.EventWildcard && !isEventSubject(subject) {
 		return output{}, fmt.Errorf("subject %q is neither %s nor presence.EventSubject(user)", subject, presence.EventWildcard)
 	}
 	sub, err := r.sc.nc.SubscribeSync(subject)

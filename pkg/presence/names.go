@@ -157,12 +157,6 @@ func ParseSettingsKey(key string) (userID string, ok bool) {
 // changes. Gateways subscribe to it for users their sockets watch.
 func EventSubject(userID string) string { return eventPrefix + userID }
 
-// UserFromEventSubject returns the user id of an EventSubject.
-func UserFromEventSubject(subject string) (string, bool) {
-	u, ok := strings.CutPrefix(subject, eventPrefix)
-	return u, ok && ValidUserID(u)
-}
-
 // SelfSubject returns the subject on which a gateway receives SelfEvents for
 // the users connected to it. One subject per gateway (not per user) keeps a
 // gateway's NATS subscriptions independent of how many users it holds.

@@ -163,22 +163,6 @@ func TestSubjects(t *testing.T) {
 	if got := presence.KeySubject(presence.StatusBucket, "alice"); got != "$KV.presence_status.alice" {
 		t.Errorf("KeySubject = %q", got)
 	}
-	tests := []struct {
-		subject string
-		user    string
-		ok      bool
-	}{
-		{"presence.event.alice", "alice", true},
-		{"presence.event.", "", false},
-		{"presence.event.a.b", "", false},
-		{"presence.gw.g.self", "", false},
-	}
-	for _, tt := range tests {
-		user, ok := presence.UserFromEventSubject(tt.subject)
-		if ok != tt.ok || ok && user != tt.user {
-			t.Errorf("UserFromEventSubject(%q) = %q, %v; want %q, %v", tt.subject, user, ok, tt.user, tt.ok)
-		}
-	}
 	// The wildcard matches every event subject and nothing else greendot
 	// publishes.
 	if !subjectMatches(presence.EventWildcard, presence.EventSubject("x")) ||
