@@ -36,7 +36,7 @@ func (j *journal) add(step string) {
 func (j *journal) list() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return slices.Clone(j.list())
+	return slices.Clone(j.steps)
 }
 
 func (j *journal) has(step string) bool {
