@@ -287,5 +287,8 @@ func (c Config) Validate() error {
 			return bad("empty allowed origin")
 		}
 	}
-	return c.Buckets.Validate()
+	if err := c.Buckets.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	return nil
 }
