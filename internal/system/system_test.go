@@ -1,0 +1,380 @@
+package system
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/reaper"
+)
+
+// startSystem starts a system with an embedded NATS server; it is stopped
+// when the test ends.
+func startSystem(t *testing.T, nats NATSConfig) *System {
+	t.Helper()
+	if nats.StoreDir == "" {
+		nats.StoreDir = t.TempDir()
+	}
+	sys, err := Start(Options{Name: "systemtest", NATS: &nats})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sys.Stop() })
+	return sys
+}
+
+// listen returns a listener on a free loopback port.
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// fastGateway is a gateway configuration with dev auth and short timings.
+func fastGateway() gateway.Config {
+	return gateway.Config{DevAuth: true, ConnTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond,
+		OfflineGrace: time.Second, BatchInterval: 10 * time.Millisecond}
+}
+
+// get returns the status and body of GET url.
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	hc := &http.Client{Timeout: 10 * time.Second}
+	resp, err := hc.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	return resp.StatusCode, string(body)
+}
+
+// TestSystem runs a gateway, a reaper and a fanout on an embedded NATS
+// server, has a client connect, serves every service's metrics from the
+// gateway, and stops the system in order: the gateway first, then the
+// reaper and fanout, then NATS.
+func TestSystem(t *testing.T) {
+	sys := startSystem(t, NATSConfig{})
+	if u := sys.URL(); !strings.HasPrefix(u, "nats://127.0.0.1:") {
+		t.Errorf("URL %q, want the embedded server's loopback address", u)
+	}
+	rp, err := sys.StartReaper("reaper", reaper.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fo, err := sys.StartFanout("fanout", fanout.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastGateway()
+	cfg.Metrics = sys.Gatherer()
+	gw, err := sys.StartGateway("gateway", cfg, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, p := range []*Proc{rp, fo, gw.Proc} {
+		if err := p.AwaitReady(ctx, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, want := gw.Conn().Opts.Name, "systemtest gateway"; got != want {
+		t.Errorf("gateway's connection is named %q, want %q", got, want)
+	}
+
+	c, err := client.Dial(ctx, gw.WS+"?user=alice", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Abort() }()
+	nc, err := sys.Connect("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 30*time.Second, func() error {
+		rec, _, err := store.Status(ctx, "alice")
+		if err != nil {
+			return err
+		}
+		if rec.Status != presence.Online {
+			return errors.New("alice is " + string(rec.Status))
+		}
+		return nil
+	})
+
+	code, body := get(t, gw.HTTP+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d %s", code, body)
+	}
+	for _, want := range []string{"greendot_gateway_", "greendot_reaper_", "greendot_fanout_"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics has no %s* metric", want)
+		}
+	}
+	if n := strings.Count(body, "# TYPE go_goroutines "); n != 1 {
+		t.Errorf("/metrics has go_goroutines %d times, want once", n)
+	}
+
+	// When a reaper or fanout has returned, the gateway has already.
+	stoppedFirst := make(chan bool, 2)
+	for _, p := range []*Proc{rp, fo} {
+		go func() {
+			<-p.Done()
+			stoppedFirst <- closed(gw.done)
+		}()
+	}
+	if err := sys.Stop(); err != nil {
+		t.Errorf("Stop = %v", err)
+	}
+	for range 2 {
+		if !<-stoppedFirst {
+			t.Error("a reaper or fanout stopped before the gateway")
+		}
+	}
+	for _, p := range []*Proc{rp, fo, gw.Proc} {
+		if !closed(p.done) || p.Err() != nil || !nc.IsClosed() {
+			t.Errorf("%s after Stop: returned %v, err %v; operator connection closed %v", p.Name(), closed(p.done), p.Err(), nc.IsClosed())
+		}
+	}
+	if sys.NATS().Running() {
+		t.Error("the NATS server runs after Stop")
+	}
+	if _, err := sys.StartReaper("late", reaper.Config{}); err == nil {
+		t.Error("a reaper started after Stop")
+	}
+}
+
+// TestSystemServiceFails reports a service that ends by itself: Exited is
+// closed, AwaitReady says it stopped, and Stop returns its error.
+func TestSystemServiceFails(t *testing.T) {
+	sys := startSystem(t, NATSConfig{})
+	cfg := fastGateway()
+	// Three replicas cannot be placed on one server: the gateway cannot
+	// create its buckets, and returns.
+	cfg.Buckets = presence.BucketOptions{Replicas: 3}
+	gw, err := sys.StartGateway("gateway", cfg, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sys.Exited():
+	case <-time.After(time.Minute):
+		t.Fatal("Exited not closed after the gateway failed")
+	}
+	if err := gw.AwaitReady(context.Background(), time.Minute); !errors.Is(err, ErrStopped) {
+		t.Errorf("AwaitReady = %v, want ErrStopped", err)
+	}
+	if gw.Err() == nil {
+		t.Error("Err = nil after a failure")
+	}
+	if err := sys.Stop(); err == nil || !strings.HasPrefix(err.Error(), "gateway: ") {
+		t.Errorf("Stop = %v, want the gateway's error", err)
+	}
+}
+
+// TestSystemStopsChildrenInOrder stops a gateway child process before any
+// other, then the NATS server.
+func TestSystemStopsChildrenInOrder(t *testing.T) {
+	sys := startSystem(t, NATSConfig{InProcessOnly: true})
+	if u := sys.URL(); u != "" {
+		t.Errorf("URL %q with no listener, want none", u)
+	}
+	gwOpts := helperOptions(t, "gateway", "wait")
+	gwOpts.Kind = KindGateway
+	gwc, err := sys.StartChild(gwOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := sys.StartChild(helperOptions(t, "other", "wait"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	awaitLine(t, gwc, "waiting")
+	awaitLine(t, other, "waiting")
+	// Connections of a system without a listener are in-process.
+	nc, err := sys.Connect("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := presence.Open(context.Background(), nc, presence.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	stoppedFirst := make(chan bool, 1)
+	go func() {
+		<-other.Done()
+		stoppedFirst <- closed(gwc.done)
+	}()
+	if err := sys.Stop(); err != nil {
+		t.Errorf("Stop = %v", err)
+	}
+	if !<-stoppedFirst {
+		t.Error("the other child stopped before the gateway")
+	}
+	select {
+	case <-sys.Exited():
+		t.Error("Exited closed by the children Stop ended")
+	default:
+	}
+}
+
+// TestSystemChildExits closes Exited when a child ends by itself.
+func TestSystemChildExits(t *testing.T) {
+	sys := startSystem(t, NATSConfig{InProcessOnly: true})
+	o := helperOptions(t, "failing", "fail")
+	o.StopSignal = syscall.SIGKILL
+	if _, err := sys.StartChild(o); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sys.Exited():
+	case <-time.After(time.Minute):
+		t.Fatal("Exited not closed after the child failed")
+	}
+	if err := sys.Stop(); err == nil || !strings.Contains(err.Error(), "exit status 3") {
+		t.Errorf("Stop = %v, want the child's exit status", err)
+	}
+}
+
+// TestStartNATS starts embedded servers as every user of the package does.
+func TestStartNATS(t *testing.T) {
+	logged := &lockedBuffer{}
+	tests := []struct {
+		name    string
+		cfg     NATSConfig
+		wantErr string
+		check   func(t *testing.T, srv *server.Server)
+	}{
+		{
+			name: "defaults",
+			cfg:  NATSConfig{Logger: slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelDebug}))},
+			check: func(t *testing.T, srv *server.Server) {
+				if !strings.HasPrefix(srv.ClientURL(), "nats://127.0.0.1:") {
+					t.Errorf("ClientURL %q, want loopback", srv.ClientURL())
+				}
+				if log := logged.String(); !strings.Contains(log, "level=DEBUG msg=\"Server is ready\" svc=nats") {
+					t.Errorf("the server's notices are not in the log at debug level:\n%s", log)
+				}
+			},
+		},
+		{
+			name: "from options",
+			cfg: NATSConfig{Options: &server.Options{ServerName: "loaded", Host: "127.0.0.1", Port: server.RANDOM_PORT},
+				Name: "renamed", MaxPending: 1 << 20},
+			check: func(t *testing.T, srv *server.Server) {
+				if srv.Name() != "renamed" {
+					t.Errorf("name %q, want renamed", srv.Name())
+				}
+				if got := srv.ClientURL(); strings.HasSuffix(got, ":-1") || strings.HasSuffix(got, ":4222") {
+					t.Errorf("ClientURL %q, want a random port", got)
+				}
+			},
+		},
+		{
+			name: "in-process only",
+			cfg:  NATSConfig{InProcessOnly: true, Host: "127.0.0.1", Port: 4222},
+			check: func(t *testing.T, srv *server.Server) {
+				if srv.Addr() != nil {
+					t.Errorf("listens on %v", srv.Addr())
+				}
+				nc, err := nats.Connect("", nats.InProcessServer(srv))
+				if err != nil {
+					t.Fatal(err)
+				}
+				nc.Close()
+			},
+		},
+		{
+			name:    "no store",
+			cfg:     NATSConfig{StoreDir: "-"},
+			wantErr: "no JetStream store directory",
+		},
+		{
+			name:    "port in use",
+			wantErr: "nats server: Error listening on port",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := tt.cfg
+			switch cfg.StoreDir {
+			case "":
+				cfg.StoreDir = t.TempDir()
+			case "-":
+				cfg.StoreDir = ""
+			}
+			if tt.name == "port in use" {
+				ln := listen(t)
+				defer func() { _ = ln.Close() }()
+				cfg.Port = ln.Addr().(*net.TCPAddr).Port
+			}
+			start := time.Now()
+			srv, err := StartNATS(cfg)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("StartNATS = %v, want %q", err, tt.wantErr)
+				}
+				if d := time.Since(start); d > 20*time.Second {
+					t.Errorf("the failure took %v", d)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				srv.Shutdown()
+				srv.WaitForShutdown()
+			}()
+			if !srv.JetStreamEnabled() {
+				t.Error("JetStream is off")
+			}
+			tt.check(t, srv)
+		})
+	}
+}
+
+// lockedBuffer is a buffer that a server writes its log to while the test
+// reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
