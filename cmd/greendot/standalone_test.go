@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
@@ -275,14 +275,11 @@ func TestStandaloneFromEnvironment(t *testing.T) {
 // TestBinarySignals builds the greendot binary and stops it with SIGINT
 // and SIGTERM, as a terminal and a process manager do.
 func TestBinarySignals(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
 	bin := filepath.Join(t.TempDir(), "greendot")
-	build := exec.Command(goTool, "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	if err := system.Build(ctx, bin, system.Greendot); err != nil {
+		t.Fatal(err)
 	}
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
