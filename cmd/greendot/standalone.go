@@ -154,6 +154,9 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 		}
 	}
 	gcfg.Static = web.Handler(webOpts)
+	// GET /metrics serves the metrics of the three services, which share
+	// this process.
+	gcfg.Metrics = sys.Gatherer()
 	addr := ln.Addr()
 	gw, err := sys.StartGateway("gateway", gcfg, ln)
 	if err != nil {

@@ -141,6 +141,20 @@ func TestStandalone(t *testing.T) {
 	if code, body := httpGet(t, "http://"+addr+"/readyz"); code != http.StatusOK {
 		t.Errorf("GET /readyz = %d %s", code, body)
 	}
+	// /metrics serves the metrics of every process standalone runs, with
+	// the Go runtime's, which they share, once.
+	code, metrics := httpGet(t, "http://"+addr+"/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics = %d %s", code, metrics)
+	}
+	for _, want := range []string{"\ngreendot_gateway_connections ", "\ngreendot_reaper_queued_tasks ", "\ngreendot_fanout_revisions_total "} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("GET /metrics has no %s", strings.TrimSpace(want))
+		}
+	}
+	if n := strings.Count(metrics, "\ngo_goroutines "); n != 1 {
+		t.Errorf("GET /metrics has go_goroutines %d times, want once", n)
+	}
 	if code, body := httpGet(t, "http://"+addr+"/"); code != http.StatusOK || !strings.Contains(body, "<html") {
 		t.Errorf("GET / (the demo) = %d %.200s", code, body)
 	}
