@@ -1,8 +1,8 @@
 // Package systest runs a whole greendot system in one test process: an
 // embedded NATS server with JetStream, a reaper, a fanout and one or more
 // gateways on loopback listeners, each process kind over its own NATS
-// connection, as in production. Tests talk to it with real WebSocket
-// clients (package client) and the HTTP API.
+// connection, as in production (assembled by package system). Tests talk to
+// it with real WebSocket clients (package client) and the HTTP API.
 package systest
 
 import (
@@ -21,7 +21,7 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -53,6 +53,7 @@ const (
 type System struct {
 	tb     testing.TB
 	opts   Options
+	sys    *system.System
 	Server *server.Server
 	// NC is an operator's NATS connection; Store uses it.
 	NC    *nats.Conn
@@ -60,8 +61,8 @@ type System struct {
 
 	mu       sync.Mutex
 	Gateways []*Gateway
-	reaper   *proc
-	fanout   *proc
+	reaper   *system.Proc
+	fanout   *system.Proc
 }
 
 // Gateway is a running gateway.
@@ -70,29 +71,14 @@ type Gateway struct {
 	// Addr is its listen address (host:port); URL its ws:// URL base and
 	// HTTP its http:// base.
 	Addr, WS, HTTP string
-	proc           *proc
+	proc           *system.Gateway
 }
 
-// proc is a running service.
-type proc struct {
-	cancel context.CancelFunc
-	done   chan error
-	nc     *nats.Conn
-}
+// stopTimeout bounds the wait for a service to return after its stop.
+const stopTimeout = 30 * time.Second
 
-func (p *proc) stop(tb testing.TB) {
-	tb.Helper()
-	p.cancel()
-	select {
-	case err := <-p.done:
-		if err != nil {
-			tb.Errorf("service stopped with error: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		tb.Errorf("service did not stop within 30s")
-	}
-	p.nc.Close()
-}
+// readyTimeout bounds the wait for a gateway to be ready.
+const readyTimeout = 30 * time.Second
 
 // Logger returns a logger for services under test: quiet unless
 // GREENDOT_TEST_LOG is set.
@@ -131,11 +117,30 @@ func Start(tb testing.TB, opts Options) *System {
 	if opts.Fanout.Logger == nil {
 		opts.Fanout.Logger = Logger()
 	}
-	s := &System{tb: tb, opts: opts, Server: opts.Server}
-	if s.Server == nil {
-		s.Server = natstest.RunServer(tb)
+	so := system.Options{
+		Name:        "systest",
+		Logger:      Logger(),
+		StopTimeout: stopTimeout,
+		// Tests that restart or cut NATS want services back quickly.
+		NATSOptions: []nats.Option{nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second)},
 	}
-	s.NC = natstest.Connect(tb, s.Server, nats.Name("systest operator"))
+	if opts.Server != nil {
+		so.URL = opts.Server.ClientURL()
+	} else {
+		so.NATS = &system.NATSConfig{StoreDir: tb.TempDir()}
+	}
+	sys, err := system.Start(so)
+	if err != nil {
+		tb.Fatalf("start system: %v", err)
+	}
+	s := &System{tb: tb, opts: opts, sys: sys, Server: opts.Server}
+	if s.Server == nil {
+		s.Server = sys.NATS()
+	}
+	tb.Cleanup(s.stopAll)
+	if s.NC, err = sys.Connect("operator"); err != nil {
+		tb.Fatalf("connect to nats: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	store, err := presence.Open(ctx, s.NC, opts.Gateway.Buckets)
@@ -150,56 +155,38 @@ func Start(tb testing.TB, opts Options) *System {
 		s.StartFanout()
 	}
 	s.StartGateway(opts.Gateway)
-	tb.Cleanup(s.stopAll)
 	return s
 }
 
+// stopAll stops the system: its gateways, then its reaper and fanout,
+// then its NATS connections and server.
 func (s *System) stopAll() {
-	s.mu.Lock()
-	gws, r, f := s.Gateways, s.reaper, s.fanout
-	s.Gateways, s.reaper, s.fanout = nil, nil, nil
-	s.mu.Unlock()
-	for _, g := range gws {
-		if g.proc != nil {
-			g.proc.stop(s.tb)
-		}
-	}
-	if f != nil {
-		f.stop(s.tb)
-	}
-	if r != nil {
-		r.stop(s.tb)
+	if err := s.sys.Stop(); err != nil {
+		s.tb.Errorf("system stopped with error: %v", err)
 	}
 }
 
-func (s *System) run(name string, fn func(ctx context.Context, nc *nats.Conn) error) *proc {
+// stop stops one service.
+func (s *System) stop(p *system.Proc) {
 	s.tb.Helper()
-	nc := natstest.Connect(s.tb, s.Server, nats.Name(name))
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{cancel: cancel, done: make(chan error, 1), nc: nc}
-	go func() { p.done <- fn(ctx, nc) }()
-	return p
+	if err := p.Stop(stopTimeout); err != nil {
+		s.tb.Errorf("service stopped with error: %v", err)
+	}
 }
 
 // StartReaper starts a reaper (another one, if one runs).
 func (s *System) StartReaper() {
 	s.tb.Helper()
-	if err := s.opts.Reaper.Validate(); err != nil {
-		s.tb.Fatalf("reaper: %v", err)
+	p, err := s.sys.StartReaper("reaper", s.opts.Reaper)
+	if err != nil {
+		s.tb.Fatalf("start reaper: %v", err)
 	}
-	p := s.run("systest reaper", func(ctx context.Context, nc *nats.Conn) error {
-		r, err := reaper.New(nc, s.opts.Reaper)
-		if err != nil {
-			return err
-		}
-		return r.Run(ctx)
-	})
 	s.mu.Lock()
 	old := s.reaper
 	s.reaper = p
 	s.mu.Unlock()
 	if old != nil {
-		old.stop(s.tb)
+		s.stop(old)
 	}
 }
 
@@ -211,26 +198,23 @@ func (s *System) StopReaper() {
 	s.reaper = nil
 	s.mu.Unlock()
 	if p != nil {
-		p.stop(s.tb)
+		s.stop(p)
 	}
 }
 
 // StartFanout starts the fanout, replacing a running one.
 func (s *System) StartFanout() {
 	s.tb.Helper()
-	p := s.run("systest fanout", func(ctx context.Context, nc *nats.Conn) error {
-		f, err := fanout.New(nc, s.opts.Fanout)
-		if err != nil {
-			return err
-		}
-		return f.Run(ctx)
-	})
+	p, err := s.sys.StartFanout("fanout", s.opts.Fanout)
+	if err != nil {
+		s.tb.Fatalf("start fanout: %v", err)
+	}
 	s.mu.Lock()
 	old := s.fanout
 	s.fanout = p
 	s.mu.Unlock()
 	if old != nil {
-		old.stop(s.tb)
+		s.stop(old)
 	}
 }
 
@@ -242,7 +226,7 @@ func (s *System) StopFanout() {
 	s.fanout = nil
 	s.mu.Unlock()
 	if p != nil {
-		p.stop(s.tb)
+		s.stop(p)
 	}
 }
 
@@ -274,22 +258,17 @@ func (s *System) StartGateway(cfg gateway.Config) *Gateway {
 	if err != nil {
 		s.tb.Fatalf("listen: %v", err)
 	}
-	nc := natstest.Connect(s.tb, s.Server, nats.Name("systest gateway"))
-	svc, err := gateway.New(nc, cfg)
+	p, err := s.sys.StartGateway("gateway", cfg, ln)
 	if err != nil {
-		s.tb.Fatalf("gateway: %v", err)
+		s.tb.Fatalf("start gateway: %v", err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{cancel: cancel, done: make(chan error, 1), nc: nc}
-	go func() { p.done <- svc.Serve(ctx, ln) }()
-	addr := ln.Addr().String()
-	g := &Gateway{Service: svc, Addr: addr, WS: "ws://" + addr + gateway.WebSocketPath, HTTP: "http://" + addr, proc: p}
+	g := &Gateway{Service: p.Service, Addr: p.Addr, WS: p.WS, HTTP: p.HTTP, proc: p}
 	s.mu.Lock()
 	s.Gateways = append(s.Gateways, g)
 	s.mu.Unlock()
-	natstest.CheckFor(s.tb, 10*time.Second, 10*time.Millisecond, func() error {
-		return svc.Ready(context.Background())
-	})
+	if err := p.AwaitReady(context.Background(), readyTimeout); err != nil {
+		s.tb.Fatal(err)
+	}
 	return g
 }
 
@@ -311,7 +290,7 @@ func (s *System) StopGateway(g *Gateway) {
 		}
 	}
 	s.mu.Unlock()
-	g.proc.stop(s.tb)
+	s.stop(g.proc.Proc)
 }
 
 // Dial connects user to gateway g with dev auth, and an optional device.
