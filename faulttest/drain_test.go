@@ -29,7 +29,7 @@ func TestGatewayDrain(t *testing.T) {
 	startFanout(t, cl.urlsAs("fanout"), "fanout", tm)
 	draining, drainingWS := startChildGateway(t, cl, "gwdrain", tm)
 	other := startGateway(t, cl.urlsAs("gateway"), "gwother", tm)
-	urls := []string{drainingWS, other.ws}
+	urls := []string{drainingWS, other.WS}
 
 	movers, watcherIDs := names("m", 12), names("w", 3)
 	mutual(t, store, watcherIDs, movers)
@@ -39,7 +39,7 @@ func TestGatewayDrain(t *testing.T) {
 			// One watcher is on the draining gateway and moves too.
 			watchers = append(watchers, dialClient(t, id, urls, tm.heartbeat, true))
 		} else {
-			watchers = append(watchers, dialClient(t, id, []string{other.ws}, tm.heartbeat, false))
+			watchers = append(watchers, dialClient(t, id, []string{other.WS}, tm.heartbeat, false))
 		}
 	}
 	clients := map[string]*liveClient{}
@@ -59,7 +59,7 @@ func TestGatewayDrain(t *testing.T) {
 	watching := time.Now()
 
 	termAt := time.Now()
-	draining.signal(syscall.SIGTERM)
+	draining.Signal(syscall.SIGTERM)
 	// It stops accepting at once.
 	waitFor(t, 10*time.Second, "the draining gateway refuses new sockets", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -87,7 +87,7 @@ func TestGatewayDrain(t *testing.T) {
 		}
 		return nil
 	})
-	if err := draining.wait(60 * time.Second); err != nil {
+	if err := draining.Wait(60 * time.Second); err != nil {
 		t.Errorf("the drained gateway exited with %v, want a clean exit", err)
 	}
 

@@ -28,14 +28,14 @@ func TestGatewayKilled(t *testing.T) {
 	mutual(t, store, watcherIDs, users)
 	var watchers []*liveClient
 	for _, id := range watcherIDs {
-		watchers = append(watchers, dialClient(t, id, []string{kept.ws}, tm.heartbeat, false))
+		watchers = append(watchers, dialClient(t, id, []string{kept.WS}, tm.heartbeat, false))
 	}
 	clients := map[string]*liveClient{}
 	for _, u := range onDoomed {
 		clients[u] = dialClient(t, u, []string{doomedWS}, tm.heartbeat, false)
 	}
 	for _, u := range onKept {
-		clients[u] = dialClient(t, u, []string{kept.ws}, tm.heartbeat, false)
+		clients[u] = dialClient(t, u, []string{kept.WS}, tm.heartbeat, false)
 	}
 	for _, w := range watchers {
 		w.subscribe(users...)
@@ -57,7 +57,7 @@ func TestGatewayKilled(t *testing.T) {
 	expectViews(t, 15*time.Second, "a1 and b1 busy", watchers, want)
 
 	killedAt := time.Now()
-	doomed.kill()
+	kill(t, doomed)
 	for _, u := range onDoomed {
 		want[u] = presence.Offline
 	}

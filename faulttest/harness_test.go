@@ -1,22 +1,18 @@
 package faulttest
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,6 +21,7 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
@@ -101,13 +98,11 @@ func greendotBinary(tb testing.TB) string {
 			binary.err = err
 			return
 		}
-		cmd := exec.Command(goTool(), append(append([]string{"build"}, args...), "-o", path, "github.com/greendot/greendot/cmd/greendot")...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binary.err = fmt.Errorf("go build cmd/greendot: %v\n%s", err, out)
-			return
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if binary.err = system.Build(ctx, path, system.Greendot, args...); binary.err == nil {
+			binary.path = path
 		}
-		binary.path = path
 	})
 	if binary.err != nil {
 		tb.Fatal(binary.err)
@@ -217,15 +212,9 @@ func (c *natsCluster) options(i int) *server.Options {
 func (c *natsCluster) start(i int) {
 	c.tb.Helper()
 	nd := c.nodes[i]
-	srv, err := server.NewServer(c.options(i))
+	srv, err := system.StartNATS(system.NATSConfig{Options: c.options(i), Logger: slog.New(c.viol)})
 	if err != nil {
 		c.tb.Fatalf("nats %s: %v", nd.name, err)
-	}
-	srv.SetLoggerV2(c.viol, false, false, false)
-	go srv.Start()
-	if !srv.ReadyForConnections(30 * time.Second) {
-		srv.Shutdown()
-		c.tb.Fatalf("nats %s did not start", nd.name)
 	}
 	nd.srv = srv
 }
@@ -387,50 +376,19 @@ func (c *natsCluster) openStore(replicas int) *presence.Store {
 
 // --- In-process services ---------------------------------------------------
 
-// service is a gateway, reaper or fanout running in the test process over
-// its own NATS connection.
-type service struct {
-	name   string
-	nc     *nats.Conn
-	cancel context.CancelFunc
-	done   chan error
-	// ws is a gateway's WebSocket URL, http the base of its HTTP API.
-	ws, http string
-}
-
-// runService connects to urls and runs fn until the service is stopped or
-// the test ends.
-func runService(tb testing.TB, name, urls string, fn func(ctx context.Context, nc *nats.Conn) error) *service {
-	tb.Helper()
-	nc, err := natsconn.Connect(natsconn.Options{URL: urls, Name: name, Logger: testLogger(name)})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &service{name: name, nc: nc, cancel: cancel, done: make(chan error, 1)}
-	go func() { s.done <- fn(ctx, nc) }()
-	tb.Cleanup(func() { s.stop(tb) })
-	return s
-}
-
-// stop cancels the service, waits for it to return, and closes its
-// connection. It may be called more than once.
-func (s *service) stop(tb testing.TB) {
-	tb.Helper()
-	if s.cancel == nil {
-		return
-	}
-	s.cancel()
-	s.cancel = nil
-	select {
-	case err := <-s.done:
-		if err != nil {
-			tb.Errorf("%s stopped with error: %v", s.name, err)
+// stopAtEnd stops p when the test ends: it cancels the service, waits for
+// it to return, and closes its connection.
+func stopAtEnd(tb testing.TB, p *system.Proc) {
+	tb.Cleanup(func() {
+		if err := p.Stop(60 * time.Second); err != nil {
+			tb.Errorf("%v", err)
 		}
-	case <-time.After(60 * time.Second):
-		tb.Errorf("%s did not stop within 60s", s.name)
-	}
-	s.nc.Close()
+	})
+}
+
+// conn says how an in-process service named name connects to urls.
+func conn(name, urls string) natsconn.Options {
+	return natsconn.Options{URL: urls, Name: name, Logger: testLogger(name)}
 }
 
 // gatewayConfig is the gateway configuration of the fault tests: dev auth,
@@ -453,71 +411,54 @@ func gatewayConfig(id string, t timings) gateway.Config {
 	return cfg
 }
 
-// startGateway runs a gateway in the test process on a loopback listener.
-func startGateway(tb testing.TB, urls, id string, t timings) *service {
+// startGateway runs a gateway in the test process on a loopback listener,
+// until the test ends.
+func startGateway(tb testing.TB, urls, id string, t timings) *system.Gateway {
 	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	var svc *gateway.Service
-	ready := make(chan struct{})
-	s := runService(tb, id, urls, func(ctx context.Context, nc *nats.Conn) error {
-		g, err := gateway.New(nc, gatewayConfig(id, t))
-		if err != nil {
-			close(ready)
-			_ = ln.Close()
-			return err
-		}
-		svc = g
-		close(ready)
-		return g.Serve(ctx, ln)
-	})
-	<-ready
-	if svc == nil {
-		tb.Fatalf("gateway %s did not start", id)
+	g, err := system.StartGateway(conn(id, urls), gatewayConfig(id, t), ln)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	s.ws = "ws://" + ln.Addr().String() + gateway.WebSocketPath
-	s.http = "http://" + ln.Addr().String()
-	waitFor(tb, 60*time.Second, "gateway "+id+" ready", func() error {
-		return svc.Ready(context.Background())
-	})
-	return s
+	stopAtEnd(tb, g.Proc)
+	if err := g.AwaitReady(context.Background(), 60*time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return g
 }
 
-// startReaper runs a reaper in the test process.
-func startReaper(tb testing.TB, urls, name string, t timings) *service {
+// startReaper runs a reaper in the test process, until the test ends.
+func startReaper(tb testing.TB, urls, name string, t timings) *system.Proc {
 	tb.Helper()
-	cfg := reaper.Config{
+	p, err := system.StartReaper(conn(name, urls), reaper.Config{
 		Logger:        testLogger(name),
 		Buckets:       presence.BucketOptions{Replicas: t.replicas},
 		SweepInterval: cmp.Or(t.sweep, 5*time.Second),
 		AckWait:       t.ackWait,
-	}
-	return runService(tb, name, urls, func(ctx context.Context, nc *nats.Conn) error {
-		r, err := reaper.New(nc, cfg)
-		if err != nil {
-			return err
-		}
-		return r.Run(ctx)
 	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stopAtEnd(tb, p)
+	return p
 }
 
-// startFanout runs a fanout in the test process.
-func startFanout(tb testing.TB, urls, name string, t timings) *service {
+// startFanout runs a fanout in the test process, until the test ends.
+func startFanout(tb testing.TB, urls, name string, t timings) *system.Proc {
 	tb.Helper()
-	cfg := fanout.Config{
+	p, err := system.StartFanout(conn(name, urls), fanout.Config{
 		Logger:  testLogger(name),
 		Buckets: presence.BucketOptions{Replicas: t.replicas},
 		AckWait: t.ackWait,
-	}
-	return runService(tb, name, urls, func(ctx context.Context, nc *nats.Conn) error {
-		f, err := fanout.New(nc, cfg)
-		if err != nil {
-			return err
-		}
-		return f.Run(ctx)
 	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stopAtEnd(tb, p)
+	return p
 }
 
 // timings are the settings a fault test runs its system with.
@@ -547,109 +488,56 @@ func (t timings) gatewayArgs() []string {
 
 // --- Child processes of the greendot binary -------------------------------
 
-// child is a greendot process started from the built binary. Its log lines
-// (JSON, on stderr) are kept, and shown when the test fails.
-type child struct {
-	tb   testing.TB
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-
-	mu    sync.Mutex
-	lines []string
-}
-
-// startChild runs `greendot args...` with JSON logs. It is killed when the
-// test ends, if it still runs.
-func startChild(tb testing.TB, name string, args ...string) *child {
+// startChild runs `greendot args...` with JSON logs, kept in memory and
+// shown when the test fails. It is killed when the test ends, if it still
+// runs.
+func startChild(tb testing.TB, name string, args ...string) *system.Child {
 	tb.Helper()
-	bin := greendotBinary(tb)
-	args = append(args, "--log-format", "json", "--log-level", "debug")
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "GREENDOT_NATS_PASSWORD=", "GREENDOT_NATS_USER=")
-	stderr, err := cmd.StderrPipe()
+	o := system.ChildOptions{
+		Name: name,
+		Path: greendotBinary(tb),
+		Args: append(args, "--log-format", "json", "--log-level", "debug"),
+		Env:  append(os.Environ(), "GREENDOT_NATS_PASSWORD=", "GREENDOT_NATS_USER="),
+	}
+	if verbose {
+		o.Echo = os.Stderr
+	}
+	c, err := system.StartChild(o)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	cmd.Stdout = io.Discard
-	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start %s: %v", name, err)
-	}
-	c := &child{tb: tb, name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64*1024), 1024*1024)
-		for sc.Scan() {
-			line := sc.Text()
-			if verbose {
-				fmt.Fprintf(os.Stderr, "[%s] %s\n", name, line)
-			}
-			c.mu.Lock()
-			c.lines = append(c.lines, line)
-			c.mu.Unlock()
-		}
-		c.err = cmd.Wait()
-		close(c.done)
-	}()
 	tb.Cleanup(func() {
-		c.signal(syscall.SIGKILL)
-		c.wait(30 * time.Second)
+		_ = c.Kill()
 		if tb.Failed() {
-			c.mu.Lock()
-			lines := c.lines
+			lines := c.Lines()
 			if len(lines) > 60 {
 				lines = lines[len(lines)-60:]
 			}
 			tb.Logf("last log lines of %s:\n%s", name, strings.Join(lines, "\n"))
-			c.mu.Unlock()
 		}
 	})
 	return c
 }
 
-// signal sends sig to the process, if it still runs.
-func (c *child) signal(sig syscall.Signal) {
-	select {
-	case <-c.done:
-	default:
-		_ = c.cmd.Process.Signal(sig)
+// kill ends c with SIGKILL, waits until it is gone, and fails the test if
+// it had exited with an error before.
+func kill(tb testing.TB, c *system.Child) {
+	tb.Helper()
+	if err := c.Kill(); err != nil {
+		tb.Errorf("%s: %v", c.Name(), err)
 	}
 }
 
-// wait waits until the process has exited and returns its error, or fails
-// the test after timeout.
-func (c *child) wait(timeout time.Duration) error {
-	select {
-	case <-c.done:
-		return c.err
-	case <-time.After(timeout):
-		c.tb.Errorf("%s did not exit within %v", c.name, timeout)
-		return errors.New("did not exit")
-	}
-}
-
-// kill ends the process with SIGKILL and waits until it is gone.
-func (c *child) kill() {
-	c.tb.Helper()
-	c.signal(syscall.SIGKILL)
-	_ = c.wait(30 * time.Second)
-}
-
-// logField waits until the process logs a line with message msg and
-// returns the value of its attribute key.
-func (c *child) logField(timeout time.Duration, msg, key string) string {
-	c.tb.Helper()
+// logField waits until c logs a line with message msg and returns the
+// value of its attribute key.
+func logField(tb testing.TB, c *system.Child, timeout time.Duration, msg, key string) string {
+	tb.Helper()
 	var val string
-	waitFor(c.tb, timeout, fmt.Sprintf("%s logs %q", c.name, msg), func() error {
-		select {
-		case <-c.done:
-			return fmt.Errorf("exited: %v", c.err)
-		default:
+	waitFor(tb, timeout, fmt.Sprintf("%s logs %q", c.Name(), msg), func() error {
+		if done, err := c.Exited(); done {
+			return fmt.Errorf("exited: %v", err)
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, l := range c.lines {
+		for _, l := range c.Lines() {
 			var m map[string]any
 			if json.Unmarshal([]byte(l), &m) != nil || m["msg"] != msg {
 				continue
@@ -665,23 +553,23 @@ func (c *child) logField(timeout time.Duration, msg, key string) string {
 // startChildGateway runs a gateway child process with dev auth on a
 // loopback port, as the cluster's user "gateway", and returns it with its
 // WebSocket URL.
-func startChildGateway(tb testing.TB, cl *natsCluster, id string, t timings) (*child, string) {
+func startChildGateway(tb testing.TB, cl *natsCluster, id string, t timings) (*system.Child, string) {
 	tb.Helper()
 	args := append([]string{"gateway", "--listen", "127.0.0.1:0", "--dev-auth", "--gateway-id", id}, cl.flagsAs("gateway")...)
 	c := startChild(tb, id, append(args, t.gatewayArgs()...)...)
-	addr := c.logField(60*time.Second, "gateway serving", "addr")
+	addr := logField(tb, c, 60*time.Second, "gateway serving", "addr")
 	return c, "ws://" + addr + gateway.WebSocketPath
 }
 
 // startChildWorker runs a reaper or fanout child process, as the
 // cluster's user of its kind, and waits until it consumes.
-func startChildWorker(tb testing.TB, cl *natsCluster, kind, name string, t timings) *child {
+func startChildWorker(tb testing.TB, cl *natsCluster, kind, name string, t timings) *system.Child {
 	tb.Helper()
 	args := append([]string{kind, "--replicas", fmt.Sprint(t.replicas), "--ack-wait", t.ackWait.String()}, cl.flagsAs(kind)...)
 	if kind == "reaper" {
 		args = append(args, "--sweep-interval", cmp.Or(t.sweep, 5*time.Second).String())
 	}
 	c := startChild(tb, name, args...)
-	c.logField(60*time.Second, kind+" running", "bucket")
+	logField(tb, c, 60*time.Second, kind+" running", "bucket")
 	return c
 }

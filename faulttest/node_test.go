@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -32,7 +33,7 @@ func TestNATSNodeKilled(t *testing.T) {
 		startReaper(t, cl.urlsAs("reaper"), fmt.Sprintf("reaper%d", i+1), tm)
 		startFanout(t, cl.urlsAs("fanout"), fmt.Sprintf("fanout%d", i+1), tm)
 	}
-	gws := []*service{
+	gws := []*system.Gateway{
 		startGateway(t, cl.urlsAs("gateway"), "gw1", tm),
 		startGateway(t, cl.urlsAs("gateway"), "gw2", tm),
 	}
@@ -42,14 +43,14 @@ func TestNATSNodeKilled(t *testing.T) {
 	mutual(t, store, watcherIDs, users)
 	var watchers []*liveClient
 	for i, id := range watcherIDs {
-		watchers = append(watchers, dialClient(t, id, []string{gws[i%2].ws}, tm.heartbeat, false))
+		watchers = append(watchers, dialClient(t, id, []string{gws[i%2].WS}, tm.heartbeat, false))
 	}
 	clients := map[string]*liveClient{}
 	changes := map[string][]change{}
 	want := truth{}
 	for i, u := range steady {
 		changes[u] = []change{{time.Now(), presence.Online}}
-		clients[u] = dialClient(t, u, []string{gws[i%2].ws}, tm.heartbeat, false)
+		clients[u] = dialClient(t, u, []string{gws[i%2].WS}, tm.heartbeat, false)
 		want[u] = presence.Online
 	}
 	for _, u := range churners {
@@ -110,7 +111,7 @@ func TestNATSNodeKilled(t *testing.T) {
 	for i, u := range churners {
 		wg.Go(func() {
 			for !stopped(700 * time.Millisecond) {
-				c, err := tryDialClient(t, u, []string{gws[i%2].ws}, tm.heartbeat, false, 45*time.Second)
+				c, err := tryDialClient(t, u, []string{gws[i%2].WS}, tm.heartbeat, false, 45*time.Second)
 				if err != nil {
 					fail(err)
 					return

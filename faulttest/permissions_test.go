@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/adminclient"
+	"github.com/greendot/greendot/internal/system"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,30 +62,36 @@ func confEnv(name, dir string, port, clusterPort int, routePorts []int) map[stri
 	}
 }
 
-// violations collects the permission violations a server logs.
+// violations collects the permission violations a server logs. It is the
+// slog handler of the servers' logs.
 type violations struct {
 	mu    sync.Mutex
 	lines []string
 }
 
-func (v *violations) record(format string, args []any) {
-	s := fmt.Sprintf(format, args...)
-	if strings.Contains(s, "Violation") {
+var _ slog.Handler = (*violations)(nil)
+
+// Enabled takes every level: nats-server logs violations as errors, and
+// only what it writes reaches the handler.
+func (v *violations) Enabled(context.Context, slog.Level) bool { return true }
+
+// Handle keeps the line if it is a violation, and prints it in verbose
+// runs.
+func (v *violations) Handle(_ context.Context, r slog.Record) error {
+	if strings.Contains(r.Message, "Violation") {
 		v.mu.Lock()
-		v.lines = append(v.lines, s)
+		v.lines = append(v.lines, r.Message)
 		v.mu.Unlock()
 	}
 	if verbose {
-		fmt.Println("[nats]", s)
+		fmt.Println("[nats]", r.Message)
 	}
+	return nil
 }
 
-func (v *violations) Noticef(format string, args ...any) { v.record(format, args) }
-func (v *violations) Warnf(format string, args ...any)   { v.record(format, args) }
-func (v *violations) Fatalf(format string, args ...any)  { v.record(format, args) }
-func (v *violations) Errorf(format string, args ...any)  { v.record(format, args) }
-func (v *violations) Debugf(format string, args ...any)  {}
-func (v *violations) Tracef(format string, args ...any)  {}
+// WithAttrs and WithGroup drop the attributes: the message says it all.
+func (v *violations) WithAttrs([]slog.Attr) slog.Handler { return v }
+func (v *violations) WithGroup(string) slog.Handler      { return v }
 
 // take returns the violations logged since the last call, and forgets
 // them.
@@ -167,12 +175,12 @@ func TestPermissions(t *testing.T) {
 	if err := store.SetSettings(ctx, "bob", presence.Settings{LastSeen: presence.Everyone}); err != nil {
 		t.Fatal(err)
 	}
-	alice := dialClient(t, "alice", []string{gw.ws}, tm.heartbeat, false)
+	alice := dialClient(t, "alice", []string{gw.WS}, tm.heartbeat, false)
 	alice.subscribe("bob", "dave")
-	bob := dialClient(t, "bob", []string{gw.ws}, tm.heartbeat, false)
-	carol := dialClient(t, "carol", []string{everyone.ws}, tm.heartbeat, false)
+	bob := dialClient(t, "bob", []string{gw.WS}, tm.heartbeat, false)
+	carol := dialClient(t, "carol", []string{everyone.WS}, tm.heartbeat, false)
 	carol.subscribeAll()
-	dialClient(t, "dave", []string{everyone.ws}, tm.heartbeat, false)
+	dialClient(t, "dave", []string{everyone.WS}, tm.heartbeat, false)
 	expectViews(t, 10*time.Second, "alice sees bob and dave online", []*liveClient{alice}, truth{"bob": presence.Online, "dave": presence.Online})
 
 	if err := bob.setStatus(presence.Busy, 10*time.Second); err != nil {
@@ -182,9 +190,9 @@ func TestPermissions(t *testing.T) {
 
 	// The HTTP API reads statuses and the graph.
 	for _, path := range []string{"/api/presence/users/bob?user=alice", "/api/presence/friends?user=alice"} {
-		httpGet(t, gw.http, path)
+		httpGet(t, gw.HTTP, path)
 	}
-	httpGet(t, everyone.http, "/api/presence/online?user=carol")
+	httpGet(t, everyone.HTTP, "/api/presence/online?user=carol")
 
 	// Admin endpoints and micro discovery, as an operator calls them.
 	if inst, err := adminclient.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 2 {
@@ -382,7 +390,7 @@ func freePort(tb testing.TB) int {
 
 // startGatewayWith runs a gateway like startGateway, with cfg changed by
 // edit.
-func startGatewayWith(tb testing.TB, urls, id string, t timings, edit func(*gateway.Config)) *service {
+func startGatewayWith(tb testing.TB, urls, id string, t timings, edit func(*gateway.Config)) *system.Gateway {
 	tb.Helper()
 	t.edit = edit
 	return startGateway(tb, urls, id, t)

@@ -40,12 +40,12 @@ func TestNATSRestarted(t *testing.T) {
 	mutual(t, store, watcherIDs, users)
 	var watchers []*liveClient
 	for _, id := range watcherIDs {
-		watchers = append(watchers, dialClient(t, id, []string{gw.ws}, tm.heartbeat, false))
+		watchers = append(watchers, dialClient(t, id, []string{gw.WS}, tm.heartbeat, false))
 	}
 	clients := map[string]*liveClient{}
 	want := truth{}
 	for _, u := range users {
-		clients[u] = dialClient(t, u, []string{gw.ws}, tm.heartbeat, false)
+		clients[u] = dialClient(t, u, []string{gw.WS}, tm.heartbeat, false)
 		want[u] = presence.Online
 	}
 	for _, w := range watchers {
@@ -60,16 +60,16 @@ func TestNATSRestarted(t *testing.T) {
 	watching := time.Now()
 
 	// The gateway's connection drops and comes back.
-	cid, err := gw.nc.GetClientID()
+	cid, err := gw.Conn().GetClientID()
 	if err != nil {
 		t.Fatal(err)
 	}
-	reconnects := gw.nc.Stats().Reconnects
+	reconnects := gw.Conn().Stats().Reconnects
 	if err := cl.nodes[0].srv.DisconnectClientByID(cid); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "gateway reconnected", func() error {
-		if gw.nc.Stats().Reconnects == reconnects || !gw.nc.IsConnected() {
+		if gw.Conn().Stats().Reconnects == reconnects || !gw.Conn().IsConnected() {
 			return errors.New("not yet")
 		}
 		return nil

@@ -41,13 +41,13 @@ func TestWorkersKilled(t *testing.T) {
 	mutual(t, store, watcherIDs, append(users, "n0"))
 	var watchers []*liveClient
 	for _, id := range watcherIDs {
-		watchers = append(watchers, dialClient(t, id, []string{gw.ws}, tm.heartbeat, false))
+		watchers = append(watchers, dialClient(t, id, []string{gw.WS}, tm.heartbeat, false))
 	}
 	clients := map[string]*liveClient{}
 	changes := map[string][]change{}
 	for _, u := range users {
 		changes[u] = []change{{time.Now(), presence.Online}}
-		clients[u] = dialClient(t, u, []string{gw.ws}, tm.heartbeat, false)
+		clients[u] = dialClient(t, u, []string{gw.WS}, tm.heartbeat, false)
 	}
 	for _, w := range watchers {
 		w.subscribe(append(users, "n0")...)
@@ -64,8 +64,8 @@ func TestWorkersKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	held := watchHeld(ctx, store.JetStream())
-	hungReaper.signal(syscall.SIGSTOP)
-	hungFanout.signal(syscall.SIGSTOP)
+	hungReaper.Signal(syscall.SIGSTOP)
+	hungFanout.Signal(syscall.SIGSTOP)
 	for i, u := range leavers {
 		if i%2 == 0 {
 			clients[u].close()
@@ -77,15 +77,15 @@ func TestWorkersKilled(t *testing.T) {
 	setAll(t, clients, steady, presence.Busy, changes, want)
 	waitFor(t, 30*time.Second, "hung workers held revisions they never acknowledged", held.check)
 	held.stop()
-	hungReaper.kill()
-	hungFanout.kill()
+	kill(t, hungReaper)
+	kill(t, hungFanout)
 	// Only redelivery brings their share back: the reapers' periodic sweep
 	// does not run again within this test.
 	expectViews(t, 30*time.Second, "round one seen through the survivors", watchers, want)
 
 	// Round two: the survivors alone.
 	setAll(t, clients, steady, presence.Away, changes, want)
-	n0 := dialClient(t, "n0", []string{gw.ws}, tm.heartbeat, false)
+	n0 := dialClient(t, "n0", []string{gw.WS}, tm.heartbeat, false)
 	want["n0"] = presence.Online
 	expectViews(t, 15*time.Second, "round two: n0 online", watchers, want)
 	n0.close()
