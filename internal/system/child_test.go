@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/greendot/greendot/internal/natstest"
 )
 
 // helperEnv, set to a mode, makes the test binary act as a child process
@@ -99,34 +102,38 @@ func awaitLine(t *testing.T, c *Child, line string) {
 	})
 }
 
-// checkFor calls f until it returns nil, or fails the test with its last
-// error after total.
+// checkFor calls f every 10ms until it returns nil, or fails the test
+// with its last error after total.
 func checkFor(t *testing.T, total time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not after %v: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	natstest.CheckFor(t, total, 10*time.Millisecond, f)
+}
+
+// capture returns a writer that is safe for concurrent use, and a
+// function that returns what was written to it.
+func capture() (io.Writer, func() string) {
+	var (
+		mu sync.Mutex
+		b  strings.Builder
+	)
+	w := writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return b.Write(p)
+	})
+	return w, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return b.String()
 	}
 }
 
 // TestChildStopOnSignal stops a child that exits cleanly on SIGTERM, and
 // keeps its stderr in memory and echoes it.
 func TestChildStopOnSignal(t *testing.T) {
-	var echo strings.Builder
-	var mu sync.Mutex
 	o := helperOptions(t, "waiter", "wait")
-	o.Echo = writerFunc(func(p []byte) (int, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		return echo.Write(p)
-	})
+	var echoed func() string
+	o.Echo, echoed = capture()
 	c := startHelper(t, o)
 	awaitLine(t, c, "waiting")
 	if done, _ := c.Exited(); done {
@@ -141,9 +148,7 @@ func TestChildStopOnSignal(t *testing.T) {
 	if done, err := c.Exited(); !done || err != nil {
 		t.Errorf("Exited = %v, %v; want true, nil", done, err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if got, want := echo.String(), "[waiter] waiting\n"; got != want {
+	if got, want := echoed(), "[waiter] waiting\n"; got != want {
 		t.Errorf("echo %q, want %q", got, want)
 	}
 }

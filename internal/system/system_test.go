@@ -1,7 +1,6 @@
 package system
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -264,7 +262,7 @@ func TestSystemChildExits(t *testing.T) {
 
 // TestStartNATS starts embedded servers as every user of the package does.
 func TestStartNATS(t *testing.T) {
-	logged := &lockedBuffer{}
+	logWriter, logged := capture()
 	tests := []struct {
 		name    string
 		cfg     NATSConfig
@@ -273,12 +271,12 @@ func TestStartNATS(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			cfg:  NATSConfig{Logger: slog.New(slog.NewTextHandler(logged, &slog.HandlerOptions{Level: slog.LevelDebug}))},
+			cfg:  NATSConfig{Logger: slog.New(slog.NewTextHandler(logWriter, &slog.HandlerOptions{Level: slog.LevelDebug}))},
 			check: func(t *testing.T, srv *server.Server) {
 				if !strings.HasPrefix(srv.ClientURL(), "nats://127.0.0.1:") {
 					t.Errorf("ClientURL %q, want loopback", srv.ClientURL())
 				}
-				if log := logged.String(); !strings.Contains(log, "level=DEBUG msg=\"Server is ready\" svc=nats") {
+				if log := logged(); !strings.Contains(log, "level=DEBUG msg=\"Server is ready\" svc=nats") {
 					t.Errorf("the server's notices are not in the log at debug level:\n%s", log)
 				}
 			},
@@ -358,23 +356,4 @@ func TestStartNATS(t *testing.T) {
 			tt.check(t, srv)
 		})
 	}
-}
-
-// lockedBuffer is a buffer that a server writes its log to while the test
-// reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
