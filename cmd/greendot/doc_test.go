@@ -145,8 +145,7 @@ func leaves(c *cli.Command, parent string) []leaf {
 	return out
 }
 
-// visible returns the commands that are not hidden, such as the internal
-// "greendot bench worker".
+// visible returns the commands that are not hidden.
 func visible(cmds []*cli.Command) []*cli.Command {
 	var out []*cli.Command
 	for _, c := range cmds {

@@ -53,7 +53,6 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			fanoutCommand(),
 			graphCommand(),
 			bucketsCommand(),
-			benchCommand(),
 		},
 		Writer:          stdout,
 		ErrWriter:       stderr,

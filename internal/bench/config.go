@@ -111,9 +111,14 @@ type Config struct {
 	// Repeat runs the scenario this many times, each on a fresh system;
 	// zero means 1.
 	Repeat int `json:"repeat"`
-	// Binary is the greendot executable to start gateways, reapers,
-	// fanouts and workers from; empty means this process's own.
-	Binary string `json:"-"`
+	// Greendot is the greendot executable to start gateways, reapers and
+	// fanouts from. Empty means one built from ./cmd/greendot into the
+	// work directory, which needs the go command and a working directory
+	// inside greendot's module.
+	Greendot string `json:"-"`
+	// Worker is the command line of a worker process; empty means this
+	// executable with the argument "worker" (greendot-bench worker).
+	Worker []string `json:"-"`
 	// InProcessWorkers runs the workers as goroutines of this process
 	// instead of processes (for tests).
 	InProcessWorkers bool `json:"-"`
@@ -168,12 +173,12 @@ func (c Config) withDefaults() (Config, error) {
 	c.Jitter = cmpOr(c.Jitter, 5*time.Second)
 	c.StormSignal = cmpOr(c.StormSignal, "term")
 	c.Repeat = cmpOr(c.Repeat, 1)
-	if c.Binary == "" {
+	if len(c.Worker) == 0 && !c.InProcessWorkers {
 		exe, err := os.Executable()
 		if err != nil {
-			return c, fmt.Errorf("%w: find the greendot executable: %v", ErrInvalidConfig, err)
+			return c, fmt.Errorf("%w: find the greendot-bench executable: %v", ErrInvalidConfig, err)
 		}
-		c.Binary = exe
+		c.Worker = []string{exe, "worker"}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

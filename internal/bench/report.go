@@ -124,7 +124,7 @@ func (r *Report) summarize() {
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	c := r.Config
-	fmt.Fprintf(bw, "## greendot bench: %s, %d connections\n\n", r.Scenario, c.Conns)
+	fmt.Fprintf(bw, "## greendot-bench: %s, %d connections\n\n", r.Scenario, c.Conns)
 	m := r.Machine
 	fmt.Fprintf(bw, "Machine: %s, %d cores, %s GiB, Linux %s, %s.\n", m.CPU, m.Cores, m.MemoryGB, m.Kernel, m.Go)
 	fmt.Fprintf(bw, "Layout: %d targets, %d watchers following %d each, %d idle; %d gateways, %d workers, %d source addresses.\n",

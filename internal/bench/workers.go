@@ -35,8 +35,8 @@ func (h *workerHandle) pid() int {
 	return h.cmd.Process.Pid
 }
 
-// startWorkers starts cfg.Workers workers: processes of cfg.Binary
-// ("greendot bench worker"), or goroutines with InProcessWorkers.
+// startWorkers starts cfg.Workers workers: processes of cfg.Worker
+// ("greendot-bench worker"), or goroutines with InProcessWorkers.
 func startWorkers(ctx context.Context, cfg *Config, dir string) ([]*workerHandle, error) {
 	var hs []*workerHandle
 	for k := range cfg.Workers {
@@ -62,7 +62,8 @@ func startWorkers(ctx context.Context, cfg *Config, dir string) ([]*workerHandle
 				stopWorkers(hs)
 				return nil, err
 			}
-			cmd := exec.Command(cfg.Binary, "bench", "worker")
+			cmd := exec.Command(cfg.Worker[0], cfg.Worker[1:]...)
+			cmd.Env = childEnv()
 			cmd.Stderr = f
 			stdin, err := cmd.StdinPipe()
 			if err != nil {

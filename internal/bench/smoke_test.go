@@ -4,36 +4,36 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/bench"
+	"github.com/greendot/greendot/internal/bench"
+	"github.com/greendot/greendot/internal/system"
 )
 
-// buildGreendot builds the greendot binary, whose gateways, reaper and
-// fanout the bench starts as processes.
-func buildGreendot(t *testing.T) string {
+// build builds the commands the bench runs as processes: greendot, whose
+// gateways, reaper and fanout it starts, and greendot-bench, whose worker
+// subcommand holds connections.
+func build(t *testing.T) (greendot, greendotBench string) {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	greendot, greendotBench = filepath.Join(dir, "greendot"), filepath.Join(dir, "greendot-bench")
+	for out, pkg := range map[string]string{greendot: system.Greendot, greendotBench: "./cmd/greendot-bench"} {
+		if err := system.Build(ctx, out, pkg); err != nil {
+			t.Fatal(err)
+		}
 	}
-	bin := filepath.Join(t.TempDir(), "greendot")
-	build := exec.Command(goTool, "build", "-o", bin, "github.com/greendot/greendot/cmd/greendot")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
+	return greendot, greendotBench
 }
 
 // TestSmoke runs every scenario small and fast, and checks that what it
 // reports is correct: every connection made, every watcher seeing every
 // change, no false offline. It never checks speed.
 func TestSmoke(t *testing.T) {
-	bin := buildGreendot(t)
+	greendot, greendotBench := build(t)
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("GREENDOT_TEST_LOG") != "" {
 		logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -46,7 +46,8 @@ func TestSmoke(t *testing.T) {
 		Workers:  2,
 		Gateways: 2,
 		Duration: 2 * time.Second,
-		Binary:   bin,
+		Greendot: greendot,
+		Worker:   []string{greendotBench, "worker"},
 		Logger:   logger,
 		// Fast timings, so death and churn show what they must within
 		// seconds.
@@ -74,7 +75,7 @@ func TestSmoke(t *testing.T) {
 				// Each target changes once, so no change can be coalesced
 				// away: every watcher must see every one.
 				c.Rate = 15
-				// The workers are processes: 'greendot bench worker'.
+				// The workers are processes: 'greendot-bench worker'.
 				c.InProcessWorkers = false
 			},
 			want: map[string]float64{

@@ -139,7 +139,7 @@ func TestLayoutRejects(t *testing.T) {
 }
 
 func TestConfigDefaultsAndRejects(t *testing.T) {
-	cfg, err := Config{Scenario: ScenarioPropagation, Conns: 100000, Binary: "/bin/true"}.withDefaults()
+	cfg, err := Config{Scenario: ScenarioPropagation, Conns: 100000, Greendot: "/bin/true"}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,7 +151,7 @@ func TestConfigDefaultsAndRejects(t *testing.T) {
 		t.Errorf("defaults for 100k: workers %d gateways %d sources %d targets %d watchers %d follows %d rate %g",
 			cfg.Workers, cfg.Gateways, cfg.Sources, cfg.Targets, cfg.Watchers, cfg.Follows, cfg.Rate)
 	}
-	idle, err := Config{Binary: "/bin/true"}.withDefaults()
+	idle, err := Config{Greendot: "/bin/true"}.withDefaults()
 	if err != nil {
 		t.Fatal(err)
 	}

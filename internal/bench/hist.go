@@ -46,13 +46,6 @@ func (h *hist) encode() ([]byte, error) {
 	return h.h.Encode(hdrhistogram.V2CompressedEncodingCookieBase)
 }
 
-// count returns how many values were recorded.
-func (h *hist) count() int64 {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.h.TotalCount()
-}
-
 // merged is the union of histograms from several workers.
 type merged struct {
 	h *hdrhistogram.Histogram

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/greendot/greendot/internal/system"
 )
 
 // Run runs cfg.Scenario cfg.Repeat times, each on a fresh system, and
@@ -25,22 +28,66 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// The work directory holds the greendot binary, when it is built, and
+	// a directory per run with its processes' logs and NATS store. It is
+	// kept when a run fails.
+	work, err := os.MkdirTemp("", "greendot-bench-")
+	if err != nil {
+		return nil, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			_ = os.RemoveAll(work)
+		}
+	}()
+	if err := cfg.findGreendot(ctx, work); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	rep := &Report{Scenario: cfg.Scenario, Machine: readMachine(), Config: cfg}
 	defer func() { rep.Elapsed = time.Since(start) }()
 	for i := range cfg.Repeat {
 		cfg.run = newRunID()
 		cfg.Logger.Info("bench run", "run", i+1, "of", cfg.Repeat, "scenario", cfg.Scenario, "conns", cfg.Conns)
-		res, err := runOnce(ctx, &cfg)
+		dir := filepath.Join(work, fmt.Sprintf("run-%d", i+1))
+		res, err := runOnce(ctx, &cfg, dir)
 		if res != nil {
 			rep.Runs = append(rep.Runs, *res)
 			rep.summarize()
 		}
 		if err != nil {
-			return rep, fmt.Errorf("run %d of %d: %w", i+1, cfg.Repeat, err)
+			keep = true
+			return rep, fmt.Errorf("run %d of %d: %w (logs in %s)", i+1, cfg.Repeat, err, dir)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			cfg.Logger.Warn("remove the run's directory", "dir", dir, "err", err)
 		}
 	}
 	return rep, nil
+}
+
+// findGreendot checks the greendot binary the configuration names, or
+// builds one into dir when it names none and the run starts gateways.
+func (c *Config) findGreendot(ctx context.Context, dir string) error {
+	if len(c.GatewayURLs) > 0 {
+		return nil
+	}
+	if c.Greendot != "" {
+		if _, err := os.Stat(c.Greendot); err != nil {
+			return fmt.Errorf("%w: greendot binary: %v", ErrInvalidConfig, err)
+		}
+		return nil
+	}
+	c.Greendot = filepath.Join(dir, "greendot")
+	c.Logger.Info("building greendot", "package", system.Greendot, "binary", c.Greendot)
+	if err := system.Build(ctx, c.Greendot, system.Greendot); err != nil {
+		if errors.Is(err, system.ErrNoModule) {
+			return fmt.Errorf("%w: no greendot binary given (--greendot), and %v", ErrInvalidConfig, err)
+		}
+		return err
+	}
+	return nil
 }
 
 // newRunID returns a short random prefix for user ids: a letter, then
@@ -60,27 +107,19 @@ func newRunID() string {
 type runner struct {
 	cfg     *Config
 	log     *slog.Logger
-	sys     *system
+	sys     *sut
 	workers []*workerHandle
 	l       Layout
 	res     *RunResult
 	errs    []string
 }
 
-// runOnce starts a system and the workers, connects, runs the scenario's
-// phase, and stops everything.
-func runOnce(ctx context.Context, cfg *Config) (res *RunResult, err error) {
-	dir, err := os.MkdirTemp("", "greendot-bench-")
-	if err != nil {
+// runOnce starts a system and the workers, their files in dir, connects,
+// runs the scenario's phase, and stops everything.
+func runOnce(ctx context.Context, cfg *Config, dir string) (res *RunResult, err error) {
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, err
 	}
-	defer func() {
-		if err == nil {
-			_ = os.RemoveAll(dir)
-		} else {
-			err = fmt.Errorf("%w (logs in %s)", err, dir)
-		}
-	}()
 	r := &runner{cfg: cfg, log: cfg.Logger, l: cfg.layout(),
 		res: &RunResult{Started: time.Now(), LoadBefore: loadAverage()}}
 	defer func() {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,9 +32,9 @@ const readyTimeout = 60 * time.Second
 // stopTimeout bounds the wait for a signaled process to exit.
 const stopTimeout = 60 * time.Second
 
-// system is the greendot under test: processes this run started, or
+// sut is the greendot system under test: processes this run started, or
 // addresses of an existing deployment.
-type system struct {
+type sut struct {
 	cfg  *Config
 	log  *slog.Logger
 	dir  string
@@ -83,6 +84,7 @@ func (c *child) start(binary string) error {
 		return err
 	}
 	cmd := exec.Command(binary, c.args...)
+	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
@@ -152,11 +154,18 @@ func (c *child) tail() string {
 	return s
 }
 
+// childEnv is the environment of the processes the bench starts: its own,
+// without the GREENDOT_ variables, so that only the bench's flags configure
+// the system under test.
+func childEnv() []string {
+	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GREENDOT_") })
+}
+
 // startSystem starts what the configuration asks for: an embedded NATS
 // server unless NATSURL is set, gateways (unless GatewayURLs are given), a
 // reaper and a fanout.
-func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string) (sys *system, err error) {
-	s := &system{cfg: cfg, log: log, dir: dir, url: cfg.NATSURL}
+func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string) (sys *sut, err error) {
+	s := &sut{cfg: cfg, log: log, dir: dir, url: cfg.NATSURL}
 	defer func() {
 		if err != nil {
 			s.stop()
@@ -168,7 +177,7 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 		}
 	}
 	if s.url != "" {
-		nc, err := nats.Connect(s.url, nats.Name("greendot bench"), nats.MaxReconnects(-1))
+		nc, err := nats.Connect(s.url, nats.Name("greendot-bench"), nats.MaxReconnects(-1))
 		if err != nil {
 			return nil, fmt.Errorf("%w: connect to NATS at %s: %v", ErrSystem, s.url, err)
 		}
@@ -202,7 +211,7 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 			log:  filepath.Join(dir, kind+".log"),
 		}
 		s.others = append(s.others, c)
-		if err := c.start(cfg.Binary); err != nil {
+		if err := c.start(cfg.Greendot); err != nil {
 			return nil, err
 		}
 		if err := awaitReady(ctx, c, "http://"+addr); err != nil {
@@ -221,7 +230,7 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 			log:  filepath.Join(dir, fmt.Sprintf("gateway-%d.log", i)),
 		}
 		s.gateways = append(s.gateways, g)
-		if err := g.proc.start(cfg.Binary); err != nil {
+		if err := g.proc.start(cfg.Greendot); err != nil {
 			return nil, err
 		}
 	}
@@ -234,7 +243,7 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 }
 
 // gatewayArgs returns the command line of gateway n.
-func (s *system) gatewayArgs(n int, addr string) []string {
+func (s *sut) gatewayArgs(n int, addr string) []string {
 	cfg := s.cfg
 	args := []string{"gateway", "--listen", addr, "--nats-url", s.url, "--dev-auth",
 		"--gateway-id", fmt.Sprintf("bench-%s-%d", cfg.run, n), "--log-level", "warn"}
@@ -256,7 +265,7 @@ func (s *system) gatewayArgs(n int, addr string) []string {
 
 // startNATS runs an embedded NATS server with JetStream, its store in the
 // work directory.
-func (s *system) startNATS() error {
+func (s *sut) startNATS() error {
 	ns, err := server.NewServer(&server.Options{
 		Host:      "127.0.0.1",
 		Port:      server.RANDOM_PORT,
@@ -282,12 +291,12 @@ func (s *system) startNATS() error {
 
 // restartGateway stops gateway g with sig and starts it again on the same
 // address. It returns when the new process is ready.
-func (s *system) restartGateway(ctx context.Context, g *gateway, sig syscall.Signal) error {
+func (s *sut) restartGateway(ctx context.Context, g *gateway, sig syscall.Signal) error {
 	if g.proc == nil {
 		return fmt.Errorf("%w: gateway %s was not started by this run", ErrInvalidConfig, g.addr)
 	}
 	g.proc.stop(sig)
-	if err := g.proc.start(s.cfg.Binary); err != nil {
+	if err := g.proc.start(s.cfg.Greendot); err != nil {
 		return err
 	}
 	return awaitReady(ctx, g.proc, g.http)
@@ -296,7 +305,7 @@ func (s *system) restartGateway(ctx context.Context, g *gateway, sig syscall.Sig
 // stop ends every process this run started: gateways first, with SIGKILL
 // (their keys are thrown away with the NATS server), then the reaper and
 // fanout, then NATS.
-func (s *system) stop() {
+func (s *sut) stop() {
 	var wg sync.WaitGroup
 	for _, g := range s.gateways {
 		if g.proc != nil {
@@ -319,7 +328,7 @@ func (s *system) stop() {
 
 // writeGraph records mutual follows between every watcher and the targets
 // it follows, concurrently.
-func (s *system) writeGraph(ctx context.Context, l Layout) error {
+func (s *sut) writeGraph(ctx context.Context, l Layout) error {
 	if l.Watchers == 0 {
 		return nil
 	}

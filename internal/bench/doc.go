@@ -1,10 +1,10 @@
-// Package bench is greendot's load generator: it speaks the client
-// protocol over real WebSockets to measure what a deployment can hold and
-// how fast it shows changes.
+// Package bench is greendot's load generator, the command greendot-bench:
+// it speaks the client protocol over real WebSockets to measure what a
+// deployment can hold and how fast it shows changes.
 //
 // An orchestrator (Run) starts the system under test, or uses an existing
-// one, and spreads the connections of a run over worker processes (the same
-// binary, `greendot bench worker`), each holding at most about 15,000
+// one, and spreads the connections of a run over worker processes
+// (`greendot-bench worker`), each holding at most about 15,000
 // sockets and dialing from several loopback source addresses so that
 // neither the per-process file limit nor the ephemeral port range is the
 // bound. Workers read commands as JSON lines on stdin and answer each with
