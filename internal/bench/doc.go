@@ -2,9 +2,11 @@
 // it speaks the client protocol over real WebSockets to measure what a
 // deployment can hold and how fast it shows changes.
 //
-// An orchestrator (Run) starts the system under test, or uses an existing
-// one, and spreads the connections of a run over worker processes
-// (`greendot-bench worker`), each holding at most about 15,000
+// An orchestrator (Run) starts the system under test with package system
+// (an embedded NATS server, and gateway, reaper and fanout processes of a
+// greendot binary), or uses an existing one, and spreads the connections
+// of a run over worker processes (`greendot-bench worker`), each holding
+// at most about 15,000
 // sockets and dialing from several loopback source addresses so that
 // neither the per-process file limit nor the ephemeral port range is the
 // bound. Workers read commands as JSON lines on stdin and answer each with

@@ -371,7 +371,7 @@ func (r *runner) sample(ctx context.Context) sample {
 			gs.rss = int64(m["process_resident_memory_bytes"])
 			gs.cpu = time.Duration(m["process_cpu_seconds_total"] * float64(time.Second))
 			if g.proc != nil {
-				if ps, err := readProc(g.proc.pid()); err == nil {
+				if ps, err := readProc(g.proc.Pid()); err == nil {
 					gs.rss, gs.cpu = ps.rss, ps.cpu
 				}
 			}
@@ -379,8 +379,8 @@ func (r *runner) sample(ctx context.Context) sample {
 	}
 	wg.Wait()
 	for _, c := range r.sys.others {
-		if ps, err := readProc(c.pid()); err == nil {
-			s.procs[c.name] = ps
+		if ps, err := readProc(c.Pid()); err == nil {
+			s.procs[c.Name()] = ps
 		}
 	}
 	var workers procSample
@@ -416,7 +416,7 @@ func (r *runner) addCPU(a, b sample, during string) {
 		}
 	}
 	nats := "bench process (orchestrator"
-	if r.sys.nats != nil {
+	if r.sys.embedded() {
 		nats += " and embedded NATS"
 	}
 	if r.cfg.InProcessWorkers {

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,9 +19,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-
+	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -35,123 +32,22 @@ const stopTimeout = 60 * time.Second
 // sut is the greendot system under test: processes this run started, or
 // addresses of an existing deployment.
 type sut struct {
-	cfg  *Config
-	log  *slog.Logger
-	dir  string
-	nats *server.Server // embedded, when this run started NATS
-	url  string         // NATS URL
-	nc   *nats.Conn
+	cfg *Config
+	log *slog.Logger
+	sys *system.System // the NATS server and the processes this run started
 	// store writes the follow graph.
 	store    *presence.Store
 	gateways []*gateway
-	others   []*child // reaper and fanout
+	others   []*system.Child // reaper and fanout
 }
 
 // gateway is one gateway of the system.
 type gateway struct {
 	n    int
-	ws   string // ws://host:port/ws
-	http string // http://host:port
-	addr string // host:port
-	proc *child // nil for an existing gateway
-}
-
-// child is a process this run started.
-type child struct {
-	name string
-	args []string
-	log  string // its stderr, in the work directory
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-}
-
-// pid returns the process id, or 0.
-func (c *child) pid() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cmd == nil || c.cmd.Process == nil {
-		return 0
-	}
-	return c.cmd.Process.Pid
-}
-
-// start runs the child's command.
-func (c *child) start(binary string) error {
-	f, err := os.OpenFile(c.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(binary, c.args...)
-	cmd.Env = childEnv()
-	cmd.Stdout, cmd.Stderr = f, f
-	if err := cmd.Start(); err != nil {
-		_ = f.Close()
-		return fmt.Errorf("%w: start %s: %v", ErrSystem, c.name, err)
-	}
-	done := make(chan struct{})
-	c.mu.Lock()
-	c.cmd, c.done, c.err = cmd, done, nil
-	c.mu.Unlock()
-	go func() {
-		err := cmd.Wait()
-		_ = f.Close()
-		c.mu.Lock()
-		c.err = err
-		c.mu.Unlock()
-		close(done)
-	}()
-	return nil
-}
-
-// exited reports whether the child has exited, and how.
-func (c *child) exited() (bool, error) {
-	c.mu.Lock()
-	done := c.done
-	c.mu.Unlock()
-	if done == nil {
-		return true, nil
-	}
-	select {
-	case <-done:
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return true, c.err
-	default:
-		return false, nil
-	}
-}
-
-// stop sends sig and waits for the child to exit, killing it after
-// stopTimeout.
-func (c *child) stop(sig syscall.Signal) {
-	c.mu.Lock()
-	cmd, done := c.cmd, c.done
-	c.mu.Unlock()
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	_ = cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(stopTimeout):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-}
-
-// tail returns the end of the child's log, for an error message.
-func (c *child) tail() string {
-	b, err := os.ReadFile(c.log)
-	if err != nil {
-		return ""
-	}
-	s := strings.TrimSpace(string(b))
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
+	ws   string        // ws://host:port/ws
+	http string        // http://host:port
+	addr string        // host:port
+	proc *system.Child // nil for an existing gateway
 }
 
 // childEnv is the environment of the processes the bench starts: its own,
@@ -161,33 +57,39 @@ func childEnv() []string {
 	return slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GREENDOT_") })
 }
 
-// startSystem starts what the configuration asks for: an embedded NATS
-// server unless NATSURL is set, gateways (unless GatewayURLs are given), a
-// reaper and a fanout.
-func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string) (sys *sut, err error) {
-	s := &sut{cfg: cfg, log: log, dir: dir, url: cfg.NATSURL}
+// startSystem starts what the configuration asks for, its files in dir: an
+// embedded NATS server unless NATSURL is set, gateways (unless GatewayURLs
+// are given), a reaper and a fanout.
+func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string) (s *sut, err error) {
+	opts := system.Options{Name: "greendot-bench", URL: cfg.NATSURL, Logger: log, StopTimeout: stopTimeout}
+	if cfg.NATSURL == "" {
+		opts.NATS = &system.NATSConfig{
+			StoreDir: filepath.Join(dir, "nats"),
+			// One connection per process kind and worker, but the
+			// gateways' subscriptions and pending acks can be many.
+			MaxPending: 256 << 20,
+			Logger:     slog.New(slog.DiscardHandler),
+		}
+	}
+	sys, err := system.Start(opts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSystem, err)
+	}
+	s = &sut{cfg: cfg, log: log, sys: sys}
 	defer func() {
 		if err != nil {
 			s.stop()
 		}
 	}()
-	if s.url == "" {
-		if err := s.startNATS(); err != nil {
-			return nil, err
-		}
+	nc, err := sys.Connect("graph")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSystem, err)
 	}
-	if s.url != "" {
-		nc, err := nats.Connect(s.url, nats.Name("greendot-bench"), nats.MaxReconnects(-1))
-		if err != nil {
-			return nil, fmt.Errorf("%w: connect to NATS at %s: %v", ErrSystem, s.url, err)
-		}
-		s.nc = nc
-		octx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		s.store, err = presence.Open(octx, nc, presence.BucketOptions{})
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("%w: open buckets: %v", ErrSystem, err)
-		}
+	octx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	s.store, err = presence.Open(octx, nc, presence.BucketOptions{})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("%w: open buckets: %v", ErrSystem, err)
 	}
 	if len(cfg.GatewayURLs) > 0 {
 		for i, u := range cfg.GatewayURLs {
@@ -200,20 +102,21 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 		}
 		return s, nil
 	}
-	for _, kind := range []string{"reaper", "fanout"} {
+	for _, kind := range []system.Kind{system.KindReaper, system.KindFanout} {
 		addr, err := freeAddr()
 		if err != nil {
 			return nil, err
 		}
-		c := &child{
-			name: kind,
-			args: []string{kind, "--nats-url", s.url, "--metrics-listen", addr, "--log-level", "warn"},
-			log:  filepath.Join(dir, kind+".log"),
-		}
-		s.others = append(s.others, c)
-		if err := c.start(cfg.Greendot); err != nil {
+		c, err := s.start(system.ChildOptions{
+			Name: kind.String(),
+			Kind: kind,
+			Args: []string{kind.String(), "--nats-url", sys.URL(), "--metrics-listen", addr, "--log-level", "warn"},
+			Log:  filepath.Join(dir, kind.String()+".log"),
+		})
+		if err != nil {
 			return nil, err
 		}
+		s.others = append(s.others, c)
 		if err := awaitReady(ctx, c, "http://"+addr); err != nil {
 			return nil, err
 		}
@@ -224,15 +127,19 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 			return nil, err
 		}
 		g := &gateway{n: i, addr: addr, ws: "ws://" + addr + "/ws", http: "http://" + addr}
-		g.proc = &child{
-			name: fmt.Sprintf("gateway %d", i),
-			args: s.gatewayArgs(i, addr),
-			log:  filepath.Join(dir, fmt.Sprintf("gateway-%d.log", i)),
-		}
-		s.gateways = append(s.gateways, g)
-		if err := g.proc.start(cfg.Greendot); err != nil {
+		// At the end, gateways are killed: their keys are thrown away with
+		// the NATS server.
+		g.proc, err = s.start(system.ChildOptions{
+			Name:       fmt.Sprintf("gateway %d", i),
+			Kind:       system.KindGateway,
+			StopSignal: syscall.SIGKILL,
+			Args:       s.gatewayArgs(i, addr),
+			Log:        filepath.Join(dir, fmt.Sprintf("gateway-%d.log", i)),
+		})
+		if err != nil {
 			return nil, err
 		}
+		s.gateways = append(s.gateways, g)
 	}
 	for _, g := range s.gateways {
 		if err := awaitReady(ctx, g.proc, g.http); err != nil {
@@ -242,10 +149,23 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 	return s, nil
 }
 
+// start starts a process of the greendot binary.
+func (s *sut) start(o system.ChildOptions) (*system.Child, error) {
+	o.Path, o.Env = s.cfg.Greendot, childEnv()
+	c, err := s.sys.StartChild(o)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSystem, err)
+	}
+	return c, nil
+}
+
+// embedded reports whether the NATS server runs in this process.
+func (s *sut) embedded() bool { return s.sys.NATS() != nil }
+
 // gatewayArgs returns the command line of gateway n.
 func (s *sut) gatewayArgs(n int, addr string) []string {
 	cfg := s.cfg
-	args := []string{"gateway", "--listen", addr, "--nats-url", s.url, "--dev-auth",
+	args := []string{"gateway", "--listen", addr, "--nats-url", s.sys.URL(), "--dev-auth",
 		"--gateway-id", fmt.Sprintf("bench-%s-%d", cfg.run, n), "--log-level", "warn"}
 	for _, f := range []struct {
 		name string
@@ -263,66 +183,27 @@ func (s *sut) gatewayArgs(n int, addr string) []string {
 	return append(args, cfg.GatewayArgs...)
 }
 
-// startNATS runs an embedded NATS server with JetStream, its store in the
-// work directory.
-func (s *sut) startNATS() error {
-	ns, err := server.NewServer(&server.Options{
-		Host:      "127.0.0.1",
-		Port:      server.RANDOM_PORT,
-		JetStream: true,
-		StoreDir:  filepath.Join(s.dir, "nats"),
-		NoLog:     true,
-		NoSigs:    true,
-		// One connection per process kind and worker, but the
-		// gateways' subscriptions and pending acks can be many.
-		MaxPending: 256 << 20,
-	})
-	if err != nil {
-		return fmt.Errorf("%w: NATS server: %v", ErrSystem, err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		ns.Shutdown()
-		return fmt.Errorf("%w: NATS server not ready within 30s", ErrSystem)
-	}
-	s.nats, s.url = ns, ns.ClientURL()
-	return nil
-}
-
 // restartGateway stops gateway g with sig and starts it again on the same
 // address. It returns when the new process is ready.
 func (s *sut) restartGateway(ctx context.Context, g *gateway, sig syscall.Signal) error {
 	if g.proc == nil {
 		return fmt.Errorf("%w: gateway %s was not started by this run", ErrInvalidConfig, g.addr)
 	}
-	g.proc.stop(sig)
-	if err := g.proc.start(s.cfg.Greendot); err != nil {
-		return err
+	if err := g.proc.Stop(sig, stopTimeout); err != nil {
+		s.log.Warn("gateway stop", "gateway", g.n, "err", err)
+	}
+	if err := g.proc.Start(); err != nil {
+		return fmt.Errorf("%w: %v", ErrSystem, err)
 	}
 	return awaitReady(ctx, g.proc, g.http)
 }
 
-// stop ends every process this run started: gateways first, with SIGKILL
-// (their keys are thrown away with the NATS server), then the reaper and
-// fanout, then NATS.
+// stop ends every process this run started, in the system's order:
+// gateways first, with SIGKILL (their keys are thrown away with the NATS
+// server), then the reaper and fanout, then NATS.
 func (s *sut) stop() {
-	var wg sync.WaitGroup
-	for _, g := range s.gateways {
-		if g.proc != nil {
-			wg.Go(func() { g.proc.stop(syscall.SIGKILL) })
-		}
-	}
-	wg.Wait()
-	for _, c := range s.others {
-		wg.Go(func() { c.stop(syscall.SIGTERM) })
-	}
-	wg.Wait()
-	if s.nc != nil {
-		s.nc.Close()
-	}
-	if s.nats != nil {
-		s.nats.Shutdown()
-		s.nats.WaitForShutdown()
+	if err := s.sys.Stop(); err != nil {
+		s.log.Warn("system stop", "err", err)
 	}
 }
 
@@ -426,13 +307,13 @@ func freeAddr() (string, error) {
 
 // awaitReady polls base/readyz until it answers 200, the child exits, or
 // readyTimeout passes.
-func awaitReady(ctx context.Context, c *child, base string) error {
+func awaitReady(ctx context.Context, c *system.Child, base string) error {
 	deadline := time.Now().Add(readyTimeout)
 	hc := &http.Client{Timeout: 2 * time.Second}
 	for {
 		if c != nil {
-			if done, err := c.exited(); done {
-				return fmt.Errorf("%w: %s exited (%v): %s", ErrSystem, c.name, err, c.tail())
+			if done, err := c.Exited(); done {
+				return fmt.Errorf("%w: %s exited (%v): %s", ErrSystem, c.Name(), err, c.Tail())
 			}
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/readyz", nil)
@@ -449,7 +330,7 @@ func awaitReady(ctx context.Context, c *child, base string) error {
 		if time.Now().After(deadline) {
 			name := base
 			if c != nil {
-				name = c.name
+				name = c.Name()
 			}
 			return fmt.Errorf("%w: %s not ready within %v", ErrSystem, name, readyTimeout)
 		}

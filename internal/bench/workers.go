@@ -6,12 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/greendot/greendot/internal/system"
 )
 
 // workerHandle is the orchestrator's end of one worker.
@@ -20,104 +21,111 @@ type workerHandle struct {
 	enc     *json.Encoder
 	in      io.Closer
 	replies chan Reply
-	done    chan struct{} // closed when the worker has exited
-	cmd     *exec.Cmd     // nil for an in-process worker
-	log     string        // the worker process's stderr
+	done    chan struct{}                // closed when the worker has ended and replies is closed
+	proc    atomic.Pointer[system.Child] // nil for an in-process worker
 	mu      sync.Mutex
 	readErr error
 }
 
 // pid returns the worker process's id, or 0 for an in-process worker.
 func (h *workerHandle) pid() int {
-	if h.cmd == nil || h.cmd.Process == nil {
-		return 0
+	if p := h.proc.Load(); p != nil {
+		return p.Pid()
 	}
-	return h.cmd.Process.Pid
+	return 0
 }
 
-// startWorkers starts cfg.Workers workers: processes of cfg.Worker
-// ("greendot-bench worker"), or goroutines with InProcessWorkers.
+// startWorkers starts cfg.Workers workers, their logs in dir: processes of
+// cfg.Worker ("greendot-bench worker"), or goroutines with
+// InProcessWorkers.
 func startWorkers(ctx context.Context, cfg *Config, dir string) ([]*workerHandle, error) {
 	var hs []*workerHandle
 	for k := range cfg.Workers {
 		h := &workerHandle{k: k, replies: make(chan Reply, 4), done: make(chan struct{})}
-		var out io.Reader
 		if cfg.InProcessWorkers {
-			cmdR, cmdW := io.Pipe()
-			repR, repW := io.Pipe()
-			h.enc, h.in, out = json.NewEncoder(cmdW), cmdW, repR
-			go func() {
-				defer close(h.done)
-				err := RunWorker(ctx, cmdR, repW)
-				_ = cmdR.Close()
-				if err == nil {
-					err = io.EOF
-				}
-				_ = repW.CloseWithError(err)
-			}()
-		} else {
-			h.log = filepath.Join(dir, fmt.Sprintf("worker-%d.log", k))
-			f, err := os.Create(h.log)
-			if err != nil {
-				stopWorkers(hs)
-				return nil, err
-			}
-			cmd := exec.Command(cfg.Worker[0], cfg.Worker[1:]...)
-			cmd.Env = childEnv()
-			cmd.Stderr = f
-			stdin, err := cmd.StdinPipe()
-			if err != nil {
-				_ = f.Close()
-				stopWorkers(hs)
-				return nil, err
-			}
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				_ = f.Close()
-				stopWorkers(hs)
-				return nil, err
-			}
-			if err := cmd.Start(); err != nil {
-				_ = f.Close()
-				stopWorkers(hs)
-				return nil, fmt.Errorf("%w: start worker %d: %v", ErrWorker, k, err)
-			}
-			h.cmd, h.enc, h.in, out = cmd, json.NewEncoder(stdin), stdin, stdout
-			go func() {
-				defer close(h.done)
-				<-h.readerDone(out)
-				_ = cmd.Wait()
-				_ = f.Close()
-			}()
+			h.runInProcess(ctx)
 			hs = append(hs, h)
 			continue
 		}
-		h.readerDone(out)
+		proc, err := system.StartChild(system.ChildOptions{
+			Name:     fmt.Sprintf("worker %d", k),
+			Path:     cfg.Worker[0],
+			Args:     cfg.Worker[1:],
+			Env:      childEnv(),
+			Log:      filepath.Join(dir, fmt.Sprintf("worker-%d.log", k)),
+			Stdin:    true,
+			OnStdout: h.take,
+		})
+		if err != nil {
+			stopWorkers(hs)
+			return nil, fmt.Errorf("%w: %v", ErrWorker, err)
+		}
+		h.proc.Store(proc)
+		h.enc, h.in = json.NewEncoder(proc.Stdin()), proc.Stdin()
+		go func() {
+			defer close(h.done)
+			<-proc.Done()
+			close(h.replies)
+		}()
 		hs = append(hs, h)
 	}
 	return hs, nil
 }
 
-// readerDone starts reading replies from out and returns a channel closed
-// when out ends.
-func (h *workerHandle) readerDone(out io.Reader) chan struct{} {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+// runInProcess runs the worker as goroutines of this process, talking
+// over pipes.
+func (h *workerHandle) runInProcess(ctx context.Context) {
+	cmdR, cmdW := io.Pipe()
+	repR, repW := io.Pipe()
+	h.enc, h.in = json.NewEncoder(cmdW), cmdW
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		err := RunWorker(ctx, cmdR, repW)
+		_ = cmdR.Close()
+		if err == nil {
+			err = io.EOF
+		}
+		_ = repW.CloseWithError(err)
+	})
+	wg.Go(func() {
 		defer close(h.replies)
-		dec := json.NewDecoder(out)
+		dec := json.NewDecoder(repR)
 		for {
 			var r Reply
 			if err := dec.Decode(&r); err != nil {
-				h.mu.Lock()
-				h.readErr = err
-				h.mu.Unlock()
+				h.failed(err)
 				return
 			}
 			h.replies <- r
 		}
+	})
+	go func() {
+		defer close(h.done)
+		wg.Wait()
 	}()
-	return done
+}
+
+// take decodes one reply line of a worker process. A line that is not a
+// reply ends the worker: the orchestrator cannot follow it any more.
+func (h *workerHandle) take(line []byte) {
+	var r Reply
+	if err := json.Unmarshal(line, &r); err != nil {
+		h.failed(fmt.Errorf("reply %.200q: %w", line, err))
+		if p := h.proc.Load(); p != nil {
+			p.Signal(syscall.SIGKILL)
+		}
+		return
+	}
+	h.replies <- r
+}
+
+// failed records why the worker's replies ended.
+func (h *workerHandle) failed(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.readErr == nil {
+		h.readErr = err
+	}
 }
 
 // failure describes why a worker stopped answering.
@@ -129,13 +137,9 @@ func (h *workerHandle) failure() string {
 	if err != nil && !errors.Is(err, io.EOF) {
 		msg += fmt.Sprintf(" (%v)", err)
 	}
-	if h.log != "" {
-		if b, rerr := os.ReadFile(h.log); rerr == nil && len(b) > 0 {
-			s := strings.TrimSpace(string(b))
-			if len(s) > 2000 {
-				s = "..." + s[len(s)-2000:]
-			}
-			msg += ": " + s
+	if p := h.proc.Load(); p != nil {
+		if tail := p.Tail(); tail != "" {
+			msg += ": " + tail
 		}
 	}
 	return msg
@@ -191,19 +195,30 @@ func call(ctx context.Context, hs []*workerHandle, timeout time.Duration, cmd fu
 }
 
 // stopWorkers asks every worker to close its connections and end, and
-// waits for them, killing a process that does not end in time.
+// waits for them, killing a process that does not end in 30s.
 func stopWorkers(hs []*workerHandle) {
 	var wg sync.WaitGroup
 	for _, h := range hs {
 		wg.Go(func() {
 			_ = h.enc.Encode(Command{Op: OpClose})
 			_ = h.in.Close()
-			select {
-			case <-h.done:
-			case <-time.After(30 * time.Second):
-				if h.cmd != nil && h.cmd.Process != nil {
-					_ = h.cmd.Process.Kill()
-					<-h.done
+			// Replies nobody waits for any more are dropped, so that
+			// reading them never holds the worker's end up.
+			replies := h.replies
+			kill := time.NewTimer(30 * time.Second)
+			defer kill.Stop()
+			for {
+				select {
+				case <-h.done:
+					return
+				case _, ok := <-replies:
+					if !ok {
+						replies = nil
+					}
+				case <-kill.C:
+					if p := h.proc.Load(); p != nil {
+						p.Signal(syscall.SIGKILL)
+					}
 				}
 			}
 		})
