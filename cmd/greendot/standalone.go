@@ -130,6 +130,14 @@ func runStandalone(c *cli.Context) error {
 // ready, and returns when the command's context is canceled or a part has
 // stopped. The caller stops sys, whose Stop returns the parts' errors.
 func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, demo bool) error {
+	// The buckets exist before the services start, so that none of them
+	// creates a bucket while another creates its consumer on it. The demo
+	// writes the graph through this store.
+	store, err := openBuckets(c.Context, sys)
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
 	if _, err := sys.StartReaper("reaper", rcfg); err != nil {
 		_ = ln.Close()
 		return err
@@ -140,18 +148,7 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}
 	webOpts := web.Options{Demo: demo, Logger: gcfg.Logger}
 	if demo {
-		nc, err := sys.Connect("demo")
-		if err != nil {
-			_ = ln.Close()
-			return err
-		}
-		openCtx, cancel := context.WithTimeout(c.Context, startTimeout)
-		webOpts.Store, err = presence.Open(openCtx, nc, presence.BucketOptions{})
-		cancel()
-		if err != nil {
-			_ = ln.Close()
-			return err
-		}
+		webOpts.Store = store
 	}
 	gcfg.Static = web.Handler(webOpts)
 	// GET /metrics serves the metrics of the three services, which share
@@ -165,13 +162,18 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 
 	// A part that stops on its own (a failure) ends the command.
 	ctx, cancel := context.WithCancel(c.Context)
-	defer cancel()
+	watched := make(chan struct{})
 	go func() {
+		defer close(watched)
 		select {
 		case <-sys.Exited():
 			cancel()
 		case <-ctx.Done():
 		}
+	}()
+	defer func() {
+		cancel()
+		<-watched
 	}()
 	switch err := gw.AwaitReady(ctx, startTimeout); {
 	case err == nil:
@@ -184,6 +186,19 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// openBuckets creates greendot's buckets in the embedded server, or brings
+// their configuration up to date, over a connection of the system's, and
+// returns a store over them.
+func openBuckets(ctx context.Context, sys *system.System) (*presence.Store, error) {
+	nc, err := sys.Connect("buckets")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	return presence.Open(ctx, nc, presence.BucketOptions{})
 }
 
 // readyLine is the one line standalone mode prints when it serves.
