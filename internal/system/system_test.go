@@ -78,6 +78,18 @@ func TestSystem(t *testing.T) {
 	if u := sys.URL(); !strings.HasPrefix(u, "nats://127.0.0.1:") {
 		t.Errorf("URL %q, want the embedded server's loopback address", u)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The buckets exist before the services start: nats-server races
+	// when a stream is updated while a consumer is created on it.
+	nc, err := sys.Connect("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	rp, err := sys.StartReaper("reaper", reaper.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -92,8 +104,6 @@ func TestSystem(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	for _, p := range []*Proc{rp, fo, gw.Proc} {
 		if err := p.AwaitReady(ctx, time.Minute); err != nil {
 			t.Fatal(err)
@@ -108,14 +118,6 @@ func TestSystem(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = c.Abort() }()
-	nc, err := sys.Connect("operator")
-	if err != nil {
-		t.Fatal(err)
-	}
-	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	checkFor(t, 30*time.Second, func() error {
 		rec, _, err := store.Status(ctx, "alice")
 		if err != nil {
