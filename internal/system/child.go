@@ -48,9 +48,9 @@ type ChildOptions struct {
 	OnStdout func(line []byte)
 }
 
-// Child is a child process. It owns the goroutines that read its output
-// and wait for it; they end when the process has exited. Its methods are
-// safe for concurrent use.
+// Child is a child process, made by StartChild or System.StartChild. It
+// owns the goroutines that read its output and wait for it; they end when
+// the process has exited. Its methods are safe for concurrent use.
 type Child struct {
 	opts   ChildOptions
 	onExit func() // set by a System before the start
