@@ -106,7 +106,7 @@ func runStandalone(c *cli.Context) error {
 	}
 	defer unlock()
 	ncfg.StartTimeout = startTimeout
-	sys, err := system.Start(system.Options{Name: "greendot standalone", NATS: &ncfg, Logger: log})
+	sys, err := system.Start(system.Options{Name: "greendot standalone", NATS: &ncfg, InProcess: true, Logger: log})
 	if err != nil {
 		_ = ln.Close()
 		return err

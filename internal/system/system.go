@@ -29,9 +29,13 @@ type Options struct {
 	// gateway". Empty means "greendot".
 	Name string
 	// NATS, when set, is the embedded NATS server Start starts; its Logger
-	// defaults to Logger. The system's connections to it are in-process.
-	// Without it the system uses the NATS servers at URL.
+	// defaults to Logger. Without it the system uses the NATS servers at
+	// URL.
 	NATS *NATSConfig
+	// InProcess makes the system's connections to its embedded server
+	// in-process (nats.InProcessServer) rather than over the server's
+	// listener. They always are when the server has no listener.
+	InProcess bool
 	// URL names the NATS servers (comma-separated URLs) of a system that
 	// embeds none.
 	URL string
@@ -130,7 +134,9 @@ func (s *System) connOptions(name string) natsconn.Options {
 	o := natsconn.Options{URL: s.opts.URL, Name: s.opts.Name + " " + name, Logger: s.log}
 	if s.nats != nil {
 		o.URL = s.nats.ClientURL()
-		o.Extra = append(o.Extra, nats.InProcessServer(s.nats))
+		if s.opts.InProcess || s.opts.NATS.InProcessOnly {
+			o.Extra = append(o.Extra, nats.InProcessServer(s.nats))
+		}
 	}
 	o.Extra = append(o.Extra, s.opts.NATSOptions...)
 	return o

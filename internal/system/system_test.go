@@ -112,6 +112,9 @@ func TestSystem(t *testing.T) {
 	if got, want := gw.Conn().Opts.Name, "systemtest gateway"; got != want {
 		t.Errorf("gateway's connection is named %q, want %q", got, want)
 	}
+	if got := gw.Conn().ConnectedAddr(); !strings.HasPrefix(got, "127.0.0.1:") {
+		t.Errorf("gateway connected to %q, want the server's listener", got)
+	}
 
 	c, err := client.Dial(ctx, gw.WS+"?user=alice", client.Options{})
 	if err != nil {
@@ -222,6 +225,9 @@ func TestSystemStopsChildrenInOrder(t *testing.T) {
 	nc, err := sys.Connect("operator")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got := nc.ConnectedAddr(); got != "pipe" {
+		t.Errorf("connected to %q, want an in-process pipe", got)
 	}
 	if _, err := presence.Open(context.Background(), nc, presence.BucketOptions{}); err != nil {
 		t.Fatal(err)
