@@ -75,7 +75,7 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
   ` + "`GREENDOT_FANOUT_ACK_WAIT`" + `; ` + "`GREENDOT_METRICS_LISTEN`" + `,
   ` + "`GREENDOT_REAPER_METRICS_LISTEN`" + ` and ` + "`GREENDOT_FANOUT_METRICS_LISTEN`" + `;
   ` + "`GREENDOT_WORKERS`" + `, ` + "`GREENDOT_REAPER_WORKERS`" + `; ` + "`GREENDOT_SWEEP_INTERVAL`" + `
-  (of ` + "`greendot reaper`" + `), ` + "`GREENDOT_REAPER_SWEEP_INTERVAL`" + `;
+  (of ` + "`greendot reaper`" + ` and ` + "`greendot standalone`" + `), ` + "`GREENDOT_REAPER_SWEEP_INTERVAL`" + `;
   ` + "`GREENDOT_CACHE_SIZE`" + `, ` + "`GREENDOT_FANOUT_CACHE_SIZE`" + `; ` + "`GREENDOT_JSON`" + ` (of
   ` + "`greendot graph show`" + `), ` + "`GREENDOT_GRAPH_JSON`" + `.
 - **Durations** are Go durations: ` + "`10ms`, `1s`, `5m`, `1h30m`" + `.

@@ -39,7 +39,7 @@ func standaloneCommand() *cli.Command {
 			[]cli.Flag{
 				stringFlag(catEmbedded, "data", "./greendot-data", "directory of the embedded NATS server's JetStream storage"),
 				stringFlag(catEmbedded, "nats-listen", "127.0.0.1:4222", "client address of the embedded NATS server (port 0 picks a free port); empty for in-process connections only"),
-				durationFlag(catProcess, "sweep-interval", time.Minute, "how often the reaper's full sweep of connections and statuses runs; at least 100ms"),
+				sweepFlag(),
 			},
 			gatewayFlags(true),
 			logFlags(),
