@@ -71,6 +71,22 @@ type Config struct {
 	// their ctx is canceled when the process stops, before the consumer is
 	// drained.
 	Loops []func(ctx context.Context)
+	// More are further durable consumers of the process, each on a
+	// bucket's stream, with a handler of its own; they live as the first.
+	More []Stream
+}
+
+// Stream is one more durable consumer of a process (Config.More).
+type Stream struct {
+	// Bucket is the KV bucket whose stream is consumed.
+	Bucket string
+	// Consumer configures the durable consumer on the bucket's stream.
+	Consumer jetstream.ConsumerConfig
+	// PullMaxMessages bounds the messages the client holds ahead of
+	// Handle; zero means the nats.go default.
+	PullMaxMessages int
+	// Handle takes one message of the stream, as Config.Handle does.
+	Handle func(msg jetstream.Msg)
 }
 
 // Consumer runs the life of a process built around a durable consumer.
@@ -100,6 +116,11 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: no message handler", ErrInvalidConfig)
 	case cfg.PullMaxMessages < 0:
 		return nil, fmt.Errorf("%w: pull max messages %d", ErrInvalidConfig, cfg.PullMaxMessages)
+	}
+	for _, m := range cfg.More {
+		if m.Bucket == "" || m.Consumer.Durable == "" || m.Handle == nil || m.PullMaxMessages < 0 {
+			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler and a pull limit of 0 or more", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
+		}
 	}
 	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady}
 	if c.log == nil {
@@ -139,10 +160,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.Opened != nil {
 		c.cfg.Opened(store)
 	}
-	stream := presence.StreamName(c.cfg.Bucket)
-	cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, c.cfg.Consumer)
-	if err != nil {
-		return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", c.cfg.Consumer.Durable, stream, err))
+	streams := append([]Stream{{
+		Bucket: c.cfg.Bucket, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, Handle: c.cfg.Handle,
+	}}, c.cfg.More...)
+	conses := make([]jetstream.Consumer, len(streams))
+	for i, st := range streams {
+		stream := presence.StreamName(st.Bucket)
+		cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, st.Consumer)
+		if err != nil {
+			return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", st.Consumer.Durable, stream, err))
+		}
+		conses[i] = cons
 	}
 	if c.cfg.Prepare != nil {
 		if err := c.cfg.Prepare(ctx); err != nil {
@@ -165,17 +193,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.Work != nil {
 		work.Go(func() { c.cfg.Work(workCtx) })
 	}
-	var opts []jetstream.PullConsumeOpt
-	if c.cfg.PullMaxMessages > 0 {
-		opts = append(opts, jetstream.PullMaxMessages(c.cfg.PullMaxMessages))
+	var ccs []jetstream.ConsumeContext
+	drain := func() {
+		for _, cc := range ccs {
+			cc.Drain()
+		}
+		for _, cc := range ccs {
+			<-cc.Closed()
+		}
 	}
-	cc, err := cons.Consume(c.cfg.Handle, opts...)
-	if err != nil {
-		c.ready.Store(nil)
-		c.stopAdmin(ops)
-		stopWork()
-		work.Wait()
-		return fmt.Errorf("consume %s on %s: %w", c.cfg.Consumer.Durable, stream, err)
+	for i, st := range streams {
+		var opts []jetstream.PullConsumeOpt
+		if st.PullMaxMessages > 0 {
+			opts = append(opts, jetstream.PullMaxMessages(st.PullMaxMessages))
+		}
+		cc, err := conses[i].Consume(st.Handle, opts...)
+		if err != nil {
+			c.ready.Store(nil)
+			c.stopAdmin(ops)
+			drain()
+			stopWork()
+			work.Wait()
+			return fmt.Errorf("consume %s on %s: %w", st.Consumer.Durable, presence.StreamName(st.Bucket), err)
+		}
+		ccs = append(ccs, cc)
 	}
 	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket)
 
@@ -191,8 +232,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopAdmin(ops)
 	stopLoops()
 	loops.Wait()
-	cc.Drain()
-	<-cc.Closed()
+	drain()
 	stopWork()
 	work.Wait()
 	return nil

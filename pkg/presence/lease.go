@@ -94,6 +94,20 @@ type LeaseConn struct {
 // Key returns the connection's ConnsBucket key.
 func (c LeaseConn) Key() string { return LeaseConnKey(c.Gateway, c.Epoch, c.UserID, c.ConnID) }
 
+// LeaseConnRecord reads the key of a connection held under a lease from
+// the stream leader. It returns ErrNotFound when the key is gone.
+func (s *Store) LeaseConnRecord(ctx context.Context, c LeaseConn) (ConnRecord, uint64, error) {
+	e, err := s.last(ctx, ConnsBucket, c.Key())
+	if err != nil {
+		return ConnRecord{}, e.rev, err
+	}
+	var r ConnRecord
+	if err := json.Unmarshal(e.data, &r); err != nil {
+		return ConnRecord{}, e.rev, fmt.Errorf("decode connection %q: %w", c.Key(), err)
+	}
+	return r, e.rev, nil
+}
+
 // CreateLeaseConn creates the key of a connection held under a lease. It
 // has no TTL: the lease keeps it alive. It returns the key's revision.
 func (s *Store) CreateLeaseConn(ctx context.Context, c LeaseConn, rec ConnRecord) (uint64, error) {
@@ -118,15 +132,21 @@ func LeaseConnMsg(c LeaseConn, rec *ConnRecord) (*nats.Msg, error) {
 	return &nats.Msg{Subject: KeySubject(ConnsBucket, c.Key()), Data: data}, nil
 }
 
-// RemoveLeaseConn removes the key of a connection held under a lease. It
-// leaves no marker: nothing needs to see it go (its user's record already
-// let it go). Removing a key that is gone is not an error.
+// RemoveLeaseConn removes the key of a connection held under a lease, as
+// its gateway does once the connection's record entry is gone. Its purge
+// marker expires with the bucket's marker TTL; nothing needs to see it
+// (keys of the earlier shape are the only ones whose markers are acted
+// on). Removing a key that is gone is not an error.
 func (s *Store) RemoveLeaseConn(ctx context.Context, c LeaseConn) error {
-	return s.purgeConns(ctx, KeySubject(ConnsBucket, c.Key()))
+	if err := s.conns.Purge(ctx, c.Key(), jetstream.PurgeTTL(s.opts.markerTTL())); err != nil {
+		return fmt.Errorf("remove connection %q: %w", c.Key(), err)
+	}
+	return nil
 }
 
 // RemoveLeaseConns removes the keys of every connection held under a
-// lease, in one request.
+// lease, in one request (a purge of the stream by subject, which leaves no
+// marker): what a reaper does once a lease's end is applied.
 func (s *Store) RemoveLeaseConns(ctx context.Context, gatewayID, epoch string) error {
 	return s.purgeConns(ctx, KeySubject(ConnsBucket, LeaseConnsFilter(gatewayID, epoch)))
 }

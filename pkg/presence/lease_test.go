@@ -195,3 +195,35 @@ func TestWriteStatusFromCache(t *testing.T) {
 		t.Errorf("last_seen %d, want %d (the later of the two)", w.Next.LastSeen, seen.Unix())
 	}
 }
+
+// TestWriteStatusCacheNeverSaysNoChange: a writer whose cached copy says
+// the change is already made must not believe it: another writer may have
+// changed the record since (seen as a set_status lost between gateways).
+func TestWriteStatusCacheNeverSaysNoChange(t *testing.T) {
+	store, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	choose := func(st presence.Status) func(*presence.Record) error {
+		return func(r *presence.Record) error {
+			if r.ChosenStatus() == st {
+				return presence.ErrNoChange
+			}
+			r.Chosen = st
+			return nil
+		}
+	}
+	var a, b presence.Cached // two gateways' writers
+	if _, err := store.WriteStatus(ctx, "alice", &a, choose(presence.Busy)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.WriteStatus(ctx, "alice", &b, choose(presence.Online)); err != nil {
+		t.Fatal(err)
+	}
+	// a's copy still says busy; the record says online.
+	w, err := store.WriteStatus(ctx, "alice", &a, choose(presence.Busy))
+	if err != nil || !w.Written {
+		t.Fatalf("busy again from a stale copy: %+v, %v; want it written", w, err)
+	}
+	if rec, _, _ := store.Status(ctx, "alice"); rec.ChosenStatus() != presence.Busy {
+		t.Errorf("record says %s, want busy", rec.ChosenStatus())
+	}
+}

@@ -41,6 +41,8 @@ const (
 	gatewayPrefix = "presence.gw."
 	// EventWildcard matches every public presence event.
 	EventWildcard = "presence.event.*"
+	// SelfWildcard matches every gateway's self events.
+	SelfWildcard = "presence.gw.*.self"
 
 	followsPrefix  = "follows."
 	settingsPrefix = "settings."

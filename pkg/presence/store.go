@@ -311,13 +311,17 @@ type Write struct {
 // a writer that is the only one to change a record (a user's gateway)
 // saves a read per write. When the cache is out of date, the write fails
 // its compare-and-set, and the record is read and the mutation applied
-// again. The cache is left holding what was written (or read).
+// again; and "nothing to change" is believed only of a fresh read. The
+// cache is left holding what was written (or read).
 //
 // Unlike with UpdateStatus, mutate may be given a cached record: it must
-// not decide from reads of other state.
+// not decide from reads of other state, unless the writer keeps no cache
+// (a zero Cached each call), for then every attempt starts from a fresh
+// read of the record, as with UpdateStatus.
 func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, mutate func(*Record) error) (Write, error) {
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
-		if !cache.Valid {
+		fresh := !cache.Valid
+		if fresh {
 			cur, rev, err := s.Status(ctx, userID)
 			if err != nil && !errors.Is(err, ErrNotFound) {
 				return Write{}, err
@@ -327,10 +331,18 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		cur, curRev := cache.Rec, cache.Rev
 		next := cur.Clone()
 		if err := mutate(&next); err != nil {
-			if errors.Is(err, ErrNoChange) {
+			if !errors.Is(err, ErrNoChange) {
+				return Write{}, err
+			}
+			if fresh {
 				return Write{Prev: cur, Next: cur, Rev: curRev}, nil
 			}
-			return Write{}, err
+			// Nothing to change in the cached copy says nothing of the
+			// record, which another writer may have changed since: only
+			// a fresh read can tell.
+			cache.Valid = false
+			attempt--
+			continue
 		}
 		next.Finish(&cur, s.now())
 		data, err := json.Marshal(&next)
