@@ -24,11 +24,12 @@ func (s *Service) Ready(ctx context.Context) error {
 func (s *Service) adminConfig() admin.ServiceConfig {
 	return admin.ServiceConfig{
 		Name:        admin.FanoutService,
-		Description: "greendot fanout: status revisions to presence events",
+		Description: "greendot fanout: makes sure every status revision's events are published",
 		InfoSubject: admin.FanoutInfoSubject,
 		Config: map[string]any{
 			"cache_size": s.cfg.CacheSize,
 			"ack_wait":   s.cfg.AckWait.String(),
+			"delay":      s.cfg.Delay.String(),
 			"replicas":   max(s.cfg.Buckets.Replicas, 1),
 			"consumer":   presence.FanoutConsumer,
 			"bucket":     presence.StatusBucket,

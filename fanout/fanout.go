@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,20 +26,40 @@ type Service struct {
 	log      *slog.Logger
 	consumer *durable.Consumer
 
-	// sent holds, per user, the versions last published by this instance.
-	// It is touched only by the consume callback, which runs on one
-	// goroutine.
+	// sent holds, per user, the versions of the newest revision this
+	// instance handled. It is touched only by the consume callback, which
+	// runs on one goroutine.
 	sent map[string]versions
 	// cached is len(sent), for the metrics.
 	cached atomic.Int64
+
+	// seen holds the events writers published, as the fanout's own
+	// subscriptions saw them.
+	seen *seenEvents
+	subs []*nats.Subscription
+	// due carries the revisions whose events wait for Delay to pass, in
+	// the order they were consumed.
+	due chan *pending
 
 	reg     *prometheus.Registry
 	metrics *fanoutMetrics
 }
 
-// versions are what this instance last published of a user: the record's
+// versions are what this instance last handled of a user: the record's
 // public and self versions, and the revision they came from.
 type versions struct{ pub, self, rev uint64 }
+
+// pending is a revision whose events the fanout publishes unless it sees
+// its writer publish them first.
+type pending struct {
+	msg      jetstream.Msg
+	userID   string
+	rev      uint64
+	pub      *presence.Event
+	self     *presence.SelfEvent
+	gateways []string
+	due      time.Time
+}
 
 // New validates cfg and returns a fanout that will use nc. It starts no
 // goroutines and does no I/O. The caller owns nc.
@@ -52,6 +73,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		cfg:  cfg,
 		log:  cfg.Logger.With("svc", "fanout"),
 		sent: make(map[string]versions),
+		seen: newSeenEvents(),
+		due:  make(chan *pending, maxAckPending),
 		reg:  metrics.NewRegistry(),
 	}
 	s.metrics = newFanoutMetrics(s.reg, s)
@@ -62,16 +85,18 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		Bucket:  presence.StatusBucket,
 		Consumer: jetstream.ConsumerConfig{
 			Durable:       presence.FanoutConsumer,
-			Description:   "greendot fanout: status revisions to presence events",
+			Description:   "greendot fanout: makes sure every status revision's events are published",
 			FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.AckWait,
-			MaxAckPending: 10_000,
+			MaxAckPending: maxAckPending,
 		},
 		PullMaxMessages: 1000,
 		Admin:           s.adminConfig(),
 		NotReady:        ErrNotReady,
+		Opened:          s.opened,
+		Work:            s.work,
 		Handle:          s.handle,
 	})
 	if err != nil {
@@ -81,6 +106,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// maxAckPending bounds the revisions handed out and not yet acknowledged:
+// those waiting for Delay to pass among them.
+const maxAckPending = 10_000
+
 // Run consumes status revisions until ctx is canceled, then stops
 // consuming, finishes the revisions handed out, and returns nil. It
 // returns an error only when the fanout cannot start.
@@ -88,16 +117,43 @@ func (s *Service) Run(ctx context.Context) error {
 	return s.consumer.Run(ctx)
 }
 
+// opened subscribes to the events writers publish, before the first
+// revision is consumed.
+func (s *Service) opened(*presence.Store) {
+	for _, subj := range []string{presence.EventWildcard, presence.SelfWildcard} {
+		sub, err := s.nc.Subscribe(subj, s.saw)
+		if err != nil {
+			// Without it every revision's events are published again:
+			// duplicates, which gateways drop.
+			s.log.Error("subscribe to the events writers publish", "subject", subj, "err", err)
+			continue
+		}
+		_ = sub.SetPendingLimits(-1, 64<<20)
+		s.subs = append(s.subs, sub)
+	}
+}
+
+// saw notes an event a writer published.
+func (s *Service) saw(m *nats.Msg) {
+	var ev struct {
+		UserID string `json:"user_id"`
+		Rev    uint64 `json:"rev"`
+	}
+	if json.Unmarshal(m.Data, &ev) != nil || ev.UserID == "" {
+		return
+	}
+	s.seen.note(ev.UserID, m.Subject != presence.EventSubject(ev.UserID), ev.Rev)
+}
+
 var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
 
-// handle publishes what one status revision means, then acknowledges it.
-// The acknowledgement goes out on the same connection after the events, so
-// if it reaches the server the events did too.
+// handle works out what one status revision calls for. Nothing: it is
+// acknowledged. Events: they are handed to work, which publishes those its
+// writer did not publish within Delay, and then acknowledges it.
 func (s *Service) handle(msg jetstream.Msg) {
-	start := time.Now()
-	defer func() { s.metrics.processing.Observe(time.Since(start).Seconds()) }()
 	s.metrics.revisions.Inc()
-	if err := s.process(msg); err != nil {
+	p, err := s.process(msg)
+	if err != nil {
 		s.metrics.failed.Inc()
 		s.log.Error("fanout revision", "subject", msg.Subject(), "err", err)
 		// Ask for redelivery later; a malformed record is acknowledged by
@@ -105,30 +161,36 @@ func (s *Service) handle(msg jetstream.Msg) {
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
-	_ = msg.Ack()
+	if p == nil {
+		_ = msg.Ack()
+		return
+	}
+	s.due <- p
 }
 
-func (s *Service) process(msg jetstream.Msg) error {
+// process decodes a revision and returns the events it calls for, or nil
+// when it calls for none.
+func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
 	if !presence.ValidUserID(userID) {
 		s.metrics.ignored.WithLabelValues("invalid_key").Inc()
 		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
-		return nil
+		return nil, nil
 	}
 	meta, err := msg.Metadata()
 	if err != nil {
-		return fmt.Errorf("metadata: %w", err)
+		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	rev := meta.Sequence.Stream
 
 	var rec presence.Record
-	deleted := presence.EntryOp(msg.Headers()) != jetstream.KeyValuePut
-	if !deleted {
-		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
-			s.metrics.ignored.WithLabelValues("undecodable").Inc()
-			s.log.Warn("ignoring undecodable status record", "user_id", userID, "err", err)
-			return nil
-		}
+	next := &rec
+	if presence.EntryOp(msg.Headers()) != jetstream.KeyValuePut {
+		next = nil // deleted (an operator's `nats kv del`): offline to everyone
+	} else if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+		s.metrics.ignored.WithLabelValues("undecodable").Inc()
+		s.log.Warn("ignoring undecodable status record", "user_id", userID, "err", err)
+		return nil, nil
 	}
 
 	last, known := s.sent[userID]
@@ -137,51 +199,106 @@ func (s *Service) process(msg jetstream.Msg) error {
 		// again because an acknowledgement was lost. What it says is out
 		// of date; publishing it would also set this memory back.
 		s.metrics.ignored.WithLabelValues("stale").Inc()
-		return nil
+		return nil, nil
 	}
-	// A deleted record (an operator's `nats kv del`) makes the user offline
-	// to everyone; its versions start over from zero (see below). Versions
-	// lower than those published mean the same, seen by an instance that
-	// did not handle the deletion.
-	if deleted || !known || rec.PubVer > last.pub || rec.PubVer < last.pub {
-		ev := presence.Event{UserID: userID, Status: presence.Offline, Rev: rev}
-		if !deleted {
-			ev.Status, ev.LastSeen, ev.At = rec.Public, rec.LastSeen, rec.Updated
-			if ev.Status == "" {
-				ev.Status = presence.Offline
-			}
-		}
-		if err := s.publish(presence.EventSubject(userID), &ev); err != nil {
-			return err
-		}
-		s.metrics.published.Inc()
-		if ev.At != 0 {
-			s.metrics.lag.Observe(time.Since(time.UnixMilli(ev.At)).Seconds())
-		}
-	} else {
-		s.metrics.suppressed.Inc()
+	// What this instance handled last stands for the record before: the
+	// versions move with every change, so a fanout that skipped revisions
+	// (History keeps a few) or restarted still knows what moved. A record
+	// made again after a deletion starts them over, which differs too.
+	prev := presence.Record{PubVer: last.pub, SelfVer: last.self}
+	if known {
+		prev.Updated = 1
 	}
-	if !deleted && (!known || rec.SelfVer != last.self) {
-		ev := presence.SelfEvent{UserID: userID, Status: rec.Status, Devices: rec.Devices, Rev: rev}
-		for _, gw := range gateways(&rec) {
-			if err := s.publish(presence.SelfSubject(gw), &ev); err != nil {
-				return err
-			}
-			s.metrics.self.Inc()
-		}
-	}
+	pub, self, gws := presence.Changes(userID, &prev, next, rev)
 
 	if len(s.sent) >= s.cfg.CacheSize {
 		clear(s.sent)
 	}
-	if deleted {
-		// Versions start over from zero in a record made again.
-		s.sent[userID] = versions{rev: rev}
-	} else {
-		s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer, rev: rev}
-	}
+	s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer, rev: rev}
 	s.cached.Store(int64(len(s.sent)))
-	return nil
+	if pub == nil {
+		s.metrics.suppressed.Inc()
+	}
+	if pub == nil && self == nil {
+		return nil, nil
+	}
+	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: meta.Timestamp.Add(s.cfg.Delay)}, nil
+}
+
+// work publishes, once Delay has passed since each revision was written,
+// the events its writer did not publish, and acknowledges the revision,
+// until ctx is canceled; then it finishes at once the revisions it holds,
+// and ends the subscriptions.
+func (s *Service) work(ctx context.Context) {
+	defer func() {
+		for _, sub := range s.subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
+	prune := time.NewTicker(seenFor)
+	defer prune.Stop()
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for {
+				select {
+				case p := <-s.due:
+					s.finish(p)
+				default:
+					return
+				}
+			}
+		case now := <-prune.C:
+			s.seen.prune(now.Add(-seenFor))
+		case p := <-s.due:
+			if wait := time.Until(p.due); wait > 0 {
+				t.Reset(wait)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+				}
+			}
+			s.finish(p)
+		}
+	}
+}
+
+// finish publishes what a revision calls for that its writer did not,
+// then acknowledges it. The acknowledgement goes out on the same
+// connection after the events, so if it reaches the server the events
+// did too.
+func (s *Service) finish(p *pending) {
+	if p.pub != nil {
+		if s.seen.has(p.userID, false, p.rev) {
+			s.metrics.covered.Inc()
+		} else if err := s.publish(presence.EventSubject(p.userID), p.pub); err != nil {
+			s.fail(p, err)
+			return
+		} else {
+			s.metrics.published.Inc()
+			if p.pub.At != 0 {
+				s.metrics.lag.Observe(time.Since(time.UnixMilli(p.pub.At)).Seconds())
+			}
+		}
+	}
+	if p.self != nil && !s.seen.has(p.userID, true, p.rev) {
+		for _, gw := range p.gateways {
+			if err := s.publish(presence.SelfSubject(gw), p.self); err != nil {
+				s.fail(p, err)
+				return
+			}
+			s.metrics.self.Inc()
+		}
+	}
+	_ = p.msg.Ack()
+}
+
+func (s *Service) fail(p *pending, err error) {
+	s.metrics.failed.Inc()
+	s.log.Error("publish events", "user_id", p.userID, "err", err)
+	_ = p.msg.NakWithDelay(time.Second)
 }
 
 func (s *Service) publish(subject string, v any) error {
@@ -195,24 +312,62 @@ func (s *Service) publish(subject string, v any) error {
 	return nil
 }
 
-// gateways returns the distinct gateways holding a live (not closing)
-// connection of the record's user.
-func gateways(rec *presence.Record) []string {
-	var out []string
-	for _, c := range rec.Conns {
-		if c.Closing || c.Gateway == "" {
-			continue
-		}
-		dup := false
-		for _, g := range out {
-			if g == c.Gateway {
-				dup = true
-				break
+// seenFor is how long the fanout remembers an event a writer published:
+// far longer than Delay, and than a revision takes to reach the fanout.
+const seenFor = time.Minute
+
+// seenEvents are the newest revisions whose events writers published, per
+// user: public events and self events apart. It is safe for concurrent
+// use.
+type seenEvents struct {
+	mu   sync.Mutex
+	pub  map[string]seenRev
+	self map[string]seenRev
+}
+
+type seenRev struct {
+	rev uint64
+	at  time.Time
+}
+
+func newSeenEvents() *seenEvents {
+	return &seenEvents{pub: make(map[string]seenRev), self: make(map[string]seenRev)}
+}
+
+func (e *seenEvents) of(self bool) map[string]seenRev {
+	if self {
+		return e.self
+	}
+	return e.pub
+}
+
+// note records that an event of user at revision rev was published.
+func (e *seenEvents) note(user string, self bool, rev uint64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.of(self)
+	if rev >= m[user].rev {
+		m[user] = seenRev{rev, time.Now()}
+	}
+}
+
+// has reports whether an event of user at revision rev, or a newer one,
+// was published.
+func (e *seenEvents) has(user string, self bool, rev uint64) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.of(self)[user].rev >= rev
+}
+
+// prune forgets what was seen before t.
+func (e *seenEvents) prune(t time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range []map[string]seenRev{e.pub, e.self} {
+		for u, r := range m {
+			if r.at.Before(t) {
+				delete(m, u)
 			}
 		}
-		if !dup {
-			out = append(out, c.Gateway)
-		}
 	}
-	return out
 }

@@ -294,7 +294,7 @@ func TestRedelivery(t *testing.T) {
 		},
 	})
 	b := newBench(t, srv, nats.UserInfo("operator", "pw"))
-	b.startFanout(fanout.Config{AckWait: 100 * time.Millisecond},
+	b.startFanout(fanout.Config{AckWait: 100 * time.Millisecond, Delay: 10 * time.Millisecond},
 		nats.UserInfo("fanout", "pw"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 
 	_, rev1 := b.update("frank", func(r *presence.Record) { r.SetConn("f1", presence.ConnInfo{Gateway: "gw1"}) })
@@ -321,4 +321,49 @@ func TestRedelivery(t *testing.T) {
 	if newest != rev2 {
 		t.Errorf("newest event at %d, want %d", newest, rev2)
 	}
+}
+
+// TestWritersPublishFirst: a writer publishes its revision's events right
+// after its write, and the fanout, which sees them, publishes nothing more;
+// when a writer dies between its write and its publish, the fanout
+// publishes them, once its Delay has passed.
+func TestWritersPublishFirst(t *testing.T) {
+	b := newBench(t, nil)
+	const delay = 500 * time.Millisecond
+	b.startFanout(fanout.Config{Delay: delay})
+	ctx := context.Background()
+	selfs := b.subscribe(presence.SelfWildcard)
+
+	// A writer that publishes: one event of each, its own.
+	w, err := b.store.WriteStatus(ctx, "gina", &presence.Cached{}, func(r *presence.Record) error {
+		r.SetConn("g1", presence.ConnInfo{Gateway: "gw1", Lease: "E"})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := presence.Publish(b.nc, "gina", &w); err != nil || n != 2 {
+		t.Fatalf("published %d events, %v; want 2", n, err)
+	}
+	if ev := b.nextEvent(); ev.UserID != "gina" || ev.Rev != w.Rev {
+		t.Fatalf("event = %+v, want gina's at %d", ev, w.Rev)
+	}
+	next[presence.SelfEvent](t, selfs)
+
+	// A writer that dies before it publishes: the fanout publishes, after
+	// its delay.
+	_, rev := b.update("hank", func(r *presence.Record) { r.SetConn("h1", presence.ConnInfo{Gateway: "gw1", Lease: "E"}) })
+	written := time.Now()
+	if ev := b.nextEvent(); ev.UserID != "hank" || ev.Rev != rev {
+		t.Fatalf("event = %+v, want hank's at %d", ev, rev)
+	}
+	if took := time.Since(written); took < delay/2 {
+		t.Errorf("the fanout published %v after the write, before its %v delay", took, delay)
+	}
+	if ev := next[presence.SelfEvent](t, selfs); ev.UserID != "hank" {
+		t.Errorf("self event = %+v, want hank's", ev)
+	}
+	// By now gina's revision was handled too: nothing more of hers.
+	none(t, b.events)
+	none(t, selfs)
 }

@@ -11,11 +11,11 @@ import (
 type fanoutMetrics struct {
 	revisions  prometheus.Counter
 	published  prometheus.Counter
+	covered    prometheus.Counter
 	suppressed prometheus.Counter
 	self       prometheus.Counter
 	ignored    *prometheus.CounterVec // by reason
 	failed     prometheus.Counter
-	processing prometheus.Histogram
 	lag        prometheus.Histogram
 }
 
@@ -25,17 +25,17 @@ func newFanoutMetrics(reg prometheus.Registerer, s *Service) *fanoutMetrics {
 		revisions: f.Counter("greendot_fanout_revisions_total",
 			"Revisions of presence_status received (events in)."),
 		published: f.Counter("greendot_fanout_events_published_total",
-			"Public presence events published on presence.event.<user>."),
+			"Public presence events the fanout published on presence.event.<user> because it did not see their writer publish them (a writer that died after its write, or one of an earlier version)."),
+		covered: f.Counter("greendot_fanout_events_covered_total",
+			"Public presence events the fanout saw their writer publish, so it did not."),
 		suppressed: f.Counter("greendot_fanout_events_suppressed_total",
 			"Revisions that changed nothing others can see (a second device, an invisible user going idle), so no public event was published."),
 		self: f.Counter("greendot_fanout_self_events_published_total",
-			"Self events published on presence.gw.<gateway>.self, one per gateway holding a connection of the user."),
+			"Self events the fanout published on presence.gw.<gateway>.self (one per gateway holding a connection of the user) because their writer did not."),
 		ignored: f.CounterVec("greendot_fanout_revisions_ignored_total",
 			"Revisions acknowledged without an event, by reason: not greendot's (invalid_key, undecodable), or delivered again after a newer one was handled (stale).", "reason"),
 		failed: f.Counter("greendot_fanout_revisions_failed_total",
 			"Revisions that could not be processed (metadata, publish) and were handed back for redelivery."),
-		processing: f.Histogram("greendot_fanout_processing_seconds",
-			"Time to process one revision: decode, publish its events, acknowledge.", metrics.LatencyBuckets),
 		lag: f.Histogram("greendot_fanout_lag_seconds",
 			"Time from a status record being written to its public event being published.", metrics.LatencyBuckets),
 	}

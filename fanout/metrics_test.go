@@ -98,7 +98,6 @@ func TestMetrics(t *testing.T) {
 	await(1, "greendot_fanout_events_published_total")
 	await(1, "greendot_fanout_self_events_published_total")
 	await(1, "greendot_fanout_lag_seconds")
-	await(1, "greendot_fanout_processing_seconds")
 	await(1, "greendot_fanout_cached_users")
 
 	// A second device changes nothing others see: suppressed, but her own

@@ -322,7 +322,7 @@ func reaperConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptio
 
 // fanoutConfig reads the fanout flags into a validated fanout.Config.
 func fanoutConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (fanout.Config, error) {
-	if err := positive(c, "ack-wait"); err != nil {
+	if err := positive(c, "ack-wait", "delay"); err != nil {
 		return fanout.Config{}, err
 	}
 	if err := atLeast(c, 1, "cache-size"); err != nil {
@@ -333,6 +333,7 @@ func fanoutConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptio
 		Buckets:   buckets,
 		CacheSize: c.Int("cache-size"),
 		AckWait:   c.Duration("ack-wait"),
+		Delay:     c.Duration("delay"),
 	}
 	return cfg, cfg.Validate()
 }

@@ -185,7 +185,8 @@ func fanoutFlags() []cli.Flag {
 	d := fanout.DefaultConfig()
 	return ownEnv("fanout",
 		intFlag(catProcess, "cache-size", d.CacheSize, "users whose last published versions are remembered to suppress duplicate events"),
-		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a status revision may stay unacknowledged before it is handed to another fanout"),
+		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a status revision may stay unacknowledged before it is handed to another fanout; more than --delay"),
+		durationFlag(catProcess, "delay", d.Delay, "how long after a status revision was written the fanout waits for its writer to publish its events before it publishes them itself; at most 1m"),
 		metricsFlag(),
 	)
 }

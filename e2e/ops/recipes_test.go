@@ -119,18 +119,26 @@ func TestAliceQuestion(t *testing.T) {
 		t.Errorf("watchers = %v, want [%s]", watchers, w)
 	}
 
-	// The NATS view: the monitoring port's subsz names the one connection
-	// with interest in presence.event.alice, and connz says whose it is.
+	// The NATS view: the monitoring port's subsz names the connections
+	// with interest in presence.event.alice (the gateway whose socket
+	// watches her, and the fanout's on every user), and connz says whose
+	// they are.
 	mon := "http://" + sc.srv.MonitorAddr().String()
 	var subsz server.Subsz
 	getJSON(t, mon+"/subsz?subs=1&test="+presence.EventSubject("alice"), &subsz)
-	if len(subsz.Subs) != 1 || subsz.Subs[0].Subject != presence.EventSubject("alice") {
-		t.Fatalf("subsz = %+v, want one subscription on %s", subsz.Subs, presence.EventSubject("alice"))
+	bySubject := map[string]uint64{}
+	for _, sub := range subsz.Subs {
+		bySubject[sub.Subject] = sub.Cid
 	}
-	var connz server.Connz
-	getJSON(t, mon+"/connz?cid="+strconv.FormatUint(subsz.Subs[0].Cid, 10), &connz)
-	if len(connz.Conns) != 1 || connz.Conns[0].Name != "systest gateway" {
-		t.Errorf("connz = %+v, want the gateway's NATS connection", connz.Conns)
+	if len(subsz.Subs) != 2 || bySubject[presence.EventSubject("alice")] == 0 || bySubject[presence.EventWildcard] == 0 {
+		t.Fatalf("subsz = %+v, want one subscription on %s and the fanout's on %s", subsz.Subs, presence.EventSubject("alice"), presence.EventWildcard)
+	}
+	for subject, name := range map[string]string{presence.EventSubject("alice"): "systest gateway", presence.EventWildcard: "ops fanout"} {
+		var connz server.Connz
+		getJSON(t, mon+"/connz?cid="+strconv.FormatUint(bySubject[subject], 10), &connz)
+		if len(connz.Conns) != 1 || connz.Conns[0].Name != name {
+			t.Errorf("connz of the subscriber on %s = %+v, want %q", subject, connz.Conns, name)
+		}
 	}
 
 	// Who may watch her: the follow edges.

@@ -140,15 +140,21 @@ func (sc *scene) stimulate() {
 	sc.stops = append(sc.stops, systest.KeepAlive(dave, systest.Heartbeat))
 }
 
-// cid returns the NATS client id of a connection interested in alice's
+// cid returns the NATS client id of the gateway interested in alice's
 // events, from the server's subscription list.
 func (sc *scene) cid() string {
 	sc.t.Helper()
 	sz, err := sc.srv.Subsz(&server.SubszOptions{Subscriptions: true, Test: presence.EventSubject("alice")})
-	if err != nil || len(sz.Subs) == 0 {
-		sc.t.Fatalf("subsz: %+v, %v", sz, err)
+	if err != nil {
+		sc.t.Fatal(err)
 	}
-	return fmt.Sprint(sz.Subs[0].Cid)
+	for _, sub := range sz.Subs {
+		if sub.Subject == presence.EventSubject("alice") {
+			return fmt.Sprint(sub.Cid)
+		}
+	}
+	sc.t.Fatalf("no subscription on %s: %+v", presence.EventSubject("alice"), sz.Subs)
+	return ""
 }
 
 // instance returns the micro instance id of the first gateway.
