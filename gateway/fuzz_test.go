@@ -162,7 +162,7 @@ func (g *fuzzGateway) socket(t *testing.T) *client.Conn {
 }
 
 // FuzzClientMessage sends arbitrary text messages on a real socket to a
-// real gateway. Every input must be answered as PROTOCOL.md says: with
+// real gateway. Every input must be answered as docs/protocol.md says: with
 // frames of known types and codes, replies echoing the message's id, the
 // socket kept open (or closed with 1007 for invalid UTF-8, 1009 for an
 // oversized message, 1008 for a bad auth), the gateway still serving the

@@ -1,5 +1,5 @@
 // Package auth verifies the JSON Web Tokens that prove who a gateway client
-// is (PROTOCOL.md, "Connecting").
+// is (docs/protocol.md, "Connecting").
 //
 // A Verifier holds exactly one key: an HMAC secret (HS256, HS384, HS512) or
 // a PEM public key (RSA: RS256, RS384, RS512, PS256, PS384, PS512; ECDSA:
