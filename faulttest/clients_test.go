@@ -179,16 +179,10 @@ func (c *liveClient) reconnect() bool {
 
 func (c *liveClient) heartbeatLoop() {
 	defer c.wg.Done()
-	t := time.NewTicker(c.heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-			_ = c.current().Heartbeat()
-		}
-	}
+	tick(c.stop, c.heartbeat, func() bool {
+		_ = c.current().Heartbeat()
+		return true
+	})
 }
 
 // take records one message.

@@ -39,6 +39,22 @@ func testLogger(name string) *slog.Logger {
 	return slog.New(slog.DiscardHandler)
 }
 
+// tick calls fn every period until stop is closed or fn reports false.
+func tick(stop <-chan struct{}, period time.Duration, fn func() bool) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !fn() {
+			return
+		}
+	}
+}
+
 // waitFor calls f until it returns nil, or fails the test with f's last
 // error after total. Every wait of this package is bounded by it.
 func waitFor(tb testing.TB, total time.Duration, what string, f func() error) {
@@ -122,7 +138,7 @@ func repoFile(name string) string { return filepath.Join("..", filepath.FromSlas
 // tell the server's version then), which accounts.conf refuses on the
 // buckets with durable consumers, since its body may name any consumer. The
 // watcher tries again once connected.
-var unnamedWatcher = regexp.MustCompile(`"GREENDOT/user:(gateway|reaper)" - Publish Violation - Subject "\$JS\.API\.CONSUMER\.CREATE\.KV_presence_(conns|status)"$`)
+var unnamedWatcher = regexp.MustCompile(`"GREENDOT/user:(gateway|reaper)" - Publish Violation - Subject "\$JS\.API\.CONSUMER\.CREATE\.KV_presence_(conns|status|leases)"$`)
 
 // natsNode is one NATS server of a test. It can be shut down and started
 // again on the same ports with the same storage.

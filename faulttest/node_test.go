@@ -18,8 +18,9 @@ import (
 // status bucket's stream, so a leader election happens under load, and
 // every process connected to it must move to another node.
 //
-// The TTL is 15 s, longer than a JetStream election (4 to 9 s in
-// nats-server): a connection must live through one. Then no watcher may
+// The TTL (and so the gateways' lease TTL) is 15 s, longer than a
+// JetStream election (4 to 9 s in nats-server): a lease must live through
+// one. Then no watcher may
 // see a connected user offline, nothing may arrive out of order, every
 // status change must be confirmed (the gateway answers unavailable while
 // no leader takes writes, and the client tries again, as apps do), and

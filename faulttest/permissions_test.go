@@ -272,23 +272,31 @@ func TestPermissions(t *testing.T) {
 		}
 	})
 
-	t.Run("gateway cannot forge events", func(t *testing.T) {
-		nc := connectAs(t, cl, "gateway")
-		subj := presence.EventSubject("alice")
-		_ = nc.Publish(subj, []byte("{}"))
-		viol.await(t, "Publish Violation", subj)
+	t.Run("only the reaper purges a stream, and only presence_conns", func(t *testing.T) {
+		for _, tt := range []struct{ user, stream string }{
+			{"gateway", presence.StreamName(presence.ConnsBucket)},
+			{"fanout", presence.StreamName(presence.ConnsBucket)},
+			{"reaper", presence.StreamName(presence.StatusBucket)},
+			{"reaper", presence.StreamName(presence.LeasesBucket)},
+		} {
+			nc := connectAs(t, cl, tt.user)
+			subj := "$JS.API.STREAM.PURGE." + tt.stream
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "user:"+tt.user, "Publish Violation", `"`+subj+`"`)
+		}
 	})
 
 	t.Run("no role takes over another's durable consumer", func(t *testing.T) {
 		js := store.JetStream()
 		conns, status := presence.StreamName(presence.ConnsBucket), presence.StreamName(presence.StatusBucket)
+		leases := presence.StreamName(presence.LeasesBucket)
 		before := map[string]string{}
-		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
+		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {leases, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
 			info, err := consumerInfo(ctx, js, c[0], c[1])
 			if err != nil {
 				t.Fatal(err)
 			}
-			before[c[1]] = info.Config.FilterSubject
+			before[c[0]] = info.Config.FilterSubject
 		}
 		// A consumer config that would make the worker miss everything.
 		hijack := func(stream, name string) []byte {
@@ -299,8 +307,10 @@ func TestPermissions(t *testing.T) {
 		}
 		for _, tt := range []struct{ user, stream, consumer string }{
 			{"gateway", conns, presence.ReaperConsumer},
+			{"gateway", leases, presence.ReaperConsumer},
 			{"gateway", status, presence.FanoutConsumer},
 			{"reaper", status, presence.FanoutConsumer},
+			{"fanout", leases, presence.ReaperConsumer},
 		} {
 			nc := connectAs(t, cl, tt.user)
 			for _, subj := range []string{
@@ -313,10 +323,10 @@ func TestPermissions(t *testing.T) {
 				viol.await(t, "user:"+tt.user, "Publish Violation", `"`+subj+`"`)
 			}
 		}
-		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
+		for _, c := range [][2]string{{conns, presence.ReaperConsumer}, {leases, presence.ReaperConsumer}, {status, presence.FanoutConsumer}} {
 			info, err := consumerInfo(ctx, js, c[0], c[1])
-			if err != nil || info.Config.FilterSubject != before[c[1]] {
-				t.Errorf("consumer %s: %v, %v; want it as it was (filter %s)", c[1], info, err, before[c[1]])
+			if err != nil || info.Config.FilterSubject != before[c[0]] {
+				t.Errorf("consumer %s on %s: %v, %v; want it as it was (filter %s)", c[1], c[0], info, err, before[c[0]])
 			}
 		}
 	})

@@ -18,10 +18,10 @@ const backWithin = 5 * time.Second
 // storage (deploy/nats/single.conf) and takes NATS away twice.
 //
 // First the gateway's own NATS connection is dropped by the server: it
-// reconnects at once, and nobody may be shown offline, since no key lived
-// past its TTL.
+// reconnects at once, and nobody may be shown offline, since its lease
+// never lapsed.
 //
-// Then the whole server stops, for longer than a connection key's TTL,
+// Then the whole server stops, for longer than the gateway's lease TTL,
 // and starts again with its storage. While it is down, some users leave
 // (cleanly, or by vanishing). Within 5 s of NATS being back, every watcher
 // must see the users who stayed connected as they are (chosen statuses
@@ -81,7 +81,7 @@ func TestNATSRestarted(t *testing.T) {
 	expectViews(t, 15*time.Second, "s2 away after the gateway reconnected", watchers, want)
 	neverOffline(t, watchers, users, watching, time.Now())
 
-	// The whole server goes away, longer than a key's TTL.
+	// The whole server goes away, longer than the lease TTL.
 	cl.kill(0)
 	downAt := time.Now()
 	for i, u := range leavers {
@@ -121,9 +121,10 @@ func TestNATSRestarted(t *testing.T) {
 	})
 	settled := time.Now()
 	// What the watchers saw after NATS came back: some users may have been
-	// shown offline for a moment (their keys expired during the outage,
-	// before their gateway wrote them again), but the last change anyone
-	// saw came within backWithin.
+	// shown offline for a moment (their gateway's lease lapsed during the
+	// outage, and a reaper ended it before the gateway registered them
+	// again under a new lease), but the last change anyone saw came within
+	// backWithin.
 	flaps := 0
 	for _, w := range watchers {
 		for _, u := range users {

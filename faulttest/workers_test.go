@@ -15,13 +15,15 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 )
 
-// TestWorkersKilled runs two reapers and two fanouts as child processes,
-// sharing their durable consumers, on a three-node cluster. One reaper and
-// one fanout hang (SIGSTOP) while users leave and change status, so the
-// server hands them work they never acknowledge; then both are killed with
-// SIGKILL. The survivors must carry every transition through: each
-// revision the dead instances held is redelivered after --ack-wait, handled
-// again (compare-and-set makes a second handling a no-op, and gateways drop
+// TestWorkersKilled runs reapers and fanouts as child processes, sharing
+// their durable consumers, on a three-node cluster. A reaper and a fanout
+// hang (SIGSTOP) while users leave and change status and a gateway holding
+// other users dies (SIGKILL), so the server hands them work they never
+// acknowledge: the end of the dead gateway's lease, and status revisions;
+// then both are killed. The survivors (a second reaper starts only once the
+// first holds the lease's end) must carry every transition through: what
+// the dead instances held is redelivered after --ack-wait, handled again
+// (compare-and-set makes a second handling a no-op, and gateways drop
 // events that are not newer than what they have), and every watcher ends up
 // seeing the truth, with nothing out of order and no connected user shown
 // offline. Then the survivors alone handle a second round.
@@ -31,14 +33,14 @@ func TestWorkersKilled(t *testing.T) {
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 2 * time.Second, replicas: 3,
 		sweep: time.Hour}
 	hungReaper := startChildWorker(t, cl, "reaper", "reaper1", tm)
-	startChildWorker(t, cl, "reaper", "reaper2", tm)
 	hungFanout := startChildWorker(t, cl, "fanout", "fanout1", tm)
 	startChildWorker(t, cl, "fanout", "fanout2", tm)
 	gw := startGateway(t, cl.urlsAs("gateway"), "gw", tm)
+	doomed, doomedWS := startChildGateway(t, cl, "doomed", tm)
 
-	steady, leavers, watcherIDs := names("s", 4), names("l", 8), names("w", 2)
+	steady, leavers, stranded, watcherIDs := names("s", 4), names("l", 8), names("d", 4), names("w", 2)
 	users := append(append([]string{}, steady...), leavers...)
-	mutual(t, store, watcherIDs, append(users, "n0"))
+	mutual(t, store, watcherIDs, append(append(users, stranded...), "n0"))
 	var watchers []*liveClient
 	for _, id := range watcherIDs {
 		watchers = append(watchers, dialClient(t, id, []string{gw.WS}, tm.heartbeat, false))
@@ -49,11 +51,15 @@ func TestWorkersKilled(t *testing.T) {
 		changes[u] = []change{{time.Now(), presence.Online}}
 		clients[u] = dialClient(t, u, []string{gw.WS}, tm.heartbeat, false)
 	}
+	for _, u := range stranded {
+		changes[u] = []change{{time.Now(), presence.Online}}
+		clients[u] = dialClient(t, u, []string{doomedWS}, tm.heartbeat, false)
+	}
 	for _, w := range watchers {
-		w.subscribe(append(users, "n0")...)
+		w.subscribe(append(append(users, stranded...), "n0")...)
 	}
 	want := truth{"n0": presence.Offline}
-	for _, u := range users {
+	for _, u := range append(users, stranded...) {
 		want[u] = presence.Online
 	}
 	expectViews(t, 15*time.Second, "everyone online", watchers, want)
@@ -66,6 +72,24 @@ func TestWorkersKilled(t *testing.T) {
 	held := watchHeld(ctx, store.JetStream())
 	hungReaper.Signal(syscall.SIGSTOP)
 	hungFanout.Signal(syscall.SIGSTOP)
+	// The doomed gateway dies with its users' sockets: its lease ends
+	// after its TTL, and the only reaper, hung, is handed the end.
+	kill(t, doomed)
+	for _, u := range stranded {
+		clients[u].abort()
+		want[u] = presence.Offline
+	}
+	waitFor(t, 30*time.Second, "the hung reaper holds the end of the doomed gateway's lease", func() error {
+		info, err := consumerInfo(ctx, store.JetStream(), presence.StreamName(presence.LeasesBucket), presence.ReaperConsumer)
+		if err != nil {
+			return err
+		}
+		if info.NumAckPending == 0 {
+			return fmt.Errorf("nothing handed out yet: %d pending", info.NumPending)
+		}
+		return nil
+	})
+	startChildWorker(t, cl, "reaper", "reaper2", tm)
 	for i, u := range leavers {
 		if i%2 == 0 {
 			clients[u].close()
@@ -101,7 +125,7 @@ func TestWorkersKilled(t *testing.T) {
 			inOrder(t, w, u, watching, changes[u])
 		}
 	}
-	for _, u := range append(leavers, "n0") {
+	for _, u := range append(append(leavers, stranded...), "n0") {
 		rec, _, err := store.Status(ctx, u)
 		if err != nil || rec.Status != presence.Offline || len(rec.Conns) != 0 {
 			t.Errorf("record of %s: %+v, %v", u, rec, err)
@@ -115,7 +139,7 @@ func TestWorkersKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, u := range leavers {
+	for _, u := range append(leavers, stranded...) {
 		hist, err := kv.History(ctx, presence.StatusKey(u))
 		if err != nil {
 			t.Fatalf("history of %s: %v", u, err)
@@ -177,7 +201,7 @@ func watchHeld(ctx context.Context, js jetstream.JetStream) *heldWork {
 	ctx, cancel := context.WithCancel(ctx)
 	h := &heldWork{seen: map[string]bool{}, cancel: cancel, done: make(chan struct{})}
 	consumers := []struct{ stream, consumer string }{
-		{presence.StreamName(presence.ConnsBucket), presence.ReaperConsumer},
+		{presence.StreamName(presence.LeasesBucket), presence.ReaperConsumer},
 		{presence.StreamName(presence.StatusBucket), presence.FanoutConsumer},
 	}
 	go func() {

@@ -32,6 +32,7 @@ func (s *Service) startAdmin(addr string) (*admin.Server, error) {
 			"dev_auth":           cfg.DevAuth,
 			"jwt":                cfg.Tokens != nil,
 			"conn_ttl":           cfg.ConnTTL.String(),
+			"lease_ttl":          cfg.LeaseTTL.String(),
 			"heartbeat_interval": cfg.HeartbeatInterval.String(),
 			"offline_grace":      cfg.OfflineGrace.String(),
 			"away_after":         cfg.AwayAfter.String(),
@@ -150,13 +151,25 @@ func (s *Service) connsRequest(ctx context.Context, data []byte) (any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", admin.ErrUnavailable, err)
 	}
-	// A listing can miss a key written while it runs (a heartbeat's
-	// refresh): confirm every absence with a read from the stream leader.
-	for id := range rec.Conns {
+	leased, err := s.store.UserLeaseConns(ctx, req.UserID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", admin.ErrUnavailable, err)
+	}
+	for k, c := range leased {
+		keys[k.ConnID] = c
+	}
+	// A listing can miss a key written while it runs: confirm every
+	// absence with a read from the stream leader.
+	for id, ci := range rec.Conns {
 		if _, ok := keys[id]; ok {
 			continue
 		}
-		k, _, err := s.store.Conn(ctx, req.UserID, id)
+		var k presence.ConnRecord
+		if ci.Lease != "" {
+			k, _, err = s.store.LeaseConnRecord(ctx, presence.LeaseConn{Gateway: ci.Gateway, Epoch: ci.Lease, UserID: req.UserID, ConnID: id})
+		} else {
+			k, _, err = s.store.Conn(ctx, req.UserID, id)
+		}
 		switch {
 		case err == nil:
 			keys[id] = k
@@ -165,6 +178,15 @@ func (s *Service) connsRequest(ctx context.Context, data []byte) (any, error) {
 		}
 	}
 	return connsReply(req.UserID, &rec, rev, keys), nil
+}
+
+// activeAt returns the last activity a key of the earlier shape carries.
+func activeAt(k *presence.ConnRecord) *time.Time {
+	if k.ActiveAt == 0 {
+		return nil
+	}
+	t := time.UnixMilli(k.ActiveAt).UTC()
+	return &t
 }
 
 // connsReply merges a user's status record (read at revision rev) with
@@ -189,13 +211,12 @@ func connsReply(userID string, rec *presence.Record, rev uint64, keys map[string
 	}
 	for id, c := range rec.Conns {
 		ci := admin.ConnInfo{
-			ConnID: id, Gateway: c.Gateway, Device: c.Device, Since: time.UnixMilli(c.Since).UTC(),
+			ConnID: id, Gateway: c.Gateway, Lease: c.Lease, Device: c.Device, Since: time.UnixMilli(c.Since).UTC(),
 			Idle: c.Idle, Closing: c.Closing, InRecord: true,
 		}
 		if k, ok := keys[id]; ok {
 			ci.KeyLive = true
-			at := time.UnixMilli(k.ActiveAt).UTC()
-			ci.ActiveAt = &at
+			ci.ActiveAt = activeAt(&k)
 		}
 		r.Conns = append(r.Conns, ci)
 	}
@@ -205,10 +226,9 @@ func connsReply(userID string, rec *presence.Record, rev uint64, keys map[string
 		}
 		// A key the record does not count (yet): its gateway is between
 		// creating it and adding it to the record, or the record lost it.
-		at := time.UnixMilli(k.ActiveAt).UTC()
 		r.Conns = append(r.Conns, admin.ConnInfo{
-			ConnID: id, Gateway: k.Gateway, Device: k.Device, Since: time.UnixMilli(k.Since).UTC(),
-			ActiveAt: &at, Idle: k.Idle, Closing: k.Closing, KeyLive: true,
+			ConnID: id, Gateway: k.Gateway, Lease: k.Lease, Device: k.Device, Since: time.UnixMilli(k.Since).UTC(),
+			ActiveAt: activeAt(&k), Idle: k.Idle, Closing: k.Closing, KeyLive: true,
 		})
 	}
 	slices.SortFunc(r.Conns, func(a, b admin.ConnInfo) int {

@@ -56,6 +56,11 @@ type Config struct {
 	// client; zero means 30s. At least 1s; it is rounded up to whole
 	// seconds, the unit of JetStream TTLs.
 	ConnTTL time.Duration
+	// LeaseTTL is how long the gateway's lease outlives its last refresh
+	// (about every second): when the gateway dies, or loses NATS for
+	// longer, its users go offline after this. Zero means ConnTTL; at
+	// least 1s, at most ConnTTL. Rounded up to whole seconds.
+	LeaseTTL time.Duration
 	// OfflineGrace is how long a cleanly closed connection still counts,
 	// so that a page reload does not flap; zero means 3s, NoOfflineGrace
 	// none. Rounded up to whole seconds.
@@ -213,6 +218,7 @@ func (c Config) withDefaults() Config {
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = min(d.HeartbeatInterval, c.ConnTTL/2)
 	}
+	c.LeaseTTL = presence.TTLSeconds(cmp.Or(c.LeaseTTL, c.ConnTTL))
 	c.OfflineGrace = cmp.Or(c.OfflineGrace, d.OfflineGrace)
 	if c.OfflineGrace > 0 {
 		c.OfflineGrace = presence.TTLSeconds(c.OfflineGrace)
@@ -254,6 +260,10 @@ func (c Config) Validate() error {
 		return bad("heartbeat interval %v: want a positive duration", c.HeartbeatInterval)
 	case c.HeartbeatInterval > 0 && c.HeartbeatInterval >= ttl:
 		return bad("heartbeat interval %v: want less than the connection TTL %v", c.HeartbeatInterval, ttl)
+	case c.LeaseTTL < 0 || c.LeaseTTL > 0 && c.LeaseTTL < time.Second:
+		return bad("lease TTL %v: want at least 1s", c.LeaseTTL)
+	case c.LeaseTTL > 0 && presence.TTLSeconds(c.LeaseTTL) > ttl:
+		return bad("lease TTL %v: want at most the connection TTL %v", c.LeaseTTL, ttl)
 	case c.OfflineGrace < 0 && c.OfflineGrace != NoOfflineGrace:
 		return bad("offline grace %v: want a positive duration, or NoOfflineGrace", c.OfflineGrace)
 	case c.AwayAfter < 0 || c.AwayAfter > 0 && c.AwayAfter < time.Second:

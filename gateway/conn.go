@@ -37,7 +37,10 @@ type conn struct {
 
 	sock *socket.Conn
 	box  outbox.Box
-	key  connKey
+	// key is the connection's registration, and us its user's state, both
+	// the registrar's.
+	key connKey
+	us  *userState
 
 	// pollMu orders registering the socket with the poller, resuming it,
 	// and removing it before it is closed, so that a closed descriptor's
@@ -50,9 +53,13 @@ type conn struct {
 	lastActivity atomic.Int64 // unix ns of the newest sign of use
 	expires      atomic.Int64 // unix ns when its token expires; 0 for none
 	closed       atomic.Bool
+	// idle mirrors key.idle, to be read without the user's lock.
+	idle atomic.Bool
 
 	// limiter is owned by the goroutine reading the socket.
 	limiter socket.Limiter
+	// reqs are its messages waiting for NATS.
+	reqs requests
 }
 
 // connEnv is what every conn needs of its gateway, shared by all of them:
@@ -78,11 +85,11 @@ type endKind uint8
 
 const (
 	// endClean: the socket closed (a close frame, EOF, a policy close, a
-	// drain). The key lives out the offline grace.
+	// drain). The connection lives out the offline grace.
 	endClean endKind = iota
-	// endDead: no frame for the TTL. The key is removed at once.
+	// endDead: no frame for the TTL. The connection ends at once.
 	endDead
-	// endFailed: the connection never fully started. The key is removed.
+	// endFailed: the connection never fully started. It ends at once.
 	endFailed
 )
 

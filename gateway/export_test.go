@@ -38,3 +38,6 @@ func (s *Service) MayWatch(watcher, target string) (bool, error) {
 	d, err := s.authz.Decide(context.Background(), watcher, target)
 	return d.Allowed, err
 }
+
+// MaxQueued is how many requests of one connection may wait for NATS.
+const MaxQueued = maxQueued

@@ -103,6 +103,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			if s.draining.Load() {
 				return nil, refuse(fmt.Errorf("%w: the gateway is draining; reconnect elsewhere", ErrUnavailable))
 			}
+			if err := s.keys.ready(); err != nil {
+				return nil, refuse(err)
+			}
 			if s.cfg.MaxConns > 0 && s.registry.len() >= s.cfg.MaxConns {
 				return nil, refuse(fmt.Errorf("%w: the gateway is full", ErrUnavailable))
 			}
@@ -147,7 +150,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		if c != nil {
 			// Registered, but the client is gone or misbehaved.
 			c.closed.Store(true)
-			s.keys.settle(c, endFailed)
+			s.keys.end(c, c.since)
 		}
 		_ = nc.Close()
 		return

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
@@ -312,94 +311,68 @@ func TestRateLimit(t *testing.T) {
 	awaitOffline(t, sys, "mallory")
 }
 
-// connWrites counts the revisions of a connection key written while fn
-// runs, with a KV watcher on the key.
-func connWrites(tb testing.TB, sys *systest.System, user, connID string, fn func()) int {
+// streamWrites returns how many messages greendot's buckets' streams have
+// taken in all: every JetStream write.
+func streamWrites(tb testing.TB, sys *systest.System) uint64 {
 	tb.Helper()
 	ctx := context.Background()
-	kv, err := sys.Store.JetStream().KeyValue(ctx, presence.ConnsBucket)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	key := presence.ConnKey(user, connID)
-	first, err := kv.Get(ctx, key)
-	if err != nil {
-		tb.Fatalf("connection key: %v", err)
-	}
-	w, err := kv.Watch(ctx, key, jetstream.UpdatesOnly())
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer func() { _ = w.Stop() }()
-	fn()
-	// Every revision after the first one up to the newest one now is what
-	// fn caused.
-	last, err := kv.Get(ctx, key)
-	if err != nil {
-		tb.Fatalf("connection key: %v", err)
-	}
-	if last.Revision() == first.Revision() {
-		return 0
-	}
-	n := 0
-	timeout := time.After(5 * time.Second)
-	for {
-		select {
-		case e := <-w.Updates():
-			if e == nil {
-				continue
-			}
-			n++
-			if e.Revision() >= last.Revision() {
-				return n
-			}
-		case <-timeout:
-			tb.Fatalf("watcher did not reach revision %d (saw %d writes)", last.Revision(), n)
+	var n uint64
+	for _, b := range []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket} {
+		st, err := sys.Store.JetStream().Stream(ctx, presence.StreamName(b))
+		if err != nil {
+			tb.Fatal(err)
 		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		n += info.State.LastSeq
 	}
+	return n
 }
 
-func TestHeartbeatWritesAreBounded(t *testing.T) {
-	for _, ttl := range []time.Duration{time.Second, 30 * time.Second} {
-		t.Run(fmt.Sprintf("ttl=%v", ttl), func(t *testing.T) {
-			sys := secStart(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: ttl / 3}})
-			gw := sys.Gateway()
-			every := min(5*time.Second, ttl/3)
-			c := secDial(t, gw, "alice")
-			before := metricValue(t, gw, "greendot_gateway_kv_writes_total", map[string]string{"kind": "refresh"})
-			start := time.Now()
-			const period = 3 * time.Second
-			hbs := 0
-			writes := connWrites(t, sys, "alice", c.Hello.ConnID, func() {
-				// Heartbeats as fast as the rate limit lets them through,
-				// for three seconds: three TTLs when the TTL is 1s.
-				tick := time.NewTicker(time.Second / time.Duration(gw.Config().RateLimit) * 2)
-				defer tick.Stop()
-				for time.Since(start) < period {
-					<-tick.C
-					if err := c.Heartbeat(); err != nil {
-						t.Fatal(err)
-					}
-					hbs++
-				}
-			})
-			elapsed := time.Since(start)
-			refreshes := metricValue(t, gw, "greendot_gateway_kv_writes_total", map[string]string{"kind": "refresh"}) - before
-			limit := int(elapsed/every) + 1
-			t.Logf("%d heartbeats in %v: %d key writes seen, %v refreshes counted, at most %d allowed", hbs, elapsed, writes, refreshes, limit)
-			if writes > limit || int(refreshes) > limit {
-				t.Errorf("%d key writes (%v refreshes) for %d heartbeats in %v; want at most one per %v (%d)", writes, refreshes, hbs, elapsed, every, limit)
+// TestIdleConnectionsWriteNothing pins the rule of the hot path: NATS
+// traffic is proportional to presence changes, never to time or to the
+// number of idle connections. Sockets that only heartbeat cost no
+// JetStream write at all: over a few TTLs, one socket and fifty make the
+// same writes, the gateway's lease refreshes.
+func TestIdleConnectionsWriteNothing(t *testing.T) {
+	const period = 4 * time.Second // four TTLs
+	writes := func(t *testing.T, n int) uint64 {
+		sys := secStart(t, systest.Options{NoFanout: true})
+		gw := sys.Gateway()
+		var socks []*client.Conn
+		for i := range n {
+			c := secDial(t, gw, fmt.Sprintf("idle%02d", i))
+			defer systest.KeepAlive(c, systest.Heartbeat)()
+			socks = append(socks, c)
+		}
+		before := streamWrites(t, sys)
+		refreshes := metricValue(t, gw, "greendot_gateway_lease_refreshes_total", nil)
+		start := time.Now()
+		natstest.CheckFor(t, 2*period, 50*time.Millisecond, func() error {
+			if time.Since(start) < period {
+				return errors.New("still heartbeating")
 			}
-			if ttl == time.Second && writes < int(period/time.Second) {
-				t.Errorf("%d key writes in %v with a 1s TTL: the key cannot have stayed alive", writes, elapsed)
-			}
-			// Heartbeats kept the connection live all along.
-			subscribeSelf(t, c, "alive")
-			rec, err := sys.StatusOf("alice")
-			if err != nil || rec.Status != presence.Online || len(rec.Conns) != 1 {
-				t.Errorf("alice after heartbeats: %+v %v, want online with one connection", rec, err)
-			}
+			return nil
 		})
+		w := streamWrites(t, sys) - before
+		lease := uint64(metricValue(t, gw, "greendot_gateway_lease_refreshes_total", nil) - refreshes)
+		t.Logf("%d sockets heartbeating for %v: %d JetStream writes, %d of them lease refreshes", n, time.Since(start).Round(time.Millisecond), w, lease)
+		if w > lease {
+			t.Errorf("%d JetStream writes besides the %d lease refreshes while %d sockets only heartbeat", w-lease, lease, n)
+		}
+		for _, c := range socks {
+			subscribeSelf(t, c, "alive")
+		}
+		return w
+	}
+	one := writes(t, 1)
+	fifty := writes(t, 50)
+	// The lease is refreshed on a clock, so the counts may differ by a
+	// refresh or two, never with the number of sockets.
+	if fifty > one+3 {
+		t.Errorf("fifty idle sockets made %d JetStream writes, one made %d: writes grow with idle connections", fifty, one)
 	}
 }
 
@@ -717,4 +690,89 @@ func TestSlowReader(t *testing.T) {
 	}
 	awaitOffline(t, sys, "sloth")
 	by.check(t)
+}
+
+// TestRequestsWaitingAreBounded: while one connection's subscribes wait
+// (held here between the gateway's decision and its registration), at
+// most MaxQueued more wait behind it and the next are refused with
+// rate_limited. A status chosen meanwhile is never refused: the newest
+// choice is written. Once the hold ends, every queued subscribe is
+// answered.
+func TestRequestsWaitingAreBounded(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "bob")
+	a := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(a, systest.Heartbeat)()
+
+	held := make(chan struct{})
+	release := make(chan struct{})
+	var once, released sync.Once
+	releaseOnce := func() { released.Do(func() { close(release) }) }
+	defer releaseOnce()
+	gw.AfterDecide(func() {
+		once.Do(func() {
+			close(held)
+			<-release
+		})
+	})
+	if err := a.Subscribe("s0", "bob"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(systest.EventTimeout):
+		t.Fatal("the first subscribe never reached the authorizer")
+	}
+	const refused = 2
+	for i := 1; i <= gateway.MaxQueued+refused; i++ {
+		if err := a.Subscribe(fmt.Sprintf("s%d", i), "bob"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []string{"away", "busy"} {
+		if err := a.SetStatus(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := gateway.MaxQueued; i < gateway.MaxQueued+refused; i++ {
+		id := fmt.Sprintf("s%d", i+1)
+		m := systest.Await(t, a, systest.EventTimeout, "refusal of "+id, isType(protocol.TypeError))
+		if m.ID != id || m.Code != protocol.CodeRateLimited || !strings.Contains(m.Message, "in progress") {
+			t.Errorf("got %+v, want rate_limited for %s", m, id)
+		}
+	}
+	// The choice is written though the requests are held (the socket's
+	// frames wait for presence_init).
+	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
+		rec, _, err := sys.Store.Status(context.Background(), "alice")
+		if err != nil {
+			return err
+		}
+		if rec.ChosenStatus() != presence.Busy {
+			return fmt.Errorf("alice's record says %s, want busy", rec.ChosenStatus())
+		}
+		return nil
+	})
+
+	releaseOnce()
+	// Every queued subscribe is answered, and the socket hears of its
+	// choice, in whatever order the two come.
+	answered := map[string]bool{}
+	sawBusy := false
+	for len(answered) <= gateway.MaxQueued || !sawBusy {
+		switch m := systest.Next(t, a, systest.EventTimeout); m.Type {
+		case protocol.TypePresenceInit:
+			answered[m.ID] = true
+		case protocol.TypeSelf:
+			sawBusy = sawBusy || m.Status == presence.Busy && m.Devices == 1
+		case protocol.TypeError:
+			t.Fatalf("error after the hold: %+v", m)
+		}
+	}
+	for i := range gateway.MaxQueued + 1 {
+		if !answered[fmt.Sprintf("s%d", i)] {
+			t.Errorf("subscribe s%d never answered", i)
+		}
+	}
 }

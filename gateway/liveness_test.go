@@ -2,6 +2,7 @@ package gateway_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,13 +11,29 @@ import (
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
-// TestKeyWrittenBehindTheGatewaysBack: a connection key write whose
-// acknowledgement the gateway never got (a timeout while NATS was slow) may
-// still have been stored, leaving the key at a revision the gateway does
-// not know. The gateway must take that revision and go on refreshing the
-// key; otherwise the key expires under a live socket and watchers see a
-// false offline.
-func TestKeyWrittenBehindTheGatewaysBack(t *testing.T) {
+// leaseOf returns the key of a gateway's lease, and its record.
+func leaseOf(t *testing.T, sys *systest.System, gatewayID string) (string, presence.LeaseRecord) {
+	t.Helper()
+	leases, err := sys.Store.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, l := range leases {
+		if strings.HasPrefix(k, gatewayID+".") {
+			return k, l
+		}
+	}
+	t.Fatalf("gateway %s holds no lease: %v", gatewayID, leases)
+	return "", presence.LeaseRecord{}
+}
+
+// TestLeaseWrittenBehindTheGatewaysBack: a lease refresh whose
+// acknowledgement the gateway never got (a timeout while NATS was slow)
+// may still have been stored, leaving the lease at a revision the gateway
+// does not know. The gateway must take that revision and go on refreshing
+// the lease; taking it for lost would register every connection again, and
+// left to expire it would show every user offline.
+func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "watcher")
@@ -30,24 +47,31 @@ func TestKeyWrittenBehindTheGatewaysBack(t *testing.T) {
 	}
 	view.Await("alice", presence.Online)
 
-	// The lost write: the key written again on its current revision, as
+	// The lost write: the lease written again on its current revision, as
 	// the gateway's own refresh would have been.
 	ctx := context.Background()
-	connID := a.Hello.ConnID
+	_, lease := leaseOf(t, sys, gw.ID())
 	var lost uint64
 	for lost == 0 {
-		rec, rev, err := sys.Store.Conn(ctx, "alice", connID)
+		_, rev, err := sys.Store.Lease(ctx, lease.Gateway, lease.Epoch)
 		if err != nil {
-			t.Fatalf("alice's key: %v", err)
+			t.Fatalf("the gateway's lease: %v", err)
 		}
-		lost, err = sys.Store.WriteConn(ctx, "alice", connID, rec, systest.TTL, rev)
+		msg, err := presence.LeaseMsg(&lease)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := sys.Store.JetStream().PublishMsg(ctx, msg, presence.RefreshOpts(systest.TTL, rev)...)
 		if err != nil && !presence.IsWrongLastSequence(err) {
 			t.Fatal(err)
+		}
+		if err == nil {
+			lost = ack.Sequence
 		}
 		// A refresh of the gateway's landed in between: read again.
 	}
 
-	// Four TTLs: the key written behind the gateway's back would have
+	// Four TTLs: the lease written behind the gateway's back would have
 	// expired four times over had the gateway not taken its revision.
 	for _, m := range stillOpen(t, w, time.Now().Add(4*systest.TTL)) {
 		if m.Type != protocol.TypePresenceBatch {
@@ -59,12 +83,15 @@ func TestKeyWrittenBehindTheGatewaysBack(t *testing.T) {
 			}
 		}
 	}
-	_, rev, err := sys.Store.Conn(ctx, "alice", connID)
+	_, rev, err := sys.Store.Lease(ctx, lease.Gateway, lease.Epoch)
 	if err != nil {
-		t.Fatalf("alice's key after %v: %v", 4*systest.TTL, err)
+		t.Fatalf("the gateway's lease after %v: %v", 4*systest.TTL, err)
 	}
 	if rev <= lost {
-		t.Errorf("alice's key is at revision %d, not refreshed since the lost write (%d)", rev, lost)
+		t.Errorf("the lease is at revision %d, not refreshed since the lost write (%d)", rev, lost)
+	}
+	if n := metricValue(t, gw, "greendot_gateway_leases_lost_total", nil); n != 0 {
+		t.Errorf("the gateway took its lease for lost %v times", n)
 	}
 	if rec, err := sys.StatusOf("alice"); err != nil || rec.Status != presence.Online {
 		t.Errorf("alice's record: %+v, %v; want online", rec, err)

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"github.com/gobwas/ws"
 
 	"github.com/greendot/greendot/gateway/internal/hub"
-	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
@@ -18,7 +16,9 @@ import (
 const requestTimeout = 10 * time.Second
 
 // message handles one client message. It runs on the goroutine reading the
-// socket, so one connection's messages are handled in order.
+// socket and never waits on NATS: what needs NATS (set_status, subscribe)
+// is queued for the connection's requests goroutine, which handles them in
+// order (an unsubscribe behind them waits its turn too).
 func (s *Service) message(c *conn, payload []byte) bool {
 	now := nowNano()
 	c.lastFrame.Store(now)
@@ -43,23 +43,27 @@ func (s *Service) message(c *conn, payload []byte) bool {
 	} else {
 		s.metrics.msgsIn.WithLabelValues("unknown").Inc()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
 	switch m.Type {
 	case protocol.TypeHeartbeat:
 		s.metrics.heartbeats.Inc()
 	case protocol.TypeActivity:
-		s.reply(c, m.ID, s.keys.active(ctx, c, now))
+		s.active(c, now)
 	case protocol.TypeIdle:
-		s.reply(c, m.ID, s.keys.setIdle(ctx, c))
+		s.keys.setIdle(c, true)
 	case protocol.TypeAuth:
 		s.reauth(c, &m)
 	case protocol.TypeSetStatus:
-		s.setStatus(ctx, c, now, &m)
+		// Choosing is a sign of use.
+		s.active(c, now)
+		s.setStatus(c, &m)
 	case protocol.TypeSubscribe:
-		s.subscribe(ctx, c, &m)
+		s.queueSubscribe(c, &m)
 	case protocol.TypeUnsubscribe:
-		s.unsubscribe(c, &m)
+		if c.queued() {
+			s.queueSubscribe(c, &m)
+		} else {
+			s.unsubscribe(c, &m)
+		}
 	default:
 		s.sendError(c, m.ID, protocol.CodeUnknownType, fmt.Sprintf("unknown message type %q", m.Type))
 	}
@@ -181,19 +185,11 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 	c.expires.Store(exp.UnixNano())
 }
 
-// setStatus writes the user's chosen status. Choosing is a sign of use, so
-// it also counts as activity on this connection.
-func (s *Service) setStatus(ctx context.Context, c *conn, now int64, m *protocol.ClientMessage) {
-	st, err := presence.ParseChosen(m.Status)
-	if err != nil {
-		s.sendError(c, m.ID, protocol.CodeInvalidStatus, err.Error())
-		return
-	}
-	if err := s.keys.active(ctx, c, now); err != nil {
-		s.reply(c, m.ID, err)
-		return
-	}
-	s.reply(c, m.ID, s.keys.setStatus(ctx, c, st))
+// active notes a sign of use at now (unix ns): an idle connection is
+// active again.
+func (s *Service) active(c *conn, now int64) {
+	c.lastActivity.Store(now)
+	s.keys.setIdle(c, false)
 }
 
 // unsubscribe ends subscriptions; it has no answer.

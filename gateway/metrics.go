@@ -19,7 +19,7 @@ type gatewayMetrics struct {
 	msgsIn        *prometheus.CounterVec // by type
 	msgsOut       *prometheus.CounterVec // by type
 	closed        *prometheus.CounterVec // by reason
-	kvWrites      *prometheus.CounterVec // by kind: create, refresh, update, closing, purge
+	kvWrites      *prometheus.CounterVec // by kind: create, update, status, remove
 	kvErrors      *prometheus.CounterVec // by kind
 	kvLatency     *prometheus.HistogramVec
 	propagation   prometheus.Histogram
@@ -29,11 +29,13 @@ type gatewayMetrics struct {
 	eventsIn      prometheus.Counter
 	eventsDropped prometheus.Counter
 
-	// refreshLatency is kvLatency for the asynchronous TTL refreshes, from
-	// the publish to its acknowledgement.
-	refreshLatency  prometheus.Observer
 	statusConflicts prometheus.Counter
 	kicks           prometheus.Counter
+	eventsOut       prometheus.Counter
+	leaseRefreshes  prometheus.Counter
+	leasesLost      prometheus.Counter
+	reregistered    prometheus.Counter
+
 	// heartbeatMsgs is msgsIn for heartbeats, and sentSelf and sentBatch
 	// msgsOut for the scheduler's frames, resolved once: the heartbeat and
 	// delivery paths do not allocate.
@@ -52,9 +54,9 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		closed: f.CounterVec("greendot_gateway_connections_closed_total",
 			"Connections closed, by reason.", "reason"),
 		kvWrites: f.CounterVec("greendot_gateway_kv_writes_total",
-			"Writes to presence_conns and presence_status, by kind.", "kind"),
+			"Writes to presence_conns and presence_status, by kind: create, update, remove (connection keys), status (status records).", "kind"),
 		kvErrors: f.CounterVec("greendot_gateway_kv_errors_total",
-			"Failed writes to presence_conns and presence_status, by kind.", "kind"),
+			"Failed writes, by kind: create, update, remove, status, and lease (the gateway's lease).", "kind"),
 		kvLatency: f.HistogramVec("greendot_gateway_kv_seconds",
 			"Latency of KV operations the gateway waits for, by operation.", metrics.LatencyBuckets, "op"),
 		propagation: f.Histogram("greendot_gateway_propagation_seconds",
@@ -71,8 +73,15 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		kicks: f.Counter("greendot_gateway_kicks_total",
 			"Connections closed by an operator's kick (greendot.gateway.kick)."),
+		eventsOut: f.Counter("greendot_gateway_events_published_total",
+			"Presence and self events the gateway published for the status writes it made."),
+		leaseRefreshes: f.Counter("greendot_gateway_lease_refreshes_total",
+			"Writes of the gateway's lease (about one a second)."),
+		leasesLost: f.Counter("greendot_gateway_leases_lost_total",
+			"Times the gateway found its lease ended while it ran (NATS lost for longer than the lease TTL, or an operator deleted it)."),
+		reregistered: f.Counter("greendot_gateway_connections_reregistered_total",
+			"Connections registered again under a new lease after the gateway's lease was lost."),
 	}
-	m.refreshLatency = m.kvLatency.WithLabelValues("refresh_conn")
 	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
 	m.sentSelf = m.msgsOut.WithLabelValues(protocol.TypeSelf)
 	m.sentBatch = m.msgsOut.WithLabelValues(protocol.TypePresenceBatch)
@@ -86,11 +95,25 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	f.GaugeFunc("greendot_gateway_pending_deliveries",
 		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.scheduler.Pending()) })
 	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",
-		"Asynchronous connection key writes waiting for their acknowledgement.", func() float64 {
+		"Asynchronous connection key writes (idle or active again) waiting for their acknowledgement.", func() float64 {
 			if s.keys == nil {
 				return 0
 			}
 			return float64(s.keys.inFlight())
+		})
+	f.GaugeFunc("greendot_gateway_closing_connections",
+		"Cleanly closed connections living out the offline grace.", func() float64 {
+			if s.keys == nil {
+				return 0
+			}
+			return float64(s.keys.closing())
+		})
+	f.GaugeFunc("greendot_gateway_lease_age_seconds",
+		"Time since the gateway's lease was last confirmed; 0 when none is held.", func() float64 {
+			if s.keys == nil {
+				return 0
+			}
+			return s.keys.lease.age().Seconds()
 		})
 	return m
 }

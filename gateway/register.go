@@ -12,69 +12,106 @@ import (
 	"github.com/gobwas/ws"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/greendot/greendot/pkg/presence"
 )
 
-// registrar is the one place that talks to NATS about a connection: its
-// key in presence_conns and its entry in its user's status record, from
-// registration to its end, and the status the user chooses on it.
+// registrar is the one place that talks to NATS about the gateway's
+// connections: the gateway's lease, each connection's key and its entry in
+// its user's status record, the status users choose, and the events each
+// of those writes calls for.
 //
-// A connection's life in presence_conns and presence_status:
+// NATS hears of a connection only when something about it changes:
 //
-//   - register creates its key (with a TTL), then adds it to the user's
-//     status record by compare-and-set: the key always exists before the
-//     record names it.
-//   - while frames arrive, the sweep refreshes the key's TTL, at most once
-//     per min(5s, TTL/3), with an asynchronous compare-and-set publish on
-//     the key's revision; acknowledgements come back in batches.
-//   - activity and idleness rewrite the key at once, then write the record
-//     (always, even when nothing in it changes) so that a reaper deciding
-//     "away" from an older read of the key fails its compare-and-set.
-//   - at the end, the key is either rewritten with the offline grace as its
-//     TTL (a clean close) or purged (a dead connection); the reaper turns
-//     its removal into the record losing the connection.
-//   - a key write refused because the key is gone (it expired in a NATS
-//     outage, or lost a race with its expiry) creates the key again and
-//     adds it to the record again.
+//   - register creates its key under the gateway's lease, then adds it to
+//     its user's record: the key always exists before the record names it,
+//     so the end of the lease finds every connection it must end.
+//   - it turning idle (the client said so, or it was not used for
+//     AwayAfter) or active again rewrites its record entry, and its key.
+//   - its end takes it out of the record and then removes its key: at
+//     once for a dead connection, after the offline grace for a clean
+//     close, so that a reload does not flap.
+//   - heartbeats never touch NATS: the gateway finds silent connections
+//     itself. Its lease, refreshed about every second, is all that keeps
+//     its connections alive; when the gateway dies, the lease expires and
+//     a reaper ends them.
+//
+// Each user with connections here has one writer, which writes the
+// user's record by compare-and-set from its cached copy (reading it again
+// only when another writer came first), one write for whatever changed
+// meanwhile, and then publishes the events the write calls for, at once.
 //
 // It is safe for concurrent use.
 type registrar struct {
+	nc      *nats.Conn
 	store   *presence.Store
 	asyncJS jetstream.JetStream
 	cfg     *Config
 	metrics *gatewayMetrics
 	log     *slog.Logger
+	lease   *lease
 
-	// inflight maps an asynchronous key write to its connection until the
-	// write is acknowledged or fails.
-	inflight sync.Map // *nats.Msg -> *conn
+	mu    sync.Mutex
+	users map[string]*userState
+	// grace holds the clean closes living out the offline grace.
+	grace deadlines[*conn]
 
-	// tasks are the connections' last key writes (settle) and the keys
-	// created again after a failed refresh; wait waits for them.
-	tasks tasks
+	// reregistering is set while connections are registered again under
+	// a new lease.
+	reregistering atomic.Bool
+
+	// ctx ends when the registrar stops; writers stop retrying then.
+	ctx    context.Context
+	cancel context.CancelFunc
+	tasks  tasks
 }
 
-// connKey is a connection's registration in NATS, as its registrar knows
-// it.
+// connKey is a connection's registration, as its registrar knows it. Its
+// fields are guarded by the userState's mutex.
 type connKey struct {
-	// mu is held while a write of the key is in flight, from the publish
-	// to its acknowledgement, so that writes of one key are never
-	// concurrent. The fields below it are guarded by it.
-	mu     sync.Mutex
-	rev    uint64 // the key's newest revision
-	awayAt int64  // AwayAt of the newest key write, unix ms; 0 while idle
-	idle   bool   // the client said idle
-	// The asynchronous write in flight: when it was made, the away_at it
-	// carries, and when it was published (unix ns), for the KV latency
-	// metric.
-	flightAt, flightAway, flightSent int64
-
-	// writtenAt is the unix ns of the newest key write.
-	writtenAt atomic.Int64
+	lease    string // the epoch its key was created under
+	idle     bool
+	closedAt int64 // unix ms of a clean close; 0 while open
+	ended    bool  // taken out of the user's state
 }
 
-// tasks tracks background work that must finish before Serve returns.
+// userState is what the registrar keeps of a user with connections here,
+// and the one writer of the user's record from this gateway.
+type userState struct {
+	id string
+
+	mu sync.Mutex
+	// conns are the user's connections here that the record must name.
+	conns map[string]*conn
+	// gone are connections the record must no longer name, with the
+	// lease they were held under and when they were last seen (unix ms).
+	gone map[string]goneConn
+	// chosen is a status chosen here and not yet written; empty if none.
+	chosen presence.Status
+	// gen counts changes asked for; written is the gen of the newest state
+	// written.
+	gen, written uint64
+	waiters      []waiter
+	running      bool
+	// cache is the writer's copy of the record; only the running writer
+	// touches it.
+	cache presence.Cached
+	// last is the result of the newest write.
+	last presence.Write
+}
+
+type goneConn struct {
+	key      presence.LeaseConn
+	lastSeen int64
+}
+
+type waiter struct {
+	gen uint64
+	ch  chan presence.Write
+}
+
+// tasks tracks goroutines that must finish before the registrar stops.
 // Once closed, it starts nothing more. It is safe for concurrent use.
 type tasks struct {
 	mu     sync.Mutex
@@ -102,352 +139,545 @@ func (t *tasks) close() {
 	t.wg.Wait()
 }
 
-// newRegistrar returns the registrar of a gateway over store, publishing
-// key refreshes asynchronously on nc.
-func newRegistrar(nc *nats.Conn, store *presence.Store, cfg Config, m *gatewayMetrics, log *slog.Logger) (*registrar, error) {
-	r := &registrar{store: store, cfg: &cfg, metrics: m, log: log}
+// newRegistrar returns the registrar of a gateway over store; nc carries
+// the events it publishes.
+func newRegistrar(nc *nats.Conn, store *presence.Store, cfg Config, addr string, m *gatewayMetrics, log *slog.Logger) (*registrar, error) {
 	js, err := jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(cfg.KVMaxPending),
-		jetstream.WithPublishAsyncTimeout(5*time.Second),
-		jetstream.WithPublishAsyncAckHandler(r.refreshAcked),
-		jetstream.WithPublishAsyncErrHandler(r.refreshFailed),
-	)
+		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, msg *nats.Msg, err error) {
+			// Only the key's copy of idle is written this way: the
+			// record holds the truth.
+			m.kvErrors.WithLabelValues("update").Inc()
+			log.Debug("update connection key", "subject", msg.Subject, "err", err)
+		}))
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	r.asyncJS = js
-	return r, nil
+	ctx, cancel := context.WithCancel(context.Background())
+	return &registrar{
+		nc:      nc,
+		store:   store,
+		asyncJS: js,
+		cfg:     &cfg,
+		metrics: m,
+		log:     log,
+		lease:   newLease(store, cfg.ID, addr, cfg.LeaseTTL),
+		users:   make(map[string]*userState),
+		ctx:     ctx,
+		cancel:  cancel,
+	}, nil
 }
 
-// wait waits for the connections' last key writes; nothing new starts.
-func (r *registrar) wait() { r.tasks.close() }
+// start takes the gateway's lease.
+func (r *registrar) start(ctx context.Context) error {
+	epoch, err := r.lease.take(ctx)
+	if err != nil {
+		return fmt.Errorf("take the gateway's lease: %w", err)
+	}
+	r.log.Info("gateway lease taken", "lease", presence.LeaseKey(r.cfg.ID, epoch), "ttl", r.cfg.LeaseTTL.String())
+	return nil
+}
+
+// ready reports whether connections can be registered now.
+func (r *registrar) ready() error {
+	if _, held := r.lease.epoch(); !held || r.reregistering.Load() {
+		return fmt.Errorf("%w: %v", ErrUnavailable, errLeaseLost)
+	}
+	return nil
+}
 
 // inFlight returns how many asynchronous key writes wait for their
 // acknowledgement.
 func (r *registrar) inFlight() int { return r.asyncJS.PublishAsyncPending() }
 
-// keyTTL is the TTL of a live connection's key: the connection TTL plus a
-// second, so that a refresh sent right at the end of a heartbeat interval
-// still finds the key. The gateway itself ends a connection after ConnTTL
-// without a frame.
-func (r *registrar) keyTTL() time.Duration { return r.cfg.ConnTTL + time.Second }
-
-// refreshInterval is the least time between two writes of a connection key
-// caused by heartbeats alone: min(5s, TTL/3).
-func (r *registrar) refreshInterval() time.Duration {
-	return min(5*time.Second, r.cfg.ConnTTL/3)
+// lockUser returns the state of a user, made if need be, with its mutex
+// held. The registrar's mutex is taken first, then the user's: forget
+// takes them in the same order, so a state is never dropped while a
+// connection is being added to it.
+func (r *registrar) lockUser(id string) *userState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	us := r.users[id]
+	if us == nil {
+		us = &userState{id: id, conns: make(map[string]*conn), gone: make(map[string]goneConn)}
+		r.users[id] = us
+	}
+	us.mu.Lock()
+	return us
 }
 
-// sweepInterval is how often connections are checked for liveness and
-// refresh: often enough to see a dead one soon after its TTL.
-func (r *registrar) sweepInterval() time.Duration {
-	return min(max(r.cfg.ConnTTL/10, 50*time.Millisecond), 500*time.Millisecond)
-}
-
-// record returns the connection's key value as of now; the caller holds
-// c.key.mu.
-func (r *registrar) record(c *conn) presence.ConnRecord {
-	rec := presence.ConnRecord{
-		Gateway:  r.cfg.ID,
-		Device:   c.device,
-		Since:    c.since,
-		ActiveAt: c.lastActivity.Load() / 1e6,
-		Idle:     c.key.idle,
+// forget drops the state of a user with nothing left here.
+func (r *registrar) forget(us *userState) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	if us.running || us.written != us.gen || len(us.conns) > 0 || len(us.gone) > 0 || us.chosen != "" || len(us.waiters) > 0 {
+		return
 	}
-	if !c.key.idle {
-		rec.AwayAt = rec.ActiveAt + r.cfg.AwayAfter.Milliseconds()
+	if r.users[us.id] == us {
+		delete(r.users, us.id)
 	}
-	return rec
 }
 
 // register creates the key and the record entry of a new connection,
 // before its upgrade is answered. It returns the user's record after the
-// change, and its revision.
+// change, and its revision. A connection that fails to register leaves
+// nothing behind.
 func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uint64, error) {
-	c.key.mu.Lock()
-	defer c.key.mu.Unlock()
-	rec := r.record(c)
+	epoch, held := r.lease.epoch()
+	if !held {
+		return presence.Record{}, 0, fmt.Errorf("%w: %v", ErrUnavailable, errLeaseLost)
+	}
+	key := presence.LeaseConn{Gateway: r.cfg.ID, Epoch: epoch, UserID: c.userID, ConnID: c.connID}
 	start := time.Now()
-	rev, err := r.store.CreateConn(ctx, c.userID, c.connID, rec, r.keyTTL())
+	_, err := r.store.CreateLeaseConn(ctx, key, r.connRecord(c, epoch, false))
 	r.metrics.kvLatency.WithLabelValues("create_conn").Observe(time.Since(start).Seconds())
 	r.metrics.kvWrites.WithLabelValues("create").Inc()
 	if err != nil {
 		r.metrics.kvErrors.WithLabelValues("create").Inc()
+		// The write may have been stored though its answer was lost.
+		_ = r.store.RemoveLeaseConn(context.WithoutCancel(ctx), key)
 		return presence.Record{}, 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	c.key.rev, c.key.awayAt = rev, rec.AwayAt
-	c.key.writtenAt.Store(nowNano())
-	status, statusRev, err := r.addToRecord(ctx, c)
-	if err != nil {
-		_ = r.store.PurgeConn(context.WithoutCancel(ctx), c.userID, c.connID)
-		return presence.Record{}, 0, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	us := r.lockUser(c.userID)
+	c.us = us
+	c.key = connKey{lease: epoch}
+	us.conns[c.connID] = c
+	w := r.askLocked(us)
+	us.mu.Unlock()
+	select {
+	case res := <-w:
+		if ci, ok := res.Next.Conns[c.connID]; ok && ci.Lease == epoch {
+			return res.Next, res.Rev, nil
+		}
+		// The lease was lost meanwhile: the client tries again.
+		r.end(c, c.since)
+		return presence.Record{}, 0, fmt.Errorf("%w: %v", ErrUnavailable, errLeaseLost)
+	case <-ctx.Done():
+		// It may still be written: take it out again, for good.
+		r.end(c, c.since)
+		return presence.Record{}, 0, fmt.Errorf("%w: register connection: %v", ErrUnavailable, ctx.Err())
 	}
-	return status, statusRev, nil
 }
 
-// addToRecord writes the connection into its user's record, as it is now;
-// the caller holds c.key.mu. It always writes, so that a concurrent
-// decision made from an older read fails.
-func (r *registrar) addToRecord(ctx context.Context, c *conn) (presence.Record, uint64, error) {
+// connRecord returns the value of c's key under epoch.
+func (r *registrar) connRecord(c *conn, epoch string, idle bool) presence.ConnRecord {
+	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Since: c.since, Idle: idle}
+}
+
+// askLocked asks the user's writer to write the user's state as it is
+// now, and returns where the write will be told; the caller holds us.mu.
+func (r *registrar) askLocked(us *userState) <-chan presence.Write {
+	us.gen++
+	ch := make(chan presence.Write, 1)
+	us.waiters = append(us.waiters, waiter{gen: us.gen, ch: ch})
+	r.kickLocked(us)
+	return ch
+}
+
+// changedLocked tells the user's writer that its state changed; the
+// caller holds us.mu.
+func (r *registrar) changedLocked(us *userState) {
+	us.gen++
+	r.kickLocked(us)
+}
+
+// kickLocked starts the user's writer unless it runs.
+func (r *registrar) kickLocked(us *userState) {
+	if us.running {
+		return
+	}
+	us.running = true
+	if !r.tasks.Go(func() { r.write(us) }) {
+		us.running = false
+	}
+}
+
+// write writes the user's state until it has written the newest one: each
+// write takes whatever changed since the previous one.
+func (r *registrar) write(us *userState) {
+	backoff := 50 * time.Millisecond
+	for {
+		us.mu.Lock()
+		if us.written == us.gen {
+			us.running = false
+			us.mu.Unlock()
+			r.forget(us)
+			return
+		}
+		gen := us.gen
+		entries, gone, chosen := r.desiredLocked(us)
+		us.mu.Unlock()
+
+		w, err := r.writeOnce(us, entries, gone, chosen)
+		if err != nil {
+			if r.ctx.Err() != nil || r.nc.IsClosed() {
+				// Stopping, or the connection is gone for good: the end
+				// of the lease takes out what was not written.
+				us.mu.Lock()
+				us.running = false
+				us.mu.Unlock()
+				return
+			}
+			if !errors.Is(err, errLeaseLost) {
+				r.log.Warn("write status record", "user_id", us.id, "err", err)
+			}
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		r.publish(us.id, &w)
+		r.removeKeys(gone)
+
+		us.mu.Lock()
+		us.written, us.last = gen, w
+		for id, g := range gone {
+			if cur, ok := us.gone[id]; ok && cur == g {
+				delete(us.gone, id)
+			}
+		}
+		if chosen != "" && us.chosen == chosen {
+			us.chosen = ""
+		}
+		kept := us.waiters[:0]
+		for _, wt := range us.waiters {
+			if wt.gen <= gen {
+				wt.ch <- w
+			} else {
+				kept = append(kept, wt)
+			}
+		}
+		clear(us.waiters[len(kept):])
+		us.waiters = kept
+		us.mu.Unlock()
+	}
+}
+
+// desiredLocked returns what the user's record must say of this gateway's
+// connections: the entries it must hold (of connections held under the
+// lease now held), those it must lose, and a chosen status to write. The
+// caller holds us.mu.
+func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, map[string]goneConn, presence.Status) {
+	epoch, held := r.lease.epoch()
+	entries := make(map[string]presence.ConnInfo, len(us.conns))
+	for id, c := range us.conns {
+		if !held || c.key.lease != epoch {
+			continue // registered again under the new lease first
+		}
+		entries[id] = presence.ConnInfo{
+			Gateway: r.cfg.ID, Lease: c.key.lease, Device: c.device, Since: c.since,
+			Idle: c.key.idle, Closing: c.key.closedAt != 0, ClosedAt: c.key.closedAt,
+		}
+	}
+	gone := make(map[string]goneConn, len(us.gone))
+	for id, g := range us.gone {
+		gone[id] = g
+	}
+	return entries, gone, us.chosen
+}
+
+// writeOnce makes one compare-and-set write of the user's record, from
+// the writer's cache.
+func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status) (presence.Write, error) {
+	if len(entries) > 0 {
+		// No entry is written unless the lease it is held under is
+		// certainly alive: a write after it ended would name a
+		// connection nobody will end.
+		epoch, _ := r.lease.epoch()
+		if !r.lease.waitFresh(r.ctx, epoch) {
+			return presence.Write{}, errLeaseLost
+		}
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
+	defer cancel()
 	start := time.Now()
-	rec, rev, _, err := r.store.UpdateStatus(ctx, c.userID, func(rec *presence.Record) error {
-		rec.SetConn(c.connID, presence.ConnInfo{
-			Gateway: r.cfg.ID,
-			Device:  c.device,
-			Since:   c.since,
-			Rev:     c.key.rev,
-			Idle:    c.key.idle,
-		})
+	w, err := r.store.WriteStatus(ctx, us.id, &us.cache, func(rec *presence.Record) error {
+		changed := false
+		for id, ci := range entries {
+			if cur, ok := rec.Conns[id]; !ok || cur != ci {
+				rec.SetConn(id, ci)
+				changed = true
+			}
+		}
+		for id, g := range gone {
+			if cur, ok := rec.Conns[id]; ok && cur.Gateway == g.key.Gateway && cur.Lease == g.key.Epoch {
+				rec.RemoveConn(id, g.lastSeen)
+				changed = true
+			}
+		}
+		if chosen != "" && rec.ChosenStatus() != chosen {
+			rec.Chosen = chosen
+			changed = true
+		}
+		if !changed {
+			return presence.ErrNoChange
+		}
 		return nil
 	})
 	r.metrics.kvLatency.WithLabelValues("update_status").Observe(time.Since(start).Seconds())
-	r.metrics.kvWrites.WithLabelValues("status").Inc()
 	if err != nil {
 		r.metrics.kvErrors.WithLabelValues("status").Inc()
+		return w, err
 	}
-	return rec, rev, err
+	if w.Written {
+		r.metrics.kvWrites.WithLabelValues("status").Inc()
+	}
+	return w, nil
 }
 
-// writeKeyLocked writes the connection's key synchronously with a fresh
-// TTL; the caller holds c.key.mu. A key that is gone is created again and
-// put back in the record.
-func (r *registrar) writeKeyLocked(ctx context.Context, c *conn) error {
-	now := nowNano()
-	rec := r.record(c)
-	start := time.Now()
-	rev, err := r.store.WriteConn(ctx, c.userID, c.connID, rec, r.keyTTL(), c.key.rev)
-	r.metrics.kvLatency.WithLabelValues("write_conn").Observe(time.Since(start).Seconds())
-	r.metrics.kvWrites.WithLabelValues("update").Inc()
-	if presence.IsWrongLastSequence(err) {
-		return r.recreateLocked(ctx, c)
-	}
+// publish publishes the events a write calls for.
+func (r *registrar) publish(userID string, w *presence.Write) {
+	n, err := presence.Publish(r.nc, userID, w)
+	r.metrics.eventsOut.Add(float64(n))
 	if err != nil {
-		r.metrics.kvErrors.WithLabelValues("update").Inc()
-		return err
+		r.log.Warn("publish events", "user_id", userID, "err", err)
 	}
-	c.key.rev, c.key.awayAt = rev, rec.AwayAt
-	c.key.writtenAt.Store(now)
-	return nil
 }
 
-// recreateLocked creates the key of a live connection again after it was
-// lost, and puts the connection back in the record; the caller holds
-// c.key.mu.
-//
-// The key may not be lost at all: a write whose acknowledgement never came
-// (a timeout while NATS was slow) may have been stored, so the key is there
-// at a revision this gateway never learnt, and every write on the revision
-// it knows fails. Then the key is written on the revision it has; left to
-// fail, it would expire under a live connection.
-func (r *registrar) recreateLocked(ctx context.Context, c *conn) error {
-	now := nowNano()
-	rec := r.record(c)
-	rev, err := r.store.CreateConn(ctx, c.userID, c.connID, rec, r.keyTTL())
-	r.metrics.kvWrites.WithLabelValues("create").Inc()
-	if presence.IsWrongLastSequence(err) || errors.Is(err, jetstream.ErrKeyExists) {
-		var cur uint64
-		if _, cur, err = r.store.Conn(ctx, c.userID, c.connID); err == nil {
-			rev, err = r.store.WriteConn(ctx, c.userID, c.connID, rec, r.keyTTL(), cur)
+// removeKeys removes the keys of connections the record no longer names.
+// One that fails to go is removed with its lease.
+func (r *registrar) removeKeys(gone map[string]goneConn) {
+	for _, g := range gone {
+		ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
+		err := r.store.RemoveLeaseConn(ctx, g.key)
+		cancel()
+		r.metrics.kvWrites.WithLabelValues("remove").Inc()
+		if err != nil {
+			r.metrics.kvErrors.WithLabelValues("remove").Inc()
+			r.log.Warn("remove connection key", "user_id", g.key.UserID, "conn_id", g.key.ConnID, "err", err)
+		}
+	}
+}
+
+// setIdle marks a connection idle or active again, and reports whether
+// that changed it. The record and the key are written in the background.
+func (r *registrar) setIdle(c *conn, idle bool) bool {
+	us := c.us
+	if us == nil || c.idle.Load() == idle {
+		return false
+	}
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	if c.key.idle == idle || c.key.ended || c.key.closedAt != 0 {
+		return false
+	}
+	c.key.idle = idle
+	c.idle.Store(idle)
+	r.changedLocked(us)
+	// The key says it too, for operators; nothing waits for it.
+	key := presence.LeaseConn{Gateway: r.cfg.ID, Epoch: c.key.lease, UserID: c.userID, ConnID: c.connID}
+	rec := r.connRecord(c, c.key.lease, idle)
+	if msg, err := presence.LeaseConnMsg(key, &rec); err == nil {
+		if _, err := r.asyncJS.PublishMsgAsync(msg); err == nil {
 			r.metrics.kvWrites.WithLabelValues("update").Inc()
 		}
 	}
-	if err != nil {
-		r.metrics.kvErrors.WithLabelValues("create").Inc()
-		return err
-	}
-	c.key.rev, c.key.awayAt = rev, rec.AwayAt
-	c.key.writtenAt.Store(now)
-	if _, _, err := r.addToRecord(ctx, c); err != nil {
-		return err
-	}
-	// One line per connection at debug: after a NATS outage every
-	// connection may take this path. greendot_gateway_kv_writes_total
-	// {kind="create"} counts them.
-	if r.log.Enabled(ctx, levelDebug) {
-		r.log.LogAttrs(ctx, levelDebug, "connection key was gone: created it again", attrUser(c.userID), attrConn(c.connID))
-	}
-	return nil
+	return true
 }
 
-// refresh sends an asynchronous write of the key with a fresh TTL, unless
-// another write of it is in flight. c.key.mu stays held until the write is
-// acknowledged or fails (refreshAcked, refreshFailed).
-func (r *registrar) refresh(c *conn, now int64) {
-	if !c.key.mu.TryLock() {
-		return
-	}
-	if c.closed.Load() {
-		c.key.mu.Unlock()
-		return
-	}
-	rec := r.record(c)
-	msg, err := presence.ConnMsg(c.userID, c.connID, &rec)
-	if err != nil {
-		c.key.mu.Unlock()
-		return
-	}
-	c.key.flightAt, c.key.flightAway = now, rec.AwayAt
-	r.inflight.Store(msg, c)
-	c.key.flightSent = nowNano()
-	if _, err := r.asyncJS.PublishMsgAsync(msg, presence.WriteConnOpts(r.keyTTL(), c.key.rev)...); err != nil {
-		r.inflight.Delete(msg)
-		c.key.mu.Unlock()
-		r.metrics.kvErrors.WithLabelValues("refresh").Inc()
-		return
-	}
-	r.metrics.kvWrites.WithLabelValues("refresh").Inc()
+// choose takes the status the user of c chose: it is written with the
+// user's next write, and a choice made after it replaces it. It returns
+// where that write will be told.
+func (r *registrar) choose(c *conn, st presence.Status) <-chan presence.Write {
+	us := c.us
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	us.chosen = st
+	return r.askLocked(us)
 }
 
-// refreshAcked takes the acknowledgement of an asynchronous key write. It
-// runs on the NATS connection's reply goroutine and must not block.
-func (r *registrar) refreshAcked(_ jetstream.JetStream, msg *nats.Msg, ack *jetstream.PubAck) {
-	v, ok := r.inflight.LoadAndDelete(msg)
-	if !ok {
+// close marks a connection whose socket closed cleanly closing, for the
+// offline grace: a reload within it does not flap. The grace's end takes
+// it out (see run).
+func (r *registrar) close(c *conn) {
+	if r.cfg.OfflineGrace <= 0 {
+		r.end(c, nowNano()/1e6)
 		return
 	}
-	c := v.(*conn)
-	r.metrics.refreshLatency.Observe(float64(nowNano()-c.key.flightSent) / 1e9)
-	c.key.rev, c.key.awayAt = ack.Sequence, c.key.flightAway
-	c.key.writtenAt.Store(c.key.flightAt)
-	c.key.mu.Unlock()
+	us := c.us
+	if us == nil {
+		return
+	}
+	us.mu.Lock()
+	if c.key.ended || c.key.closedAt != 0 {
+		us.mu.Unlock()
+		return
+	}
+	now := time.Now()
+	c.key.closedAt = now.UnixMilli()
+	r.changedLocked(us)
+	us.mu.Unlock()
+	r.mu.Lock()
+	r.grace.add(now.Add(r.cfg.OfflineGrace), c)
+	r.mu.Unlock()
 }
 
-// refreshFailed takes the failure of an asynchronous key write. A key that
-// is gone is created again, off the reply goroutine; other failures (a
-// timeout, a lost NATS connection) leave the next sweep to try again.
-func (r *registrar) refreshFailed(_ jetstream.JetStream, msg *nats.Msg, err error) {
-	v, ok := r.inflight.LoadAndDelete(msg)
-	if !ok {
+// end takes a connection out of its user's record, at once, and then
+// removes its key. lastSeen is when it was last seen (unix ms).
+func (r *registrar) end(c *conn, lastSeen int64) {
+	us := c.us
+	if us == nil {
+		return // never registered
+	}
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	if c.key.ended {
 		return
 	}
-	c := v.(*conn)
-	r.metrics.kvErrors.WithLabelValues("refresh").Inc()
-	if !presence.IsWrongLastSequence(err) || c.closed.Load() {
-		c.key.mu.Unlock()
-		return
+	c.key.ended = true
+	if c.key.closedAt != 0 {
+		lastSeen = c.key.closedAt
 	}
-	started := r.tasks.Go(func() {
-		defer c.key.mu.Unlock()
-		ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-		defer cancel()
-		if err := r.recreateLocked(ctx, c); err != nil {
-			r.log.Warn("create lost connection key", "user_id", c.userID, "conn_id", c.connID, "err", err)
+	delete(us.conns, c.connID)
+	if c.key.lease != "" {
+		us.gone[c.connID] = goneConn{
+			key:      presence.LeaseConn{Gateway: r.cfg.ID, Epoch: c.key.lease, UserID: c.userID, ConnID: c.connID},
+			lastSeen: lastSeen,
 		}
-	})
-	if !started {
-		c.key.mu.Unlock() // shutting down: the connection is closed
 	}
+	r.changedLocked(us)
 }
 
-// active notes a sign of use at now (unix ns). The key carries it at the
-// next refresh; when the reaper may act on the key before that (the
-// connection is idle, or its away_at is near), the key and the record are
-// written at once.
-func (r *registrar) active(ctx context.Context, c *conn, now int64) error {
-	c.lastActivity.Store(now)
-	c.key.mu.Lock()
-	defer c.key.mu.Unlock()
-	soon := now/1e6 + (r.refreshInterval() + r.sweepInterval() + time.Second).Milliseconds()
-	if !c.key.idle && c.key.awayAt > soon {
-		return nil
-	}
-	c.key.idle = false
-	if err := r.writeKeyLocked(ctx, c); err != nil {
-		return err
-	}
-	_, _, err := r.addToRecord(ctx, c)
-	return err
-}
-
-// setIdle marks the connection idle: the client says the person is not
-// looking at it.
-func (r *registrar) setIdle(ctx context.Context, c *conn) error {
-	c.key.mu.Lock()
-	defer c.key.mu.Unlock()
-	if c.key.idle {
-		return nil
-	}
-	c.key.idle = true
-	if err := r.writeKeyLocked(ctx, c); err != nil {
-		return err
-	}
-	_, _, err := r.addToRecord(ctx, c)
-	return err
-}
-
-// setStatus writes the status the user of c chose.
-func (r *registrar) setStatus(ctx context.Context, c *conn, st presence.Status) error {
-	_, _, _, err := r.store.UpdateStatus(ctx, c.userID, func(rec *presence.Record) error {
-		if rec.ChosenStatus() == st {
-			return presence.ErrNoChange
-		}
-		rec.Chosen = st
-		return nil
-	})
-	r.metrics.kvWrites.WithLabelValues("status").Inc()
-	if err != nil {
-		r.metrics.kvErrors.WithLabelValues("status").Inc()
-	}
-	return err
-}
-
-// settle decides, in the background, the key of a connection that ended:
-// a clean close lets it live out the offline grace, marked closing;
-// anything else removes it at once. The reaper then takes the connection
-// out of the record.
-func (r *registrar) settle(c *conn, kind endKind) {
-	settle := func() { r.settleNow(c, kind) }
-	if !r.tasks.Go(settle) {
-		settle()
-	}
-}
-
-func (r *registrar) settleNow(c *conn, kind endKind) {
-	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-	defer cancel()
-	c.key.mu.Lock()
-	defer c.key.mu.Unlock()
-	if kind == endClean && r.cfg.OfflineGrace > 0 {
-		closedAt := time.Now().UnixMilli()
-		rec := r.record(c)
-		rec.Closing, rec.AwayAt = true, 0
-		rev, err := r.store.WriteConn(ctx, c.userID, c.connID, rec, r.cfg.OfflineGrace, c.key.rev)
-		r.metrics.kvWrites.WithLabelValues("closing").Inc()
-		switch {
-		case presence.IsWrongLastSequence(err):
-			return // the key is already gone; its removal is on the way
-		case err == nil:
-			c.key.rev = rev
-			_, _, _, err = r.store.UpdateStatus(ctx, c.userID, func(rec *presence.Record) error {
-				ci, ok := rec.Conns[c.connID]
-				if !ok || ci.Closing {
-					return presence.ErrNoChange
-				}
-				ci.Closing, ci.ClosedAt = true, closedAt
-				rec.Conns[c.connID] = ci
-				return nil
-			})
-			r.metrics.kvWrites.WithLabelValues("status").Inc()
-			if err == nil {
+// run keeps the lease and ends the clean closes whose grace is over,
+// until ctx is canceled. When the lease is lost it takes a new one and
+// registers every live connection of reg again under it.
+func (r *registrar) run(ctx context.Context, reg *registry) {
+	t := time.NewTicker(min(r.lease.every, 250*time.Millisecond))
+	defer t.Stop()
+	lastRefresh := time.Time{}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			r.endGraces(now)
+			if now.Sub(lastRefresh) < r.lease.every {
+				continue
+			}
+			lastRefresh = now
+			err := r.lease.refresh(ctx)
+			r.metrics.leaseRefreshes.Inc()
+			switch {
+			case errors.Is(err, errLeaseReleased):
 				return
+			case errors.Is(err, errLeaseLost):
+				if r.reregistering.Load() {
+					continue
+				}
+				r.metrics.leasesLost.Inc()
+				r.log.Warn("gateway lease lost: taking a new one and registering every connection again")
+				r.reregistering.Store(true)
+				if !r.tasks.Go(func() {
+					defer r.reregistering.Store(false)
+					r.reregister(ctx, reg)
+				}) {
+					r.reregistering.Store(false)
+				}
+			case err != nil && ctx.Err() == nil:
+				r.metrics.kvErrors.WithLabelValues("lease").Inc()
+				r.log.Warn("refresh gateway lease", "err", err)
 			}
 		}
-		r.metrics.kvErrors.WithLabelValues("closing").Inc()
-		r.log.Warn("mark connection closing", "user_id", c.userID, "conn_id", c.connID, "err", err)
+	}
+}
+
+// endGraces ends the clean closes whose grace ended by now.
+func (r *registrar) endGraces(now time.Time) {
+	r.mu.Lock()
+	due := r.grace.due(now)
+	r.mu.Unlock()
+	for _, c := range due {
+		r.end(c, 0)
+	}
+}
+
+// closing returns how many clean closes live out their grace.
+func (r *registrar) closing() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grace.len()
+}
+
+// reregister takes a new lease and registers every live connection again
+// under it, MaxRegistering at once; the gateway is not ready meanwhile.
+// Clean closes in their grace are ended: the end of the old lease ended
+// them already.
+func (r *registrar) reregister(ctx context.Context, reg *registry) {
+	epoch, err := r.lease.take(ctx)
+	if err != nil {
 		return
 	}
-	err := r.store.PurgeConn(ctx, c.userID, c.connID)
-	r.metrics.kvWrites.WithLabelValues("purge").Inc()
-	if err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		r.metrics.kvErrors.WithLabelValues("purge").Inc()
-		r.log.Warn("remove connection key", "user_id", c.userID, "conn_id", c.connID, "err", err)
+	r.mu.Lock()
+	closing := r.grace.all()
+	r.mu.Unlock()
+	for _, c := range closing {
+		r.end(c, 0)
 	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(r.cfg.MaxRegistering)
+	n := 0
+	reg.each(func(c *conn) {
+		if c.closed.Load() {
+			return
+		}
+		n++
+		g.Go(func() error {
+			r.reregisterConn(gctx, c, epoch)
+			return nil
+		})
+	})
+	_ = g.Wait()
+	r.metrics.reregistered.Add(float64(n))
+	r.log.Info("connections registered again under a new lease", "conns", n, "lease", presence.LeaseKey(r.cfg.ID, epoch))
+}
+
+// reregisterConn creates c's key under epoch and has its writer write it
+// under it, trying until it is done, c ends, or the lease moves on again.
+func (r *registrar) reregisterConn(ctx context.Context, c *conn, epoch string) {
+	us := c.us
+	us.mu.Lock()
+	idle, old := c.key.idle, c.key.lease
+	us.mu.Unlock()
+	key := presence.LeaseConn{Gateway: r.cfg.ID, Epoch: epoch, UserID: c.userID, ConnID: c.connID}
+	backoff := 100 * time.Millisecond
+	for {
+		if cur, _ := r.lease.epoch(); cur != epoch || c.closed.Load() || ctx.Err() != nil {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		_, err := r.store.CreateLeaseConn(wctx, key, r.connRecord(c, epoch, idle))
+		cancel()
+		r.metrics.kvWrites.WithLabelValues("create").Inc()
+		if err == nil || errors.Is(err, jetstream.ErrKeyExists) {
+			break
+		}
+		r.metrics.kvErrors.WithLabelValues("create").Inc()
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	us.mu.Lock()
+	if c.key.ended || c.key.lease != old {
+		us.mu.Unlock()
+		return
+	}
+	c.key.lease = epoch
+	r.changedLocked(us)
+	us.mu.Unlock()
 }
 
 // sweep checks every connection of reg each sweep interval, until ctx is
 // canceled: it ends, with end, connections silent for the TTL and those
-// whose token expired, and refreshes the keys of connections heard from
-// since their last write.
+// whose token expired, and marks idle those not used for AwayAfter.
 func (r *registrar) sweep(ctx context.Context, reg *registry, end func(*conn, endKind, ws.StatusCode, string)) {
 	t := time.NewTicker(r.sweepInterval())
 	defer t.Stop()
@@ -461,15 +691,19 @@ func (r *registrar) sweep(ctx context.Context, reg *registry, end func(*conn, en
 	}
 }
 
+// sweepInterval is how often connections are checked: often enough to see
+// a dead one soon after its TTL.
+func (r *registrar) sweepInterval() time.Duration {
+	return min(max(r.cfg.ConnTTL/10, 50*time.Millisecond), 500*time.Millisecond)
+}
+
 func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind, ws.StatusCode, string)) {
-	ttl := int64(r.cfg.ConnTTL)
-	every := int64(r.refreshInterval())
+	ttl, away := int64(r.cfg.ConnTTL), int64(r.cfg.AwayAfter)
 	reg.each(func(c *conn) {
 		if c.closed.Load() {
 			return
 		}
-		last := c.lastFrame.Load()
-		if now-last > ttl {
+		if now-c.lastFrame.Load() > ttl {
 			end(c, endDead, 0, "no frame for the connection TTL")
 			return
 		}
@@ -477,8 +711,120 @@ func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind,
 			end(c, endClean, ws.StatusPolicyViolation, "token expired")
 			return
 		}
-		if w := c.key.writtenAt.Load(); last > w && now-w >= every {
-			r.refresh(c, now)
+		if now-c.lastActivity.Load() > away {
+			r.setIdle(c, true)
 		}
 	})
 }
+
+// stop waits, at most until ctx ends, for every writer to have written;
+// then it gives the lease up and stops. Connections that still live out
+// their offline grace are handed to the lease: its last refresh lasts
+// until the latest grace ends, and its end then ends them.
+func (r *registrar) stop(ctx context.Context) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for r.writing() && !r.nc.IsClosed() {
+		select {
+		case <-ctx.Done():
+			r.log.Warn("gateway stopping with connections not written; its lease's end will take them out")
+			r.cancel()
+			r.tasks.close()
+			return
+		case now := <-t.C:
+			r.endGraces(now)
+		}
+	}
+	r.mu.Lock()
+	until := r.grace.last()
+	r.mu.Unlock()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
+	var err error
+	if until.IsZero() {
+		err = r.lease.release(rctx)
+	} else {
+		err = r.lease.handOver(rctx, until)
+	}
+	cancel()
+	if err != nil {
+		r.log.Warn("give the gateway lease up", "err", err)
+	}
+	r.cancel()
+	r.tasks.close()
+}
+
+// writing reports whether a writer has something left to write.
+func (r *registrar) writing() bool {
+	r.mu.Lock()
+	users := make([]*userState, 0, len(r.users))
+	for _, us := range r.users {
+		users = append(users, us)
+	}
+	r.mu.Unlock()
+	for _, us := range users {
+		us.mu.Lock()
+		pending := us.written != us.gen
+		us.mu.Unlock()
+		if pending {
+			return true
+		}
+	}
+	return false
+}
+
+// deadlines holds things due at a time, earliest first. It is not safe for
+// concurrent use.
+type deadlines[T comparable] struct {
+	items []deadline[T]
+}
+
+type deadline[T comparable] struct {
+	at time.Time
+	v  T
+}
+
+// add has v due at at.
+func (d *deadlines[T]) add(at time.Time, v T) {
+	d.items = append(d.items, deadline[T]{at, v})
+	for i := len(d.items) - 1; i > 0 && d.items[i].at.Before(d.items[i-1].at); i-- {
+		d.items[i], d.items[i-1] = d.items[i-1], d.items[i]
+	}
+}
+
+// due removes and returns what is due by now.
+func (d *deadlines[T]) due(now time.Time) []T {
+	n := 0
+	for n < len(d.items) && !d.items[n].at.After(now) {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	out := make([]T, n)
+	for i := range n {
+		out[i] = d.items[i].v
+	}
+	d.items = append(d.items[:0], d.items[n:]...)
+	return out
+}
+
+// last returns when the latest thing is due; zero when there is none.
+func (d *deadlines[T]) last() time.Time {
+	if len(d.items) == 0 {
+		return time.Time{}
+	}
+	return d.items[len(d.items)-1].at
+}
+
+// all removes and returns everything.
+func (d *deadlines[T]) all() []T {
+	out := make([]T, len(d.items))
+	for i, it := range d.items {
+		out[i] = it.v
+	}
+	d.items = d.items[:0]
+	return out
+}
+
+// len returns how many things are held.
+func (d *deadlines[T]) len() int { return len(d.items) }

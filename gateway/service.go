@@ -70,8 +70,8 @@ type Service struct {
 	readSem chan struct{}
 	regSem  chan struct{} // upgrades being registered (MaxRegistering)
 	// readLoops are the sockets' reading goroutines where there is no
-	// poller.
-	readLoops sync.WaitGroup
+	// poller; workers the goroutines handling their requests.
+	readLoops, workers sync.WaitGroup
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -164,7 +164,7 @@ func (s *Service) Conns() int { return s.registry.len() }
 //  4. serving: the HTTP server, the accept loop, the admin service.
 //
 // Stopping runs 4, then drains the sockets, then 3, then waits for the
-// connections' last key writes and closes, then 2.
+// connections' last writes and closes, then 2.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if s.served.Swap(true) {
 		return errors.New("gateway: Serve called twice")
@@ -172,7 +172,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	defer ln.Close()
 
 	// 1. Resources.
-	if err := s.open(ctx); err != nil {
+	if err := s.open(ctx, ln.Addr().String()); err != nil {
 		return err
 	}
 	defer s.closeResources()
@@ -243,23 +243,32 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	s.drain()
 	s.readLoops.Wait()
 	io.stop()
-	// The connections' last key writes, and their close frames.
-	s.keys.wait()
+	s.workers.Wait()
+	// The connections' last writes are made; those that live out the
+	// offline grace are handed to the lease, whose end ends them; then
+	// their close frames.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 2*requestTimeout)
+	s.keys.stop(stopCtx)
+	cancel()
 	s.linger.Stop()
 	// Stop 2 (deferred), then 1.
 	s.log.Info("gateway stopped", "gateway", s.cfg.ID)
 	return serveErr
 }
 
-// open opens the buckets and makes the parts that need them.
-func (s *Service) open(ctx context.Context) error {
+// open opens the buckets, takes the gateway's lease, and makes the parts
+// that need them. addr is the listen address, for the lease.
+func (s *Service) open(ctx context.Context, addr string) error {
 	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
 	if err != nil {
 		return err
 	}
 	store.OnConflict(s.metrics.statusConflicts.Inc)
 	s.store = store
-	if s.keys, err = newRegistrar(s.nc, store, s.cfg, s.metrics, s.log); err != nil {
+	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
+		return err
+	}
+	if err := s.keys.start(ctx); err != nil {
 		return err
 	}
 	s.authz = authz.New(authz.Config{
@@ -308,6 +317,7 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 	}
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
+	g.Go(func(ctx context.Context) { s.keys.run(ctx, s.registry) })
 	graph, err := s.store.WatchGraph(ctx)
 	if err != nil {
 		return err
@@ -400,7 +410,8 @@ func (s *Service) drain() {
 
 // end closes a connection, once: it takes it out of the poller, closes its
 // socket (with a close frame carrying code, unless code is zero), forgets
-// its subscriptions, and has the registrar settle its key as kind says.
+// its subscriptions, and has the registrar end it as kind says: after the
+// offline grace for a clean close, at once otherwise.
 func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) {
 	if c.closed.Swap(true) {
 		return
@@ -422,13 +433,19 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 		s.log.LogAttrs(context.Background(), levelDebug, "connection closed",
 			attrUser(c.userID), attrConn(c.connID), attrReason(reason), attrCode(int(code)))
 	}
-	s.keys.settle(c, kind)
+	switch kind {
+	case endClean:
+		s.keys.close(c)
+	case endDead:
+		s.keys.end(c, c.lastFrame.Load()/1e6)
+	default:
+		s.keys.end(c, c.since)
+	}
 }
 
-// watchNATS reacts to the NATS connection coming back: connection keys
-// may have expired and events may have been missed meanwhile, so every
-// connection key is written again at once (and created again where it
-// expired), and every watched user's state is read again.
+// watchNATS reacts to the NATS connection coming back: events may have
+// been missed meanwhile, so every watched user's state is read again. (The
+// lease tells whether the connections are still registered.)
 func (s *Service) watchNATS(ctx context.Context) {
 	ch := s.nc.StatusChanged(nats.CONNECTED)
 	defer s.nc.RemoveStatusListener(ch)
@@ -438,8 +455,7 @@ func (s *Service) watchNATS(ctx context.Context) {
 			return
 		case <-ch:
 		}
-		s.log.Info("nats connection back: re-asserting connections and resyncing watched users")
-		s.registry.each(func(c *conn) { c.key.writtenAt.Store(0) })
+		s.log.Info("nats connection back: resyncing watched users")
 		s.resync(ctx)
 		if s.online != nil {
 			if err := s.online.sync(ctx, s.store); err != nil && ctx.Err() == nil {
@@ -474,6 +490,9 @@ func (s *Service) Ready(ctx context.Context) error {
 			return fmt.Errorf("%w: draining", ErrUnavailable)
 		}
 		return fmt.Errorf("%w: starting", ErrUnavailable)
+	}
+	if err := s.keys.ready(); err != nil {
+		return err
 	}
 	return s.store.Ready(ctx)
 }

@@ -25,7 +25,7 @@ func (s *Service) Ready(ctx context.Context) error {
 func (s *Service) adminConfig() admin.ServiceConfig {
 	return admin.ServiceConfig{
 		Name:        admin.ReaperService,
-		Description: "greendot reaper: ended connections to offline, inactive ones to away",
+		Description: "greendot reaper: the ends of gateway leases to offline",
 		InfoSubject: admin.ReaperInfoSubject,
 		Config: map[string]any{
 			"workers":        s.cfg.Workers,
@@ -33,12 +33,11 @@ func (s *Service) adminConfig() admin.ServiceConfig {
 			"ack_wait":       s.cfg.AckWait.String(),
 			"replicas":       max(s.cfg.Buckets.Replicas, 1),
 			"consumer":       presence.ReaperConsumer,
-			"bucket":         presence.ConnsBucket,
+			"bucket":         presence.LeasesBucket,
 		},
 		Load: func() map[string]any {
 			return map[string]any{
-				"inactivity_timers": s.timers.len(),
-				"queued_tasks":      s.queued(),
+				"queued_tasks": s.queued(),
 			}
 		},
 		Ready:  s.Ready,

@@ -23,23 +23,26 @@ type Config struct {
 	// Workers is how many users are reconciled at once; zero means 32.
 	// Work for one user always goes to the same worker, in order.
 	Workers int
-	// SweepInterval is how often the full sweep runs; zero means 1m.
+	// SweepInterval is how often the full sweep runs after the one at
+	// start; zero means never. The ends of leases and a durable consumer
+	// that catches up after a restart leave it only what someone changed
+	// by hand to repair, and each sweep reads every status record and
+	// connection key: NATS traffic proportional to time and to idle
+	// connections.
 	SweepInterval time.Duration
-	// AckWait is how long a removal may stay unacknowledged before it is
-	// delivered to another instance; zero means 30s.
+	// AckWait is how long the end of a lease may stay unacknowledged
+	// before it is delivered to another instance (a reaper working on one
+	// says it is in progress); zero means 30s.
 	AckWait time.Duration
-	// Now returns the current time; nil means time.Now. Tests may replace it.
-	Now func() time.Time
 }
 
 // DefaultConfig returns the configuration every zero field of a Config
-// stands for (a nil Logger discards, a nil Now is time.Now). The command
-// line's flags take their defaults from it.
+// stands for (a nil Logger discards). The command line's flags take their
+// defaults from it.
 func DefaultConfig() Config {
 	return Config{
-		Workers:       32,
-		SweepInterval: time.Minute,
-		AckWait:       30 * time.Second,
+		Workers: 32,
+		AckWait: 30 * time.Second,
 	}
 }
 
@@ -49,11 +52,7 @@ func (c Config) withDefaults() Config {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	c.Workers = cmp.Or(c.Workers, d.Workers)
-	c.SweepInterval = cmp.Or(c.SweepInterval, d.SweepInterval)
 	c.AckWait = cmp.Or(c.AckWait, d.AckWait)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
 	return c
 }
 

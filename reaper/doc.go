@@ -1,27 +1,29 @@
-// Package reaper turns ended connections into offline and inactive ones
-// into away.
+// Package reaper ends the connections of gateways that are gone.
 //
-// A reaper consumes presence_conns through the durable consumer "reaper",
-// shared by every reaper instance: each message goes to one instance and is
-// delivered again if that instance dies before acknowledging it.
+// Every gateway holds a lease in presence_leases, refreshed about every
+// second, and registers each of its connections under it. A gateway ends
+// its own connections (a close, after the offline grace; a silent client,
+// after the TTL); what it cannot end is what dies with it. When its lease
+// ends (it expired: the gateway died, or lost NATS for longer than the
+// lease TTL; or it was deleted), a reaper takes every connection held
+// under that lease out of its user's status record, by compare-and-set,
+// and removes their keys, which one subject filter names. Removing a
+// user's last connection makes them offline, and the reaper publishes the
+// events of its writes at once, as every writer does.
 //
-//   - A removal marker for "<user>.<conn>" (the key expired because its
-//     gateway stopped refreshing it, the offline grace of a clean close ended,
-//     or the key was purged) removes the connection from the user's status
-//     record. Removing the last one makes the user offline. The removal is a
-//     compare-and-set, and applies only when the record's connection was
-//     created before the marker: a connection its gateway created again
-//     after an expiry race is left alone.
-//   - Every write of a connection key carries away_at, the moment the
-//     connection counts as inactive unless it is written again. The reaper
-//     keeps one timer per connection; when it fires, it reads the status
-//     record, then the connection key from the stream leader, and marks the
-//     connection idle by compare-and-set only if the key still says so. When
-//     every connection of a user is idle, the user is away.
+// A reaper consumes presence_leases through the durable consumer "reaper",
+// shared by every reaper instance: each lease's end goes to one instance
+// and is delivered again if that instance dies before it is applied. The
+// markers of ended leases are kept for a day, so a reaper that was down
+// catches up from its consumer.
 //
-// A periodic sweep (and one at start) repairs what events cannot: it reads
-// every status record, then lists every live connection key, and removes
-// connections whose keys are gone (their markers may have aged out while no
-// reaper ran), and reschedules inactivity timers. A reaper is ready only
-// once its sweep at start has finished.
+// Keys of the earlier shape, "<user>.<conn>", which gateways kept alive
+// with TTL refreshes, still end their connection when they expire or are
+// removed (a second consumer, on presence_conns, sees only them): a
+// deployment can be upgraded in place.
+//
+// The sweep at start (and on request, or every SweepInterval when set)
+// repairs what no lease end it saw did: connections held under a lease
+// that is over, and connections of the earlier shape whose key is gone. A
+// reaper is ready only once its sweep at start has finished.
 package reaper

@@ -14,21 +14,24 @@ import (
 // reaperMetrics are a reaper's Prometheus metrics, on the Service's own
 // registry.
 type reaperMetrics struct {
-	markers     *prometheus.CounterVec   // by reason: expired, purged, deleted
+	markers     *prometheus.CounterVec   // by reason
 	reconciles  *prometheus.CounterVec   // by kind and result
 	reconcile   *prometheus.HistogramVec // by kind
 	markerLag   prometheus.Histogram
-	transitions *prometheus.CounterVec // by status: offline, away
-	removed     *prometheus.CounterVec // by source: marker, sweep
+	transitions *prometheus.CounterVec // by status: offline
+	removed     *prometheus.CounterVec // by kind: lease, marker, sweep
 	conflicts   prometheus.Counter
 	sweeps      *prometheus.CounterVec // by result: ok, error
 	sweepTime   prometheus.Histogram
+	leaseEnds   prometheus.Counter
+	leaseEnd    prometheus.Histogram
 }
 
 // The kinds of reconcile work, and their results, as metric labels.
 const (
-	kindRemoval    = "removal"
-	kindInactivity = "inactivity"
+	kindLease   = "lease"
+	kindRemoval = "marker"
+	kindSweep   = "sweep"
 
 	resultWritten   = "written"
 	resultUnchanged = "unchanged"
@@ -39,19 +42,24 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 	f := metrics.NewFactory(reg)
 	m := &reaperMetrics{
 		markers: f.CounterVec("greendot_reaper_markers_total",
-			"Removal markers of connection keys seen in presence_conns, by reason: expired (TTL), purged, deleted.", "reason"),
+			"Markers seen: of gateway leases that ended (lease_expired, lease_deleted, lease_purged), and of connection keys of the earlier shape (expired, deleted, purged).", "reason"),
 		reconciles: f.CounterVec("greendot_reaper_reconciles_total",
-			"Reconciles of a user's status record, by kind (removal, inactivity) and result (written, unchanged, error).", "kind", "result"),
+			"Reconciles of a user's status record, by kind (lease, marker, sweep) and result (written, unchanged, error).", "kind", "result"),
 		reconcile: f.HistogramVec("greendot_reaper_reconcile_seconds",
-			"Time to reconcile a user's status record with one connection's removal or inactivity, compare-and-set retries included.",
+			"Time to reconcile a user's status record with the end of connections, compare-and-set retries included.",
 			metrics.LatencyBuckets, "kind"),
 		markerLag: f.Histogram("greendot_reaper_marker_lag_seconds",
-			"Time from a connection key's removal marker being written to the reaper having applied it to the status record.",
+			"Time from a marker (a lease's end, or a key's) being written to the reaper having applied it to the status records.",
 			metrics.LatencyBuckets),
 		transitions: f.CounterVec("greendot_reaper_transitions_total",
-			"Status changes the reaper wrote, by the status the user went to: offline, away.", "status"),
+			"Status changes the reaper wrote, by the status the user went to: offline.", "status"),
 		removed: f.CounterVec("greendot_reaper_connections_removed_total",
-			"Connections taken out of status records, by what found them ended: marker, sweep.", "source"),
+			"Connections taken out of status records, by what found them ended: lease, marker, sweep.", "source"),
+		leaseEnds: f.Counter("greendot_reaper_lease_ends_total",
+			"Gateway leases whose end the reaper applied: every connection held under them ended."),
+		leaseEnd: f.Histogram("greendot_reaper_lease_end_seconds",
+			"Time to apply the end of a gateway's lease, from its marker's delivery to its connections' keys removed.",
+			[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
 		conflicts: f.Counter("greendot_reaper_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		sweeps: f.CounterVec("greendot_reaper_sweeps_total",
@@ -59,8 +67,6 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 		sweepTime: f.Histogram("greendot_reaper_sweep_seconds",
 			"Duration of a full sweep.", []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
 	}
-	f.GaugeFunc("greendot_reaper_inactivity_timers",
-		"Connections with an inactivity deadline this reaper watches.", func() float64 { return float64(s.timers.len()) })
 	f.GaugeFunc("greendot_reaper_queued_tasks",
 		"Reconcile tasks waiting for a worker.", func() float64 { return float64(s.queued()) })
 	return m
@@ -97,9 +103,6 @@ func (m *reaperMetrics) done(kind string, start time.Time, written bool, err err
 		return
 	}
 	m.reconciles.WithLabelValues(kind, resultWritten).Inc()
-	if kind == kindRemoval {
-		m.removed.WithLabelValues("marker").Inc()
-	}
 	m.transition(before, after)
 }
 
@@ -108,8 +111,7 @@ func (m *reaperMetrics) transition(before, after presence.Status) {
 	if before == after {
 		return
 	}
-	switch after {
-	case presence.Offline, presence.Away:
+	if after == presence.Offline {
 		m.transitions.WithLabelValues(string(after)).Inc()
 	}
 }

@@ -139,8 +139,8 @@ func TestMetricsOfRemovals(t *testing.T) {
 	g.awaitMetric(1, "greendot_reaper_markers_total", "reason", "expired")
 	g.awaitMetric(1, "greendot_reaper_transitions_total", "status", "offline")
 	g.awaitMetric(1, "greendot_reaper_connections_removed_total", "source", "marker")
-	g.awaitMetric(1, "greendot_reaper_reconciles_total", "kind", "removal", "result", "written")
-	g.awaitMetric(1, "greendot_reaper_reconcile_seconds", "kind", "removal")
+	g.awaitMetric(1, "greendot_reaper_reconciles_total", "kind", "marker", "result", "written")
+	g.awaitMetric(1, "greendot_reaper_reconcile_seconds", "kind", "marker")
 	g.awaitMetric(1, "greendot_reaper_marker_lag_seconds")
 
 	// A dead connection whose gateway purges its key; bob keeps a second
@@ -164,20 +164,7 @@ func TestMetricsOfRemovals(t *testing.T) {
 	if err := g.store.PurgeConn(context.Background(), "carol", "c9"); err != nil {
 		t.Fatal(err)
 	}
-	g.awaitMetric(1, "greendot_reaper_reconciles_total", "kind", "removal", "result", "unchanged")
-}
-
-func TestMetricsOfInactivity(t *testing.T) {
-	g := startRig(t)
-	now := time.Now().UnixMilli()
-	g.connect("dave", "c1", presence.ConnRecord{Gateway: "gw1", Since: now, ActiveAt: now, AwayAt: now + 300}, time.Minute)
-	g.awaitStatus("dave", presence.Away)
-	g.awaitMetric(1, "greendot_reaper_transitions_total", "status", "away")
-	g.awaitMetric(1, "greendot_reaper_reconciles_total", "kind", "inactivity", "result", "written")
-	g.awaitMetric(1, "greendot_reaper_reconcile_seconds", "kind", "inactivity")
-	if got := g.metric("greendot_reaper_transitions_total", "status", "offline"); got != 0 {
-		t.Errorf("offline transitions = %v, want 0", got)
-	}
+	g.awaitMetric(1, "greendot_reaper_reconciles_total", "kind", "marker", "result", "unchanged")
 }
 
 func TestSweepEndpoint(t *testing.T) {
@@ -264,7 +251,7 @@ func TestOpsHTTP(t *testing.T) {
 		t.Errorf("/readyz = %d %s", code, body)
 	}
 	code, body := get("/metrics")
-	for _, name := range []string{"greendot_reaper_sweeps_total", "greendot_reaper_inactivity_timers", "go_goroutines"} {
+	for _, name := range []string{"greendot_reaper_sweeps_total", "greendot_reaper_lease_ends_total", "go_goroutines"} {
 		if code != 200 || !strings.Contains(body, name) {
 			t.Errorf("/metrics (%d) lacks %s", code, name)
 		}

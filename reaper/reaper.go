@@ -2,8 +2,8 @@ package reaper
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"log/slog"
 	"strings"
@@ -24,11 +24,11 @@ import (
 type Service struct {
 	cfg      Config
 	log      *slog.Logger
+	nc       *nats.Conn
 	consumer *durable.Consumer
 	// store is set once Run has opened the buckets.
 	store *presence.Store
 
-	timers  *timers
 	workers []chan task
 	seed    maphash.Seed
 
@@ -40,16 +40,36 @@ type Service struct {
 	sweepMu sync.Mutex
 }
 
-// task is a piece of work for one user, run by the worker that owns the user.
+// task is a piece of work for one user, run by the worker that owns the
+// user, in order.
 type task struct {
-	userID, connID string
-	// removedAt is the revision of a removal marker; zero for an
-	// inactivity check.
+	userID string
+	// The end of a lease: the user's connections held under it.
+	lease *leaseEnd
+	conns []string
+	// The removal marker of a key of the earlier shape, at revision
+	// removedAt; msg is acknowledged when the task is done.
+	connID    string
 	removedAt uint64
-	// msg is acknowledged when the task is done, if not nil.
-	msg jetstream.Msg
-	// markedAt is when the removal marker was written.
-	markedAt time.Time
+	msg       jetstream.Msg
+	markedAt  time.Time
+}
+
+// leaseEnd is one lease's end being applied, user by user.
+type leaseEnd struct {
+	gateway, epoch string
+	wg             sync.WaitGroup
+	mu             sync.Mutex
+	err            error
+}
+
+func (l *leaseEnd) done(err error) {
+	if err != nil {
+		l.mu.Lock()
+		l.err = errors.Join(l.err, err)
+		l.mu.Unlock()
+	}
+	l.wg.Done()
 }
 
 // New validates cfg and returns a reaper that will use nc. It starts no
@@ -62,7 +82,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	s := &Service{
 		cfg:     cfg,
 		log:     cfg.Logger.With("svc", "reaper"),
-		timers:  newTimers(),
+		nc:      nc,
 		workers: make([]chan task, cfg.Workers),
 		seed:    maphash.MakeSeed(),
 		reg:     metrics.NewRegistry(),
@@ -71,28 +91,47 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		s.workers[i] = make(chan task, 256)
 	}
 	s.metrics = newReaperMetrics(s.reg, s)
+	var loops []func(context.Context)
+	if cfg.SweepInterval > 0 {
+		loops = append(loops, s.sweepLoop)
+	}
 	consumer, err := durable.New(nc, durable.Config{
 		Name:    "reaper",
 		Logger:  s.log,
 		Buckets: cfg.Buckets,
-		Bucket:  presence.ConnsBucket,
+		Bucket:  presence.LeasesBucket,
 		Consumer: jetstream.ConsumerConfig{
 			Durable:       presence.ReaperConsumer,
-			Description:   "greendot reaper: ended connections to offline, inactive ones to away",
-			FilterSubject: presence.KeySubject(presence.ConnsBucket, ">"),
+			Description:   "greendot reaper: the end of a gateway's lease ends its connections",
+			FilterSubject: presence.KeySubject(presence.LeasesBucket, ">"),
 			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.AckWait,
-			MaxAckPending: 20_000,
+			MaxAckPending: 1000,
 		},
-		PullMaxMessages: 2000,
-		Admin:           s.adminConfig(),
-		NotReady:        ErrNotReady,
-		Opened:          s.opened,
-		Prepare:         s.startupSweep,
-		Work:            s.work,
-		Handle:          s.handle,
-		Loops:           []func(context.Context){s.timerLoop, s.sweepLoop},
+		Admin:    s.adminConfig(),
+		NotReady: ErrNotReady,
+		Opened:   s.opened,
+		Prepare:  s.startupSweep,
+		Work:     s.work,
+		Handle:   s.handleLease,
+		Loops:    loops,
+		More: []durable.Stream{{
+			// Keys of the earlier shape (two tokens), which end by
+			// expiring: what is left of a deployment being upgraded.
+			Bucket: presence.ConnsBucket,
+			Consumer: jetstream.ConsumerConfig{
+				Durable:       presence.ReaperConsumer,
+				Description:   "greendot reaper: the end of a connection key of the earlier shape ends its connection",
+				FilterSubject: presence.KeySubject(presence.ConnsBucket, presence.LegacyConnsFilter),
+				DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       cfg.AckWait,
+				MaxAckPending: 20_000,
+			},
+			PullMaxMessages: 2000,
+			Handle:          s.handleLegacy,
+		}},
 	})
 	if err != nil {
 		return nil, err
@@ -114,21 +153,93 @@ func (s *Service) opened(store *presence.Store) {
 	store.OnConflict(s.metrics.conflicts.Inc)
 }
 
-var connSubjectPrefix = presence.KeySubject(presence.ConnsBucket, "")
+var (
+	leaseSubjectPrefix = presence.KeySubject(presence.LeasesBucket, "")
+	connSubjectPrefix  = presence.KeySubject(presence.ConnsBucket, "")
+)
 
-// handle takes one message of the connection stream.
-func (s *Service) handle(msg jetstream.Msg) {
-	key := strings.TrimPrefix(msg.Subject(), connSubjectPrefix)
-	userID, connID, ok := presence.SplitConnKey(key)
-	if !ok {
+// handleLease takes one message of the lease stream: a refresh, which
+// needs nothing, or the marker of a lease that ended (it expired, or was
+// deleted), which ends every connection held under it. It runs on the
+// consumer's goroutine and returns when the lease's end is applied.
+func (s *Service) handleLease(msg jetstream.Msg) {
+	gw, epoch, ok := presence.ParseLeaseKey(strings.TrimPrefix(msg.Subject(), leaseSubjectPrefix))
+	if !ok || presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
 		_ = msg.Ack()
 		return
 	}
-	if presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
-		var rec presence.ConnRecord
-		if err := json.Unmarshal(msg.Data(), &rec); err == nil {
-			s.schedule(key, &rec)
+	s.metrics.markers.WithLabelValues("lease_" + markerReason(msg.Headers())).Inc()
+	start := time.Now()
+	n, err := s.endLease(msg, gw, epoch)
+	if err != nil {
+		s.log.Error("end lease", "lease", presence.LeaseKey(gw, epoch), "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	s.metrics.leaseEnds.Inc()
+	s.metrics.leaseEnd.Observe(time.Since(start).Seconds())
+	if meta, err := msg.Metadata(); err == nil {
+		s.metrics.markerLag.Observe(time.Since(meta.Timestamp).Seconds())
+	}
+	s.log.Info("lease ended", "lease", presence.LeaseKey(gw, epoch), "conns", n, "took", time.Since(start).Round(time.Millisecond).String())
+	_ = msg.Ack()
+}
+
+// endLease takes every connection held under a lease out of its user's
+// record, the users' workers in parallel, and then removes their keys. It
+// tells the server the message is in progress while it works.
+func (s *Service) endLease(msg jetstream.Msg, gw, epoch string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*s.cfg.AckWait)
+	defer cancel()
+	conns, err := s.store.LeaseConns(ctx, gw, epoch)
+	if err != nil {
+		return 0, err
+	}
+	byUser := make(map[string][]string)
+	for _, c := range conns {
+		byUser[c.UserID] = append(byUser[c.UserID], c.ConnID)
+	}
+	le := &leaseEnd{gateway: gw, epoch: epoch}
+	progress := time.NewTicker(max(s.cfg.AckWait/3, 100*time.Millisecond))
+	defer progress.Stop()
+	for user, ids := range byUser {
+		le.wg.Add(1)
+		for !s.tryDispatch(task{userID: user, lease: le, conns: ids}) {
+			select {
+			case <-progress.C:
+				_ = msg.InProgress()
+			case <-time.After(10 * time.Millisecond):
+			}
 		}
+	}
+	done := make(chan struct{})
+	go func() {
+		le.wg.Wait()
+		close(done)
+	}()
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-progress.C:
+			_ = msg.InProgress()
+		}
+	}
+	if le.err != nil {
+		return 0, le.err
+	}
+	if err := s.store.RemoveLeaseConns(ctx, gw, epoch); err != nil {
+		return 0, err
+	}
+	return len(conns), nil
+}
+
+// handleLegacy takes one message of the connection stream about a key of
+// the earlier shape: its removal (expiry, purge, or the end of the
+// offline grace) ends its connection.
+func (s *Service) handleLegacy(msg jetstream.Msg) {
+	userID, connID, ok := presence.SplitConnKey(strings.TrimPrefix(msg.Subject(), connSubjectPrefix))
+	if !ok || presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
 		_ = msg.Ack()
 		return
 	}
@@ -139,25 +250,30 @@ func (s *Service) handle(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
-	s.timers.clear(key)
 	s.dispatch(task{userID: userID, connID: connID, removedAt: meta.Sequence.Stream, msg: msg, markedAt: meta.Timestamp})
 }
 
-// schedule sets or clears a connection's inactivity timer from its record.
-func (s *Service) schedule(key string, rec *presence.ConnRecord) {
-	if rec.Idle || rec.Closing || rec.AwayAt == 0 {
-		s.timers.clear(key)
-		return
-	}
-	s.timers.set(key, rec.AwayAt)
+func (s *Service) worker(userID string) chan task {
+	var h maphash.Hash
+	h.SetSeed(s.seed)
+	_, _ = h.WriteString(userID)
+	return s.workers[h.Sum64()%uint64(len(s.workers))]
 }
 
 func (s *Service) dispatch(t task) {
-	var h maphash.Hash
-	h.SetSeed(s.seed)
-	_, _ = h.WriteString(t.userID)
 	s.queue.Add(1)
-	s.workers[h.Sum64()%uint64(len(s.workers))] <- t
+	s.worker(t.userID) <- t
+}
+
+// tryDispatch dispatches t unless its worker's queue is full.
+func (s *Service) tryDispatch(t task) bool {
+	select {
+	case s.worker(t.userID) <- t:
+		s.queue.Add(1)
+		return true
+	default:
+		return false
+	}
 }
 
 // work runs the workers until ctx is canceled, then lets each finish the
@@ -191,123 +307,85 @@ func (s *Service) work(ctx context.Context) {
 // do runs one task and acknowledges its message, or hands it back.
 func (s *Service) do(ctx context.Context, t task) {
 	s.queue.Add(-1)
-	var err error
-	if t.removedAt != 0 {
-		err = s.remove(ctx, t.userID, t.connID, t.removedAt)
-		if err == nil {
-			s.metrics.markerLag.Observe(time.Since(t.markedAt).Seconds())
-		}
-	} else {
-		err = s.checkInactive(ctx, t.userID, t.connID)
+	if t.lease != nil {
+		t.lease.done(s.removeLeased(ctx, t.userID, t.lease.gateway, t.lease.epoch, t.conns))
+		return
 	}
+	err := s.removeLegacy(ctx, t.userID, t.connID, t.removedAt)
 	switch {
-	case err != nil && t.msg != nil:
-		s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
-		_ = t.msg.NakWithDelay(time.Second)
 	case err != nil:
 		s.log.Error("reconcile", "user_id", t.userID, "conn_id", t.connID, "err", err)
-	case t.msg != nil:
+		_ = t.msg.NakWithDelay(time.Second)
+	default:
+		s.metrics.markerLag.Observe(time.Since(t.markedAt).Seconds())
 		_ = t.msg.Ack()
 	}
 }
 
-// remove applies the end of a connection, seen as a removal marker at
-// revision markerRev: it leaves the user's record if the record's
-// connection was created after the marker (its gateway made it again).
-func (s *Service) remove(ctx context.Context, userID, connID string, markerRev uint64) error {
-	start := time.Now()
-	var before presence.Status
-	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
-		before = r.Status
-		c, ok := r.Conns[connID]
-		if !ok || c.Rev >= markerRev {
-			return presence.ErrNoChange
-		}
-		delete(r.Conns, connID)
-		return nil
-	})
-	s.metrics.done(kindRemoval, start, written, err, before, rec.Status)
-	if err != nil {
-		return err
-	}
-	if written && s.log.Enabled(ctx, slog.LevelDebug) {
-		s.log.LogAttrs(ctx, slog.LevelDebug, "connection ended", slog.String("user_id", userID),
-			slog.String("conn_id", connID), slog.String("status", string(rec.Status)))
-	}
-	return nil
-}
-
-// checkInactive marks a connection idle if its key, read from the stream
-// leader after the status record, still says it is past its away_at.
-func (s *Service) checkInactive(ctx context.Context, userID, connID string) error {
-	var later int64
-	start := time.Now()
-	var before presence.Status
-	rec, _, written, err := s.store.UpdateStatus(ctx, userID, func(r *presence.Record) error {
-		later = 0
-		before = r.Status
-		c, ok := r.Conns[connID]
-		if !ok || c.Idle || c.Closing {
-			return presence.ErrNoChange
-		}
-		cr, _, err := s.store.Conn(ctx, userID, connID)
-		if errors.Is(err, presence.ErrNotFound) {
-			return presence.ErrNoChange // its removal is on the way
-		}
-		if err != nil {
-			return err
-		}
-		if cr.Idle || cr.Closing || cr.AwayAt == 0 {
-			return presence.ErrNoChange
-		}
-		if cr.AwayAt > s.cfg.Now().UnixMilli() {
-			later = cr.AwayAt
-			return presence.ErrNoChange
-		}
-		c.Idle = true
-		r.Conns[connID] = c
-		return nil
-	})
-	s.metrics.done(kindInactivity, start, written, err, before, rec.Status)
-	if err != nil {
-		return err
-	}
-	if later != 0 {
-		s.timers.set(presence.ConnKey(userID, connID), later)
-	}
-	if written && s.log.Enabled(ctx, slog.LevelDebug) {
-		s.log.LogAttrs(ctx, slog.LevelDebug, "connection inactive", slog.String("user_id", userID),
-			slog.String("conn_id", connID), slog.String("status", string(rec.Status)))
-	}
-	return nil
-}
-
-func (s *Service) timerLoop(ctx context.Context) {
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
-	for {
-		keys, next := s.timers.due(s.cfg.Now())
-		for _, key := range keys {
-			if userID, connID, ok := presence.SplitConnKey(key); ok {
-				select {
-				case <-ctx.Done():
-					return
-				default:
-				}
-				s.dispatch(task{userID: userID, connID: connID})
+// removeLeased takes a user's connections held under a lease out of the
+// user's record: those the record still has under that lease, and no
+// other (a connection its gateway registered again under a new lease
+// stays).
+func (s *Service) removeLeased(ctx context.Context, userID, gw, epoch string, conns []string) error {
+	return s.write(ctx, userID, kindLease, func(r *presence.Record) (int, error) {
+		n := 0
+		for _, id := range conns {
+			if c, ok := r.Conns[id]; ok && c.Gateway == gw && c.Lease == epoch {
+				r.RemoveConn(id, 0)
+				n++
 			}
 		}
-		if next < 0 {
-			next = time.Hour
+		return n, nil
+	})
+}
+
+// removeLegacy applies the end of a key of the earlier shape, seen as a
+// removal marker at revision markerRev: it leaves the user's record if the
+// record's connection was created after the marker (its gateway made it
+// again).
+func (s *Service) removeLegacy(ctx context.Context, userID, connID string, markerRev uint64) error {
+	return s.write(ctx, userID, kindRemoval, func(r *presence.Record) (int, error) {
+		c, ok := r.Conns[connID]
+		if !ok || c.Lease != "" || c.Rev >= markerRev {
+			return 0, nil
 		}
-		t.Reset(next)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-s.timers.wake:
+		r.RemoveConn(connID, 0)
+		return 1, nil
+	})
+}
+
+// write changes a user's record by compare-and-set from a fresh read each
+// attempt (remove says how many connections it took out; none means
+// nothing to write), and publishes the events the write calls for.
+func (s *Service) write(ctx context.Context, userID, kind string, remove func(*presence.Record) (int, error)) error {
+	start := time.Now()
+	n := 0
+	w, err := s.store.WriteStatus(ctx, userID, &presence.Cached{}, func(r *presence.Record) error {
+		var err error
+		if n, err = remove(r); err != nil {
+			return err
 		}
+		if n == 0 {
+			return presence.ErrNoChange
+		}
+		return nil
+	})
+	s.metrics.done(kind, start, w.Written, err, w.Prev.Status, w.Next.Status)
+	if err != nil {
+		return err
 	}
+	if !w.Written {
+		return nil
+	}
+	s.metrics.removed.WithLabelValues(kind).Add(float64(n))
+	if _, err := presence.Publish(s.nc, userID, &w); err != nil {
+		s.log.Warn("publish events", "user_id", userID, "err", err)
+	}
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		s.log.LogAttrs(ctx, slog.LevelDebug, "connections ended", slog.String("user_id", userID),
+			slog.Int("conns", n), slog.String("status", string(w.Next.Status)))
+	}
+	return nil
 }
 
 // startupSweep runs the first sweep, again after a failure, until one
@@ -329,7 +407,7 @@ func (s *Service) startupSweep(ctx context.Context) error {
 			return ctx.Err()
 		case <-t.C:
 		}
-		wait = min(2*wait, s.cfg.SweepInterval)
+		wait = min(2*wait, 10*time.Second)
 	}
 }
 
@@ -349,85 +427,95 @@ func (s *Service) sweepLoop(ctx context.Context) {
 	}
 }
 
-// sweep removes connections whose keys are gone without a marker this
-// reaper saw, and reschedules every live connection's inactivity timer.
+// sweep repairs what no lease end or marker this reaper saw did: it takes
+// out of every record the connections held under a lease that is over,
+// and those whose key of the earlier shape is gone, and removes the keys
+// of connections held under a lease that is over.
 //
-// It reads every status record first, then lists the live connection keys.
-// A connection in a record read before the listing and absent from the
-// listing is a candidate: the listing is not a snapshot (a key refreshed
-// while it runs can be missed), so each candidate's key is read from the
-// stream leader after the record, inside the compare-and-set, and only a
-// key that is gone removes the connection. If its gateway created the key
-// again meanwhile, the record's Rev for it changed, and it is left alone.
+// It reads the live leases and every status record, then (for keys of the
+// earlier shape) lists the live keys. Listings are not snapshots, so a
+// connection they leave out is only a candidate: its lease, or its key, is
+// read from the stream leader after its record, and only one that is gone
+// ends the connection. A lease never comes back once over (each has an
+// epoch of its own), and a connection its gateway registered again under a
+// new lease has a record entry naming the new one.
 func (s *Service) sweep(ctx context.Context) (int, error) {
+	leases, err := s.store.Leases(ctx)
+	if err != nil {
+		return 0, err
+	}
+	over := newLeaseCheck(s.store, leases)
 	type seen struct {
 		userID string
-		conns  map[string]uint64 // conn id -> Rev
+		conns  map[string]presence.ConnInfo
 	}
 	var records []seen
-	err := s.store.ScanStatus(ctx, func(userID string, rec presence.Record, _ uint64) error {
+	legacy := false
+	err = s.store.ScanStatus(ctx, func(userID string, rec presence.Record, _ uint64) error {
 		if len(rec.Conns) == 0 {
 			return nil
 		}
-		m := make(map[string]uint64, len(rec.Conns))
-		for id, c := range rec.Conns {
-			m[id] = c.Rev
+		records = append(records, seen{userID, rec.Conns})
+		for _, c := range rec.Conns {
+			legacy = legacy || c.Lease == ""
 		}
-		records = append(records, seen{userID, m})
 		return nil
 	})
 	if err != nil {
 		return 0, err
 	}
 	live := make(map[string]struct{})
-	err = s.store.ScanConns(ctx, func(userID, connID string, rec presence.ConnRecord, _ uint64) error {
-		key := presence.ConnKey(userID, connID)
-		live[key] = struct{}{}
-		s.schedule(key, &rec)
-		return nil
-	})
-	if err != nil {
-		return 0, err
+	if legacy {
+		err = s.store.ScanConns(ctx, func(userID, connID string, _ presence.ConnRecord, _ uint64) error {
+			live[presence.ConnKey(userID, connID)] = struct{}{}
+			return nil
+		})
+		if err != nil {
+			return 0, err
+		}
 	}
 	removed, removedConns := 0, 0
 	for _, r := range records {
-		var gone map[string]uint64
-		for id, rev := range r.conns {
-			if _, ok := live[presence.ConnKey(r.userID, id)]; !ok {
-				if gone == nil {
-					gone = make(map[string]uint64)
+		gone := make(map[string]presence.ConnInfo)
+		for id, c := range r.conns {
+			if c.Lease != "" {
+				if o, err := over.check(ctx, c.Gateway, c.Lease); err != nil {
+					return removedConns, err
+				} else if o {
+					gone[id] = c
 				}
-				gone[id] = rev
+				continue
+			}
+			if _, ok := live[presence.ConnKey(r.userID, id)]; !ok {
+				gone[id] = c
 			}
 		}
-		if gone == nil {
+		if len(gone) == 0 {
 			continue
 		}
-		var before presence.Status
 		n := 0
-		rec, _, written, err := s.store.UpdateStatus(ctx, r.userID, func(rec *presence.Record) error {
-			before, n = rec.Status, 0
-			for id, rev := range gone {
+		err := s.write(ctx, r.userID, kindSweep, func(rec *presence.Record) (int, error) {
+			n = 0
+			for id, was := range gone {
 				c, ok := rec.Conns[id]
-				if !ok || c.Rev != rev {
-					continue
+				if !ok || c != was {
+					continue // written again since it was seen
 				}
-				// The listing may miss a key written while it ran: read the
-				// key itself, after the record, before taking it as gone.
-				_, _, err := s.store.Conn(ctx, r.userID, id)
-				switch {
-				case err == nil:
-					continue
-				case !errors.Is(err, presence.ErrNotFound):
-					return err
+				if c.Lease == "" {
+					// The listing may miss a key written while it ran: read
+					// the key itself, after the record.
+					_, _, err := s.store.Conn(ctx, r.userID, id)
+					switch {
+					case err == nil:
+						continue
+					case !errors.Is(err, presence.ErrNotFound):
+						return 0, err
+					}
 				}
-				delete(rec.Conns, id)
+				rec.RemoveConn(id, 0)
 				n++
 			}
-			if n == 0 {
-				return presence.ErrNoChange
-			}
-			return nil
+			return n, nil
 		})
 		if err != nil {
 			if ctx.Err() != nil {
@@ -436,15 +524,66 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 			s.log.Error("sweep", "user_id", r.userID, "err", err)
 			continue
 		}
-		if written {
+		if n > 0 {
 			removed++
 			removedConns += n
-			s.metrics.removed.WithLabelValues("sweep").Add(float64(n))
-			s.metrics.transition(before, rec.Status)
+		}
+	}
+	// The keys of leases that are over, left behind by a lease end that
+	// failed half-way, or that nobody saw.
+	orphans := make(map[[2]string]bool)
+	err = s.store.ScanLeaseConns(ctx, func(c presence.LeaseConn) error {
+		if _, ok := leases[presence.LeaseKey(c.Gateway, c.Epoch)]; !ok {
+			orphans[[2]string{c.Gateway, c.Epoch}] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return removedConns, err
+	}
+	for l := range orphans {
+		if o, err := over.check(ctx, l[0], l[1]); err != nil || !o {
+			continue
+		}
+		if err := s.store.RemoveLeaseConns(ctx, l[0], l[1]); err != nil {
+			s.log.Error("sweep", "lease", presence.LeaseKey(l[0], l[1]), "err", err)
 		}
 	}
 	if removed > 0 {
 		s.log.Info("sweep removed ended connections", "users", removed, "conns", removedConns)
 	}
 	return removedConns, nil
+}
+
+// leaseCheck tells, during one sweep, whether a lease is over: not among
+// the live ones listed, and confirmed gone by a read from the stream
+// leader (the listing may miss a lease taken while it ran).
+type leaseCheck struct {
+	store *presence.Store
+	live  map[string]presence.LeaseRecord
+	over  map[string]bool
+}
+
+func newLeaseCheck(store *presence.Store, live map[string]presence.LeaseRecord) *leaseCheck {
+	return &leaseCheck{store: store, live: live, over: make(map[string]bool)}
+}
+
+func (l *leaseCheck) check(ctx context.Context, gw, epoch string) (bool, error) {
+	key := presence.LeaseKey(gw, epoch)
+	if _, ok := l.live[key]; ok {
+		return false, nil
+	}
+	if o, ok := l.over[key]; ok {
+		return o, nil
+	}
+	_, _, err := l.store.Lease(ctx, gw, epoch)
+	switch {
+	case err == nil:
+		l.over[key] = false
+	case errors.Is(err, presence.ErrNotFound):
+		l.over[key] = true
+	default:
+		return false, fmt.Errorf("read lease %s: %w", key, err)
+	}
+	return l.over[key], nil
 }

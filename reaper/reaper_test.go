@@ -50,9 +50,6 @@ func newWorld(t *testing.T, opts presence.BucketOptions) *world {
 func (w *world) startReaper(cfg reaper.Config) (stop func()) {
 	w.t.Helper()
 	cfg.Buckets = w.opts
-	if cfg.SweepInterval == 0 {
-		cfg.SweepInterval = time.Hour // only the start-up sweep, unless asked
-	}
 	r, err := reaper.New(natstest.Connect(w.t, w.srv), cfg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -85,9 +82,10 @@ func live() presence.ConnRecord {
 	return presence.ConnRecord{Gateway: "gw1", Since: now, ActiveAt: now, AwayAt: now + time.Hour.Milliseconds()}
 }
 
-// connect does what a gateway does for a new connection: it creates the
-// key with a TTL, then adds the connection to the user's record. It returns
-// the key's revision.
+// connect does what a gateway of the earlier kind did for a new
+// connection: it creates the key, of the earlier shape, with a TTL, then
+// adds the connection to the user's record. It returns the key's
+// revision.
 func (w *world) connect(user, conn string, rec presence.ConnRecord, ttl time.Duration) uint64 {
 	w.t.Helper()
 	rev, err := w.store.CreateConn(context.Background(), user, conn, rec, ttl)
@@ -96,18 +94,6 @@ func (w *world) connect(user, conn string, rec presence.ConnRecord, ttl time.Dur
 	}
 	w.setConn(user, conn, presence.ConnInfo{Gateway: rec.Gateway, Since: rec.Since, Rev: rev})
 	return rev
-}
-
-// connectIdleAt connects like a gateway and then writes the key again, as a
-// gateway's next refresh does: the reaper may see the key's first write
-// before the record names the connection, and then looks again only when
-// the key is written again.
-func (w *world) connectIdleAt(user, conn string, rec presence.ConnRecord) {
-	w.t.Helper()
-	rev := w.connect(user, conn, rec, time.Minute)
-	if _, err := w.store.WriteConn(context.Background(), user, conn, rec, time.Minute, rev); err != nil {
-		w.t.Fatal(err)
-	}
 }
 
 func (w *world) setConn(user, conn string, ci presence.ConnInfo) {
@@ -229,58 +215,6 @@ func TestOldMarkerLeavesNewerConnection(t *testing.T) {
 	w.connect("dave", "d2", live(), time.Minute)
 	w.purge("dave", "d2")
 	w.await("dave", presence.Online, "d1")
-}
-
-// TestInactivity: a connection whose away_at passes without a newer key
-// write turns idle, and its user away; a newer write that moves away_at
-// keeps them online.
-func TestInactivity(t *testing.T) {
-	w := newWorld(t, presence.BucketOptions{MarkerTTL: time.Second})
-	w.startReaper(reaper.Config{})
-
-	past := live()
-	past.AwayAt = time.Now().Add(-time.Second).UnixMilli()
-	w.connectIdleAt("erin", "e1", past)
-	w.await("erin", presence.Away, "e1")
-	if rec := w.record("erin"); !rec.Conns["e1"].Idle || rec.Devices != 1 {
-		t.Errorf("record of an inactive user: %+v", rec)
-	}
-
-	// A second device in use brings the user back.
-	w.connect("erin", "e2", live(), time.Minute)
-	w.await("erin", presence.Online, "e1", "e2")
-
-	// frank's key first says he turns inactive soon, then (a heartbeat with
-	// activity) an hour from now. "Soon" leaves the second write five
-	// seconds to land first, however loaded the machine.
-	soon := live()
-	soon.AwayAt = time.Now().Add(5 * time.Second).UnixMilli()
-	rev := w.connect("frank", "f1", soon, time.Minute)
-	if _, err := w.store.WriteConn(context.Background(), "frank", "f1", live(), time.Minute, rev); err != nil {
-		t.Fatal(err)
-	}
-	// grace's deadline is later than frank's first one: once she is away,
-	// frank's first deadline has passed and been dealt with.
-	later := live()
-	later.AwayAt = soon.AwayAt + 200
-	w.connectIdleAt("grace", "g1", later)
-	w.await("grace", presence.Away, "g1")
-	if rec := w.record("frank"); rec.Status != presence.Online || rec.Conns["f1"].Idle {
-		t.Errorf("frank, whose key moved his away_at an hour on: %+v", rec)
-	}
-
-	// A key that says idle, or closing, never turns the user away by
-	// itself: that is the gateway's call.
-	idle := live()
-	idle.Idle, idle.AwayAt = true, 0
-	w.connect("heidi", "h1", idle, time.Minute)
-	later2 := live()
-	later2.AwayAt = time.Now().Add(100 * time.Millisecond).UnixMilli()
-	w.connectIdleAt("ivan", "i1", later2)
-	w.await("ivan", presence.Away, "i1")
-	if rec := w.record("heidi"); rec.Status != presence.Online {
-		t.Errorf("heidi's key says idle but her record does not: the reaper changed it to %s", rec.Status)
-	}
 }
 
 // TestSweepRepairsWhatNoReaperSaw: a connection's key expired while no

@@ -147,6 +147,12 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.Buckets = buckets
 	cfg.ID = c.String("gateway-id")
 	cfg.ConnTTL = c.Duration("conn-ttl")
+	if c.IsSet("lease-ttl") {
+		if err := positive(c, "lease-ttl"); err != nil {
+			return cfg, err
+		}
+		cfg.LeaseTTL = c.Duration("lease-ttl")
+	}
 	cfg.OfflineGrace = grace
 	cfg.AwayAfter = c.Duration("away-after")
 	cfg.BatchInterval = c.Duration("batch-interval")
@@ -304,7 +310,10 @@ func isLoopback(hostport string) (bool, error) {
 
 // reaperConfig reads the reaper flags into a validated reaper.Config.
 func reaperConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (reaper.Config, error) {
-	if err := positive(c, "sweep-interval", "ack-wait"); err != nil {
+	if err := positive(c, "ack-wait"); err != nil {
+		return reaper.Config{}, err
+	}
+	if err := notNegative(c, "sweep-interval"); err != nil {
 		return reaper.Config{}, err
 	}
 	if err := atLeast(c, 1, "workers"); err != nil {

@@ -125,6 +125,9 @@ func gatewayFlags(standalone bool) []cli.Flag {
 			DefaultText: d.HeartbeatInterval.String() + ", or half of --conn-ttl when that is shorter",
 			EnvVars:     []string{envVar("heartbeat-interval")}},
 		durationFlag(catGateway, "conn-ttl", d.ConnTTL, "how long a connection stays live without a frame from its client; at least 1s, rounded up to whole seconds"),
+		&cli.DurationFlag{Category: catGateway, Name: "lease-ttl",
+			Usage:       "how long the gateway's lease outlives its last refresh (about every second): when the gateway dies, or loses NATS for longer, its users go offline after this; at least 1s, at most --conn-ttl",
+			DefaultText: "--conn-ttl", EnvVars: []string{envVar("lease-ttl")}},
 		durationFlag(catGateway, "offline-grace", d.OfflineGrace, "how long a cleanly closed connection still counts, so a page reload does not flap; 0 for none; rounded up to whole seconds"),
 		durationFlag(catGateway, "away-after", d.AwayAfter, "how long a connection may go without activity before it counts as idle"),
 		durationFlag(catGateway, "batch-interval", d.BatchInterval, "how often changes are written to watching sockets, coalesced; 1ms to 10s"),
@@ -168,7 +171,7 @@ func reaperFlags() []cli.Flag {
 	return ownEnv("reaper",
 		intFlag(catProcess, "workers", d.Workers, "users reconciled at once"),
 		sweepFlag(),
-		durationFlag(catProcess, "ack-wait", d.AckWait, "how long a removal may stay unacknowledged before it is handed to another reaper"),
+		durationFlag(catProcess, "ack-wait", d.AckWait, "how long the end of a gateway's lease may stay unacknowledged before it is handed to another reaper"),
 		metricsFlag(),
 	)
 }
@@ -176,8 +179,10 @@ func reaperFlags() []cli.Flag {
 // sweepFlag is the reaper's --sweep-interval, for every command that runs
 // a reaper.
 func sweepFlag() cli.Flag {
-	return ownEnv("reaper", durationFlag(catProcess, "sweep-interval", reaper.DefaultConfig().SweepInterval,
-		"how often the reaper's full sweep of connections and statuses runs; at least 100ms"))[0]
+	f := durationFlag(catProcess, "sweep-interval", reaper.DefaultConfig().SweepInterval,
+		"how often the reaper's full sweep of statuses, leases and connections runs after the one at start; 0 for never (it only repairs what was changed by hand, and reads every record and key each time); else at least 100ms")
+	f.DefaultText = "0 (never)"
+	return ownEnv("reaper", f)[0]
 }
 
 // fanoutFlags configure a fanout. They are the fanout's own.

@@ -64,7 +64,7 @@ func runStandalone(c *cli.Context) error {
 	if err := gatewayAuth(c, &gcfg, log, true); err != nil {
 		return err
 	}
-	if err := positive(c, "sweep-interval"); err != nil {
+	if err := notNegative(c, "sweep-interval"); err != nil {
 		return err
 	}
 	rcfg := reaper.Config{Logger: log, SweepInterval: c.Duration("sweep-interval")}

@@ -189,6 +189,8 @@ type runner struct {
 func (r *runner) expand(line string) (string, error) {
 	for ph, fn := range map[string]func() string{
 		"<conn_id>":     func() string { return r.sc.aliceWeb.Hello.ConnID },
+		"<gateway_id>":  r.sc.gw1.ID,
+		"<lease>":       r.sc.lease,
 		"<cid>":         r.sc.cid,
 		"<instance_id>": r.sc.instance,
 	} {
@@ -305,7 +307,7 @@ func (r *runner) nats(words []string) (output, error) {
 	return output{}, fmt.Errorf("nats %s is not run by this test", words[0])
 }
 
-var buckets = []string{presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket}
+var buckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket}
 
 // checkKey checks a key (or, with filter, a key filter) of a bucket has
 // the shape greendot gives it.
@@ -316,15 +318,25 @@ func checkKey(bucket, key string, filter bool) error {
 		if !presence.ValidUserID(key) {
 			return bad
 		}
+	case presence.LeasesBucket:
+		if filter {
+			return bad
+		}
+		if _, _, ok := presence.ParseLeaseKey(key); !ok {
+			return bad
+		}
 	case presence.ConnsBucket:
 		if filter {
-			u, _, ok := strings.Cut(key, ".")
-			if !ok || key != presence.ConnKeyFilter(u) || !presence.ValidUserID(u) {
+			parts := strings.Split(key, ".")
+			switch {
+			case len(parts) == 4 && key == presence.UserConnsFilter(parts[2]) && presence.ValidUserID(parts[2]):
+			case len(parts) == 3 && key == presence.LeaseConnsFilter(parts[0], parts[1]) && parts[0] != "*" && parts[1] != "*":
+			default:
 				return bad
 			}
 			return nil
 		}
-		if _, _, ok := presence.SplitConnKey(key); !ok {
+		if _, _, _, _, ok := presence.ParseLeaseConnKey(key); !ok {
 			return bad
 		}
 	case presence.GraphBucket:
@@ -636,7 +648,8 @@ func (r *runner) consumer(words []string) (output, error) {
 		return output{}, errors.New("nats consumer info STREAM CONSUMER")
 	}
 	stream, name := words[1], words[2]
-	ok := stream == presence.StreamName(presence.ConnsBucket) && name == presence.ReaperConsumer ||
+	ok := stream == presence.StreamName(presence.LeasesBucket) && name == presence.ReaperConsumer ||
+		stream == presence.StreamName(presence.ConnsBucket) && name == presence.ReaperConsumer ||
 		stream == presence.StreamName(presence.StatusBucket) && name == presence.FanoutConsumer
 	if !ok {
 		return output{}, fmt.Errorf("%s %s is not a greendot stream and consumer", stream, name)

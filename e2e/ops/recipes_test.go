@@ -62,7 +62,7 @@ func TestAliceQuestion(t *testing.T) {
 	}
 
 	// The same from the buckets: nats kv get presence_status alice, and
-	// nats kv ls presence_conns 'alice.*'.
+	// nats kv ls presence_conns '*.*.alice.*'.
 	js, err := jetstream.New(sc.nc)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +86,7 @@ func TestAliceQuestion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lister, err := conns.ListKeysFiltered(ctx, presence.ConnKeyFilter("alice"))
+	lister, err := conns.ListKeysFiltered(ctx, presence.UserConnsFilter("alice"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +95,11 @@ func TestAliceQuestion(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	want := []string{presence.ConnKey("alice", sc.aliceWeb.Hello.ConnID), presence.ConnKey("alice", sc.aliceIOS.Hello.ConnID)}
+	var want []string
+	for _, c := range []*client.Conn{sc.aliceWeb, sc.aliceIOS} {
+		ci := rec.Conns[c.Hello.ConnID]
+		want = append(want, presence.LeaseConnKey(ci.Gateway, ci.Lease, "alice", c.Hello.ConnID))
+	}
 	slices.Sort(want)
 	if !slices.Equal(keys, want) {
 		t.Errorf("alice's keys = %v, want %v", keys, want)

@@ -32,8 +32,8 @@ import (
 
 // scene is a running greendot in the state the operations page talks
 // about: alice online on two devices (web on the first gateway, ios on the
-// second), bob watching her from the first gateway, carol who came and
-// went (so the reaper has a transition to report).
+// second), bob watching her from the first gateway, carol whose gateway
+// stopped under her (so the reaper has a transition to report).
 type scene struct {
 	t   *testing.T
 	sys *systest.System
@@ -79,11 +79,12 @@ func startScene(t *testing.T) *scene {
 	})
 
 	sys.Mutual("alice", "bob", "carol")
-	// carol comes and goes: the reaper turns her offline.
-	carol := sys.Dial(sc.gw2, "carol", "web")
-	if err := carol.Close(); err != nil {
-		t.Fatal(err)
-	}
+	// carol's gateway stops while she is connected: once its lease ends,
+	// the reaper turns her offline.
+	gw3 := sys.StartGateway(gateway.Config{})
+	carol := sys.Dial(gw3, "carol", "web")
+	sys.StopGateway(gw3)
+	_ = carol.Close()
 	sc.bob = sys.Dial(sc.gw1, "bob", "web")
 	sc.stops = append(sc.stops, systest.KeepAlive(sc.bob, systest.Heartbeat))
 	sc.bobView = systest.NewView(t, sc.bob)
@@ -155,6 +156,21 @@ func (sc *scene) cid() string {
 	}
 	sc.t.Fatalf("no subscription on %s: %+v", presence.EventSubject("alice"), sz.Subs)
 	return ""
+}
+
+// lease returns the lease alice's web connection is held under on the
+// first gateway.
+func (sc *scene) lease() string {
+	sc.t.Helper()
+	rec, err := sc.sys.StatusOf("alice")
+	if err != nil {
+		sc.t.Fatal(err)
+	}
+	c, ok := rec.Conns[sc.aliceWeb.Hello.ConnID]
+	if !ok || c.Lease == "" {
+		sc.t.Fatalf("alice's web connection is not in her record under a lease: %+v", rec.Conns)
+	}
+	return c.Lease
 }
 
 // instance returns the micro instance id of the first gateway.

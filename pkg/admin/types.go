@@ -84,11 +84,14 @@ type ConnInfo struct {
 	ConnID string `json:"conn_id"`
 	// Gateway is the id of the gateway holding the socket.
 	Gateway string `json:"gateway"`
-	Device  string `json:"device,omitempty"`
+	// Lease is the epoch of the gateway's lease the connection is held
+	// under; absent for a key of the earlier shape.
+	Lease  string `json:"lease,omitempty"`
+	Device string `json:"device,omitempty"`
 	// Since is when the connection was established.
 	Since time.Time `json:"since"`
-	// ActiveAt is the last activity its gateway wrote to the key; absent
-	// when the key is gone.
+	// ActiveAt is, for a key of the earlier shape, the last activity its
+	// gateway wrote to it; absent otherwise.
 	ActiveAt *time.Time `json:"active_at,omitempty"`
 	// Idle reports that the connection is not in use (the client said
 	// idle, or it had no activity for the away-after period).
