@@ -60,14 +60,14 @@ type Figure struct {
 
 // GatewayFigure is what one gateway process measured in an idle run.
 type GatewayFigure struct {
-	Gateway       int     `json:"gateway"`
-	Conns         float64 `json:"conns"`
-	RSSBaseline   int64   `json:"rss_baseline_bytes"`
-	RSSAfter      int64   `json:"rss_after_bytes"`
-	HeapBaseline  int64   `json:"heap_inuse_baseline_bytes"`
-	HeapAfter     int64   `json:"heap_inuse_after_bytes"`
-	CPUPercent    float64 `json:"cpu_percent"`
-	RefreshPerSec float64 `json:"kv_refresh_writes_per_second"`
+	Gateway      int     `json:"gateway"`
+	Conns        float64 `json:"conns"`
+	RSSBaseline  int64   `json:"rss_baseline_bytes"`
+	RSSAfter     int64   `json:"rss_after_bytes"`
+	HeapBaseline int64   `json:"heap_inuse_baseline_bytes"`
+	HeapAfter    int64   `json:"heap_inuse_after_bytes"`
+	CPUPercent   float64 `json:"cpu_percent"`
+	WritesPerSec float64 `json:"kv_writes_per_second"`
 }
 
 // Summary is a figure over every run: its median and spread.

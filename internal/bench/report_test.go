@@ -16,7 +16,7 @@ func TestParseMetrics(t *testing.T) {
 	page := `# HELP go_memstats_heap_inuse_bytes Number of heap bytes that are in use.
 # TYPE go_memstats_heap_inuse_bytes gauge
 go_memstats_heap_inuse_bytes 4.194304e+06
-greendot_gateway_kv_writes_total{kind="refresh"} 1234
+greendot_gateway_kv_writes_total{kind="status"} 1234
 greendot_gateway_kv_writes_total{kind="a b"} 5 1700000000000
 process_resident_memory_bytes 2.5e+07
 `
@@ -25,10 +25,10 @@ process_resident_memory_bytes 2.5e+07
 		t.Fatal(err)
 	}
 	for series, want := range map[string]float64{
-		"go_memstats_heap_inuse_bytes":                     4194304,
-		`greendot_gateway_kv_writes_total{kind="refresh"}`: 1234,
-		`greendot_gateway_kv_writes_total{kind="a b"}`:     5,
-		"process_resident_memory_bytes":                    25e6,
+		"go_memstats_heap_inuse_bytes":                    4194304,
+		`greendot_gateway_kv_writes_total{kind="status"}`: 1234,
+		`greendot_gateway_kv_writes_total{kind="a b"}`:    5,
+		"process_resident_memory_bytes":                   25e6,
 	} {
 		if got, ok := m[series]; !ok || got != want {
 			t.Errorf("%s = %v (%v), want %v", series, got, ok, want)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/pkg/presence"
 )
 
 // Run runs cfg.Scenario cfg.Repeat times, each on a fresh system, and
@@ -333,12 +334,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // gatewaySample is one gateway's state at one moment.
 type gatewaySample struct {
-	ok      bool
-	rss     int64
-	heap    int64
-	cpu     time.Duration
-	refresh float64
-	conns   float64
+	ok   bool
+	rss  int64
+	heap int64
+	cpu  time.Duration
+	// writes counts the gateway's JetStream writes: connection keys,
+	// status records and its lease.
+	writes float64
+	conns  float64
 }
 
 // sample is the system's state at one moment.
@@ -348,13 +351,32 @@ type sample struct {
 	// procs are the other processes: reaper, fanout, workers, and this
 	// process (which holds the embedded NATS server).
 	procs map[string]procSample
+	// stored is the last sequence of each of greendot's streams (the
+	// messages ever stored in it), by bucket; absent if unread.
+	stored map[string]uint64
 }
+
+// writtenBuckets are the buckets whose writes a sample counts.
+var writtenBuckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket}
 
 // sample reads every gateway's RSS and CPU (from /proc when it is a child,
 // else from its /metrics), its heap and KV writes (from /metrics), and the
 // other processes' RSS and CPU.
 func (r *runner) sample(ctx context.Context) sample {
-	s := sample{at: time.Now(), gateways: make([]gatewaySample, len(r.sys.gateways)), procs: map[string]procSample{}}
+	s := sample{at: time.Now(), gateways: make([]gatewaySample, len(r.sys.gateways)), procs: map[string]procSample{}, stored: map[string]uint64{}}
+	for _, b := range writtenBuckets {
+		st, err := r.sys.store.JetStream().Stream(ctx, presence.StreamName(b))
+		if err != nil {
+			r.log.Warn("read stream", "bucket", b, "err", err)
+			continue
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			r.log.Warn("read stream", "bucket", b, "err", err)
+			continue
+		}
+		s.stored[b] = info.State.LastSeq
+	}
 	var wg sync.WaitGroup
 	for i, g := range r.sys.gateways {
 		wg.Go(func() {
@@ -366,7 +388,12 @@ func (r *runner) sample(ctx context.Context) sample {
 			}
 			gs.ok = true
 			gs.heap = int64(m["go_memstats_heap_inuse_bytes"])
-			gs.refresh = m[`greendot_gateway_kv_writes_total{kind="refresh"}`]
+			for k, v := range m {
+				if strings.HasPrefix(k, "greendot_gateway_kv_writes_total{") {
+					gs.writes += v
+				}
+			}
+			gs.writes += m["greendot_gateway_lease_refreshes_total"]
 			gs.conns = m["greendot_gateway_connections"]
 			gs.rss = int64(m["process_resident_memory_bytes"])
 			gs.cpu = time.Duration(m["process_cpu_seconds_total"] * float64(time.Second))
@@ -429,7 +456,7 @@ func (r *runner) addCPU(a, b sample, during string) {
 }
 
 // idle holds the connections, waits a heartbeat interval so every
-// connection has refreshed its key, then measures over the window.
+// connection has sent heartbeats, then measures over the window.
 func (r *runner) idle(ctx context.Context, baseline sample) error {
 	settle := r.heartbeatInterval() + 2*time.Second
 	r.log.Info("holding", "settle", settle.String(), "window", r.cfg.Duration.String())
@@ -445,7 +472,7 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 
 	var conns float64
 	var rssBase, rssAfter, heapBase, heapAfter int64
-	var refresh float64
+	var writes float64
 	for i := range b.gateways {
 		g0, g1, g2 := baseline.gateways[i], a.gateways[i], b.gateways[i]
 		if !g0.ok || !g2.ok {
@@ -457,8 +484,8 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 		}
 		if g1.ok {
 			gf.CPUPercent = 100 * (g2.cpu - g1.cpu).Seconds() / secs
-			gf.RefreshPerSec = (g2.refresh - g1.refresh) / secs
-			refresh += gf.RefreshPerSec
+			gf.WritesPerSec = (g2.writes - g1.writes) / secs
+			writes += gf.WritesPerSec
 		}
 		r.res.Gateways = append(r.res.Gateways, gf)
 		conns += g2.conns
@@ -481,7 +508,18 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 		gwCPU += b.gateways[i].cpu - a.gateways[i].cpu
 	}
 	r.add("gateway CPU per 10k connections", 100*gwCPU.Seconds()/secs/(conns/10000), "% of a core", "")
-	r.add("heartbeat KV writes", refresh, "writes/s", "")
+	r.add("gateways' JetStream writes while idle", writes, "writes/s", "")
+	var stored float64
+	for _, bk := range writtenBuckets {
+		n0, ok0 := a.stored[bk]
+		n1, ok1 := b.stored[bk]
+		if !ok0 || !ok1 {
+			continue
+		}
+		r.add(bk+" messages stored while idle", float64(n1-n0)/secs, "messages/s", "")
+		stored += float64(n1 - n0)
+	}
+	r.add("JetStream messages stored while idle", stored/secs, "messages/s", "")
 	r.addCPU(a, b, "while idle")
 	return nil
 }
