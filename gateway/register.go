@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,8 +83,10 @@ type userState struct {
 	id string
 
 	mu sync.Mutex
-	// conns are the user's connections here that the record must name.
-	conns map[string]*conn
+	// conns are the user's connections here that the record must name:
+	// a few at most, and most often one, which a slice holds in a
+	// fraction of a map's memory.
+	conns []*conn
 	// gone are connections the record must no longer name, with the
 	// lease they were held under and when they were last seen (unix ms).
 	gone map[string]goneConn
@@ -97,8 +100,6 @@ type userState struct {
 	// cache is the writer's copy of the record; only the running writer
 	// touches it.
 	cache presence.Cached
-	// last is the result of the newest write.
-	last presence.Write
 }
 
 type goneConn struct {
@@ -199,7 +200,7 @@ func (r *registrar) lockUser(id string) *userState {
 	defer r.mu.Unlock()
 	us := r.users[id]
 	if us == nil {
-		us = &userState{id: id, conns: make(map[string]*conn), gone: make(map[string]goneConn)}
+		us = &userState{id: id}
 		r.users[id] = us
 	}
 	us.mu.Lock()
@@ -243,7 +244,7 @@ func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uin
 	us := r.lockUser(c.userID)
 	c.us = us
 	c.key = connKey{lease: epoch}
-	us.conns[c.connID] = c
+	us.conns = append(us.conns, c)
 	w := r.askLocked(us)
 	us.mu.Unlock()
 	select {
@@ -336,11 +337,14 @@ func (r *registrar) write(us *userState) {
 		r.removeKeys(gone)
 
 		us.mu.Lock()
-		us.written, us.last = gen, w
+		us.written = gen
 		for id, g := range gone {
 			if cur, ok := us.gone[id]; ok && cur == g {
 				delete(us.gone, id)
 			}
+		}
+		if len(us.gone) == 0 {
+			us.gone = nil // an idle user holds no map it does not need
 		}
 		if chosen != "" && us.chosen == chosen {
 			us.chosen = ""
@@ -355,6 +359,9 @@ func (r *registrar) write(us *userState) {
 		}
 		clear(us.waiters[len(kept):])
 		us.waiters = kept
+		if len(kept) == 0 {
+			us.waiters = nil
+		}
 		us.mu.Unlock()
 	}
 }
@@ -366,11 +373,11 @@ func (r *registrar) write(us *userState) {
 func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, map[string]goneConn, presence.Status) {
 	epoch, held := r.lease.epoch()
 	entries := make(map[string]presence.ConnInfo, len(us.conns))
-	for id, c := range us.conns {
+	for _, c := range us.conns {
 		if !held || c.key.lease != epoch {
 			continue // registered again under the new lease first
 		}
-		entries[id] = presence.ConnInfo{
+		entries[c.connID] = presence.ConnInfo{
 			Gateway: r.cfg.ID, Lease: c.key.lease, Device: c.device, Since: c.since,
 			Idle: c.key.idle, Closing: c.key.closedAt != 0, ClosedAt: c.key.closedAt,
 		}
@@ -534,8 +541,16 @@ func (r *registrar) end(c *conn, lastSeen int64) {
 	if c.key.closedAt != 0 {
 		lastSeen = c.key.closedAt
 	}
-	delete(us.conns, c.connID)
+	if i := slices.Index(us.conns, c); i >= 0 {
+		us.conns = slices.Delete(us.conns, i, i+1)
+	}
+	if len(us.conns) == 0 {
+		us.conns = nil
+	}
 	if c.key.lease != "" {
+		if us.gone == nil {
+			us.gone = make(map[string]goneConn)
+		}
 		us.gone[c.connID] = goneConn{
 			key:      presence.LeaseConn{Gateway: r.cfg.ID, Epoch: c.key.lease, UserID: c.userID, ConnID: c.connID},
 			lastSeen: lastSeen,

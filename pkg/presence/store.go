@@ -288,8 +288,11 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 // Cached is a writer's copy of a user's Record and its revision, which
 // WriteStatus starts from and keeps up to date.
 type Cached struct {
-	Rec Record
-	Rev uint64
+	// data is the record as stored, decoded when a write starts from it:
+	// a gateway keeps one per user it holds, and the encoded record is a
+	// fraction of the decoded one's size.
+	data []byte
+	Rev  uint64
 	// Valid reports that Rec and Rev were read or written; the zero Cached
 	// knows nothing.
 	Valid bool
@@ -322,13 +325,20 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
 		fresh := !cache.Valid
 		if fresh {
-			cur, rev, err := s.Status(ctx, userID)
+			e, err := s.last(ctx, StatusBucket, StatusKey(userID))
 			if err != nil && !errors.Is(err, ErrNotFound) {
 				return Write{}, err
 			}
-			*cache = Cached{Rec: cur, Rev: rev, Valid: true}
+			*cache = Cached{data: e.data, Rev: e.rev, Valid: true}
 		}
-		cur, curRev := cache.Rec, cache.Rev
+		var cur Record
+		if len(cache.data) > 0 {
+			if err := json.Unmarshal(cache.data, &cur); err != nil {
+				cache.Valid = false
+				return Write{}, fmt.Errorf("decode status of %q: %w", userID, err)
+			}
+		}
+		curRev := cache.Rev
 		next := cur.Clone()
 		if err := mutate(&next); err != nil {
 			if !errors.Is(err, ErrNoChange) {
@@ -351,7 +361,7 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		}
 		newRev, err := s.status.Update(ctx, StatusKey(userID), data, curRev)
 		if err == nil {
-			*cache = Cached{Rec: next, Rev: newRev, Valid: true}
+			*cache = Cached{data: data, Rev: newRev, Valid: true}
 			return Write{Prev: cur, Next: next, Rev: newRev, Written: true}, nil
 		}
 		cache.Valid = false
