@@ -522,6 +522,10 @@ func TestUpgradeRefusals(t *testing.T) {
 			if !errors.As(err, &he) || he.Status != tt.status {
 				t.Fatalf("dial: %v, want HTTP %d", err, tt.status)
 			}
+			// The error carries the gateway's reason, not the response.
+			if he.Body == "" || strings.Contains(he.Body, "HTTP/1.1") {
+				t.Fatalf("refusal body %q, want the reason alone", he.Body)
+			}
 		})
 	}
 }

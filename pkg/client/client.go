@@ -8,6 +8,7 @@
 package client
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -81,8 +83,13 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 	d := ws.Dialer{
 		Timeout: timeout,
 		OnStatusError: func(status int, reason []byte, resp io.Reader) {
-			body, _ := io.ReadAll(io.LimitReader(resp, 4096))
-			refused = &HandshakeError{Status: status, Body: string(body)}
+			// resp is the whole response, status line and headers first.
+			refused = &HandshakeError{Status: status}
+			if r, err := http.ReadResponse(bufio.NewReader(io.LimitReader(resp, 8192)), nil); err == nil {
+				body, _ := io.ReadAll(io.LimitReader(r.Body, 4096))
+				_ = r.Body.Close()
+				refused.Body = strings.TrimSpace(string(body))
+			}
 		},
 	}
 	if o.Header != nil {
