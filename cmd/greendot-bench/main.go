@@ -74,8 +74,9 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"them. Of the --conns connections, --watchers each follow (mutually, written to the graph first)\n" +
 			"and watch --follows of the --targets; the rest are idle. Every connection heartbeats.\n" +
 			"Scenarios, each bounded in time: idle measures the gateways' RSS and heap per connection (over\n" +
-			"their RSS before connecting), CPU per 10k connections, and the JetStream writes and stored\n" +
-			"messages per second over --duration; propagation has targets set_status at --rate per second for --duration and\n" +
+			"their RSS before connecting), the workers' RSS and the kernel's slab per connection, CPU per\n" +
+			"10k connections, and the JetStream writes and stored messages per second over --duration;\n" +
+			"propagation has targets set_status at --rate per second for --duration and\n" +
 			"measures set_status sent to presence_batch received; death stops the targets' heartbeats\n" +
 			"without closing and measures when watchers see them offline after the TTL; churn replaces\n" +
 			"connections (new one first, then a clean close) at --rate per second and counts false offline\n" +

@@ -203,3 +203,20 @@ func loadAverage() [3]float64 {
 	}
 	return out
 }
+
+// slabBytes is the kernel's slab memory (/proc/meminfo Slab), where the
+// socket structures of every connection live; 0 when unread.
+func slabBytes() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[0] == "Slab:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}

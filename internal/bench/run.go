@@ -354,6 +354,8 @@ type sample struct {
 	// stored is the last sequence of each of greendot's streams (the
 	// messages ever stored in it), by bucket; absent if unread.
 	stored map[string]uint64
+	// slab is the kernel's slab memory, bytes.
+	slab int64
 }
 
 // writtenBuckets are the buckets whose writes a sample counts.
@@ -363,7 +365,7 @@ var writtenBuckets = []string{presence.LeasesBucket, presence.ConnsBucket, prese
 // else from its /metrics), its heap and KV writes (from /metrics), and the
 // other processes' RSS and CPU.
 func (r *runner) sample(ctx context.Context) sample {
-	s := sample{at: time.Now(), gateways: make([]gatewaySample, len(r.sys.gateways)), procs: map[string]procSample{}, stored: map[string]uint64{}}
+	s := sample{at: time.Now(), gateways: make([]gatewaySample, len(r.sys.gateways)), procs: map[string]procSample{}, stored: map[string]uint64{}, slab: slabBytes()}
 	for _, b := range writtenBuckets {
 		st, err := r.sys.store.JetStream().Stream(ctx, presence.StreamName(b))
 		if err != nil {
@@ -499,10 +501,18 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 	}
 	const mib = 1 << 20
 	r.add("connections held by the gateways", conns, "count", "")
-	r.add("gateway RSS per connection", float64(rssAfter-rssBase)/conns, "bytes", "<= 2048")
+	r.add("gateway RSS per connection", float64(rssAfter-rssBase)/conns, "bytes", "<= 1536")
 	r.add("gateway heap in use per connection", float64(heapAfter-heapBase)/conns, "bytes", "")
 	r.add("gateways RSS before connecting", float64(rssBase)/mib, "MiB", "")
 	r.add("gateways RSS holding the connections", float64(rssAfter)/mib, "MiB", "")
+	if w := b.procs["workers"]; w.rss > 0 && !r.cfg.InProcessWorkers {
+		// Workers start after the baseline: this is their whole RSS.
+		r.add("bench workers RSS per connection", float64(w.rss)/conns, "bytes", "")
+	}
+	if baseline.slab > 0 && b.slab > 0 {
+		// Both ends of every connection are on this machine.
+		r.add("kernel slab per connection (both ends)", float64(b.slab-baseline.slab)/conns, "bytes", "")
+	}
 	var gwCPU time.Duration
 	for i := range b.gateways {
 		gwCPU += b.gateways[i].cpu - a.gateways[i].cpu
