@@ -219,10 +219,14 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	s.log.Info("gateway serving", "addr", ln.Addr().String(), "gateway", s.cfg.ID, "dev_auth", s.cfg.DevAuth, "policy", string(s.cfg.Policy))
 
 	var serveErr error
+	acceptEnded := false
 	select {
 	case <-ctx.Done():
 	case err := <-accepted:
-		serveErr = fmt.Errorf("accept: %w", err)
+		if err != nil {
+			serveErr = fmt.Errorf("accept: %w", err)
+		}
+		acceptEnded = true
 	}
 
 	// Stop 4: refuse new work.
@@ -234,6 +238,10 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	_ = ln.Close()
+	if !acceptEnded {
+		// No handshake may start once handshakes is waited for.
+		<-accepted
+	}
 	handshakes.Wait()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = httpSrv.Shutdown(shutdownCtx)
