@@ -181,25 +181,13 @@ func (s *System) StartReaper() {
 	if err != nil {
 		s.tb.Fatalf("start reaper: %v", err)
 	}
-	s.mu.Lock()
-	old := s.reaper
-	s.reaper = p
-	s.mu.Unlock()
-	if old != nil {
-		s.stop(old)
-	}
+	s.replace(&s.reaper, p)
 }
 
 // StopReaper stops the reaper.
 func (s *System) StopReaper() {
 	s.tb.Helper()
-	s.mu.Lock()
-	p := s.reaper
-	s.reaper = nil
-	s.mu.Unlock()
-	if p != nil {
-		s.stop(p)
-	}
+	s.replace(&s.reaper, nil)
 }
 
 // StartFanout starts the fanout, replacing a running one.
@@ -209,24 +197,24 @@ func (s *System) StartFanout() {
 	if err != nil {
 		s.tb.Fatalf("start fanout: %v", err)
 	}
-	s.mu.Lock()
-	old := s.fanout
-	s.fanout = p
-	s.mu.Unlock()
-	if old != nil {
-		s.stop(old)
-	}
+	s.replace(&s.fanout, p)
 }
 
 // StopFanout stops the fanout.
 func (s *System) StopFanout() {
 	s.tb.Helper()
+	s.replace(&s.fanout, nil)
+}
+
+// replace puts p (nil for none) in slot, under s.mu, and stops the
+// process it held.
+func (s *System) replace(slot **system.Proc, p *system.Proc) {
 	s.mu.Lock()
-	p := s.fanout
-	s.fanout = nil
+	old := *slot
+	*slot = p
 	s.mu.Unlock()
-	if p != nil {
-		s.stop(p)
+	if old != nil {
+		s.stop(old)
 	}
 }
 
