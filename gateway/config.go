@@ -116,6 +116,16 @@ type Config struct {
 	// RateStrikes is how many rate_limited errors a socket may earn within
 	// a minute before it is closed with 1008; zero means 10.
 	RateStrikes int
+	// APIRateLimit is how many HTTP API requests per second one identity
+	// may make on average, and APIRateBurst how many at once; zero means
+	// 20 and 40. APIAddressRateLimit and APIAddressRateBurst bound the
+	// same per source address, before the request is authenticated; zero
+	// means 200 and 400. A request beyond either is answered 429 with
+	// Retry-After.
+	APIRateLimit        float64
+	APIRateBurst        int
+	APIAddressRateLimit float64
+	APIAddressRateBurst int
 	// MaxRegistering bounds the upgrades being registered in NATS at once
 	// (each creates a connection key and updates a status record before
 	// it is answered). An upgrade beyond it is refused with 503 at once:
@@ -178,28 +188,32 @@ const (
 // (half of ConnTTL).
 func DefaultConfig() Config {
 	return Config{
-		HeartbeatInterval: DefaultHeartbeatInterval,
-		ConnTTL:           DefaultConnTTL,
-		OfflineGrace:      DefaultOfflineGrace,
-		AwayAfter:         DefaultAwayAfter,
-		BatchInterval:     DefaultBatchInterval,
-		Policy:            PolicyMutual,
-		AuthzCacheTTL:     5 * time.Second,
-		MaxMessageSize:    DefaultMaxMessageSize,
-		MaxSubscriptions:  DefaultMaxSubscriptions,
-		MaxSubscribeIDs:   DefaultMaxSubscribeIDs,
-		MaxQueryIDs:       DefaultMaxQueryIDs,
-		OnlineLimit:       DefaultOnlineLimit,
-		MaxConnsPerUser:   DefaultMaxConnsPerUser,
-		MaxRegistering:    DefaultMaxRegistering,
-		RateLimit:         20,
-		RateBurst:         40,
-		RateStrikes:       10,
-		HandshakeTimeout:  10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		ReadWorkers:       256,
-		WriteWorkers:      64,
-		KVMaxPending:      4096,
+		HeartbeatInterval:   DefaultHeartbeatInterval,
+		ConnTTL:             DefaultConnTTL,
+		OfflineGrace:        DefaultOfflineGrace,
+		AwayAfter:           DefaultAwayAfter,
+		BatchInterval:       DefaultBatchInterval,
+		Policy:              PolicyMutual,
+		AuthzCacheTTL:       5 * time.Second,
+		MaxMessageSize:      DefaultMaxMessageSize,
+		MaxSubscriptions:    DefaultMaxSubscriptions,
+		MaxSubscribeIDs:     DefaultMaxSubscribeIDs,
+		MaxQueryIDs:         DefaultMaxQueryIDs,
+		OnlineLimit:         DefaultOnlineLimit,
+		MaxConnsPerUser:     DefaultMaxConnsPerUser,
+		MaxRegistering:      DefaultMaxRegistering,
+		RateLimit:           20,
+		RateBurst:           40,
+		RateStrikes:         10,
+		APIRateLimit:        20,
+		APIRateBurst:        40,
+		APIAddressRateLimit: 200,
+		APIAddressRateBurst: 400,
+		HandshakeTimeout:    10 * time.Second,
+		WriteTimeout:        10 * time.Second,
+		ReadWorkers:         256,
+		WriteWorkers:        64,
+		KVMaxPending:        4096,
 	}
 }
 
@@ -237,6 +251,10 @@ func (c Config) withDefaults() Config {
 	c.RateLimit = cmp.Or(c.RateLimit, d.RateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, d.RateBurst)
 	c.RateStrikes = cmp.Or(c.RateStrikes, d.RateStrikes)
+	c.APIRateLimit = cmp.Or(c.APIRateLimit, d.APIRateLimit)
+	c.APIRateBurst = cmp.Or(c.APIRateBurst, d.APIRateBurst)
+	c.APIAddressRateLimit = cmp.Or(c.APIAddressRateLimit, d.APIAddressRateLimit)
+	c.APIAddressRateBurst = cmp.Or(c.APIAddressRateBurst, d.APIAddressRateBurst)
 	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, d.WriteTimeout)
 	c.ReadWorkers = cmp.Or(c.ReadWorkers, d.ReadWorkers)
@@ -280,7 +298,8 @@ func (c Config) Validate() error {
 		return bad("limits must not be negative")
 	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")
-	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0:
+	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0,
+		c.APIRateLimit < 0 || c.APIRateBurst < 0 || c.APIAddressRateLimit < 0 || c.APIAddressRateBurst < 0:
 		return bad("rate limits must not be negative")
 	case c.HandshakeTimeout < 0 || c.WriteTimeout < 0 || c.DrainPeriod < 0:
 		return bad("timeouts must not be negative")

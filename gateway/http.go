@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sort"
 	"strconv"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -79,6 +82,11 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // browsers from allowed origins.
 func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// The source address is limited before anything is verified, so
+		// a flood of bad tokens costs little; the identity after.
+		if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r), "this address") {
+			return
+		}
 		cr, err := credentialsFromHTTP(r)
 		if err == nil {
 			err = s.checkOrigin(&cr)
@@ -95,12 +103,39 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 			writeError(w, httpStatus(err), errorCode(err), err.Error())
 			return
 		}
+		if !s.allowAPI(w, s.apiByUser, "identity", id.userID, "user "+id.userID) {
+			return
+		}
 		if !s.ready.Load() {
 			writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is not ready")
 			return
 		}
 		h(w, r, id)
 	}
+}
+
+// allowAPI takes a token of key's bucket in l, or answers 429 with
+// Retry-After (whole seconds, at least 1) and reports false. by names the
+// limit in the metrics, who in the message.
+func (s *Service) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key, who string) bool {
+	ok, wait := l.Allow(key, time.Now())
+	if ok {
+		return true
+	}
+	s.metrics.apiLimited.WithLabelValues(by).Inc()
+	secs := max(1, int((wait+time.Second-1)/time.Second))
+	w.Header().Set("Retry-After", strconv.Itoa(secs))
+	writeError(w, http.StatusTooManyRequests, protocol.CodeRateLimited,
+		fmt.Sprintf("too many API requests from %s; retry after %ds", who, secs))
+	return false
+}
+
+// sourceAddress is the host a request came from (without its port).
+func sourceAddress(r *http.Request) string {
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		return host
+	}
+	return r.RemoteAddr
 }
 
 // preflight answers CORS preflight requests for the API.

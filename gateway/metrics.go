@@ -31,6 +31,7 @@ type gatewayMetrics struct {
 
 	statusConflicts prometheus.Counter
 	kicks           prometheus.Counter
+	apiLimited      *prometheus.CounterVec // by what was over its limit: identity, address
 	eventsOut       prometheus.Counter
 	leaseRefreshes  prometheus.Counter
 	leasesLost      prometheus.Counter
@@ -73,6 +74,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		kicks: f.Counter("greendot_gateway_kicks_total",
 			"Connections closed by an operator's kick (greendot.gateway.kick)."),
+		apiLimited: f.CounterVec("greendot_gateway_api_rate_limited_total",
+			"HTTP API requests answered 429, by the limit they were over: identity or address.", "by"),
 		eventsOut: f.Counter("greendot_gateway_events_published_total",
 			"Presence and self events the gateway published for the status writes it made."),
 		leaseRefreshes: f.Counter("greendot_gateway_lease_refreshes_total",

@@ -18,6 +18,7 @@ import (
 
 	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/gateway/internal/hub"
+	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/gateway/internal/netpoll"
 	"github.com/greendot/greendot/gateway/internal/outbox"
 	"github.com/greendot/greendot/gateway/internal/socket"
@@ -69,6 +70,9 @@ type Service struct {
 	poller  *netpoll.Poller
 	readSem chan struct{}
 	regSem  chan struct{} // upgrades being registered (MaxRegistering)
+	// apiByUser and apiByAddr limit the HTTP API's requests per identity
+	// and per source address.
+	apiByUser, apiByAddr *keyrate.Limiter
 	// readLoops are the sockets' reading goroutines where there is no
 	// poller; workers the goroutines handling their requests.
 	readLoops, workers sync.WaitGroup
@@ -96,6 +100,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
 		events:    make(chan *nats.Msg, 64*1024),
 		calls:     make(chan func(), 1024),
+		apiByUser: keyrate.New(cfg.APIRateLimit, cfg.APIRateBurst),
+		apiByAddr: keyrate.New(cfg.APIAddressRateLimit, cfg.APIAddressRateBurst),
 	}
 	var subscribe func(string) (hub.Subscription, error)
 	if cfg.Policy != PolicyEveryone {

@@ -123,7 +123,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
-		"max-conns-per-user", "rate-burst", "rate-strikes", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		"max-conns-per-user", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 0, "max-conns"); err != nil {
@@ -131,6 +131,11 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	}
 	if r := c.Float64("rate-limit"); r <= 0 {
 		return cfg, fmt.Errorf("--rate-limit %v: want a positive number of messages per second", r)
+	}
+	for _, name := range []string{"api-rate-limit", "api-address-rate-limit"} {
+		if r := c.Float64(name); r <= 0 {
+			return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", name, r)
+		}
 	}
 	origins := splitList(c.String("allowed-origins"))
 	for _, o := range origins {
@@ -170,6 +175,10 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.RateLimit = c.Float64("rate-limit")
 	cfg.RateBurst = c.Int("rate-burst")
 	cfg.RateStrikes = c.Int("rate-strikes")
+	cfg.APIRateLimit = c.Float64("api-rate-limit")
+	cfg.APIRateBurst = c.Int("api-rate-burst")
+	cfg.APIAddressRateLimit = c.Float64("api-address-rate-limit")
+	cfg.APIAddressRateBurst = c.Int("api-address-rate-burst")
 	cfg.HandshakeTimeout = c.Duration("handshake-timeout")
 	cfg.WriteTimeout = c.Duration("write-timeout")
 	cfg.ReadWorkers = c.Int("read-workers")

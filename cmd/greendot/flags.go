@@ -156,6 +156,10 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		floatFlag(catLimits, "rate-limit", d.RateLimit, "messages per second a socket may send on average"),
 		intFlag(catLimits, "rate-burst", d.RateBurst, "messages a socket may send at once"),
 		intFlag(catLimits, "rate-strikes", d.RateStrikes, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
+		floatFlag(catLimits, "api-rate-limit", d.APIRateLimit, "HTTP API requests per second one identity may make on average; more are answered 429 with Retry-After"),
+		intFlag(catLimits, "api-rate-burst", d.APIRateBurst, "HTTP API requests one identity may make at once"),
+		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),
+		intFlag(catLimits, "api-address-rate-burst", d.APIAddressRateBurst, "HTTP API requests one source address may make at once"),
 		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
 		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time one write to a socket may take; a slower socket is closed"),
 

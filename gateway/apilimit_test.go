@@ -1,0 +1,102 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// apiAnswer is what TestAPIRateLimit reads of an HTTP API answer.
+type apiAnswer struct {
+	status     int
+	retryAfter string
+	err        apiErr
+}
+
+// apiFrom sends GET /api/presence/users/bob with the headers h from the
+// source address src.
+func apiFrom(t *testing.T, gw *systest.Gateway, src string, h http.Header) apiAnswer {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       d.DialContext,
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequest("GET", gw.HTTP+"/api/presence/users/bob", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = h
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("GET from %s: %v", src, err)
+	}
+	defer resp.Body.Close()
+	a := apiAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
+	if resp.StatusCode != http.StatusOK {
+		if err := json.NewDecoder(resp.Body).Decode(&a.err); err != nil {
+			t.Fatalf("GET from %s: %d with a body that is not an error: %v", src, resp.StatusCode, err)
+		}
+	}
+	return a
+}
+
+// The HTTP API limits each identity, and each source address before it
+// authenticates anyone, answering 429 with Retry-After; one client over
+// its limit does not limit the others.
+func TestAPIRateLimit(t *testing.T) {
+	// About one request in 100 s comes back: no token refills during the
+	// test however slow the machine, and Retry-After says 100.
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{
+		Policy:       gateway.PolicyEveryone,
+		APIRateLimit: 0.01, APIRateBurst: 2,
+		APIAddressRateLimit: 0.01, APIAddressRateBurst: 5,
+	}})
+	gw := sys.Gateways[0]
+	alice, bob := bearer(secLongToken(t, "alice")), bearer(secLongToken(t, "bob"))
+	limited := func(a apiAnswer, who string) {
+		t.Helper()
+		if a.status != http.StatusTooManyRequests || a.err.Error != protocol.CodeRateLimited || a.retryAfter != "100" || !strings.Contains(a.err.Message, who) {
+			t.Errorf("%+v, want 429 rate_limited naming %q with Retry-After 100", a, who)
+		}
+	}
+
+	// Address 127.0.0.1: five requests in all.
+	for i := range 2 {
+		if a := apiFrom(t, gw, "127.0.0.1", alice); a.status != http.StatusOK {
+			t.Fatalf("alice's request %d of her burst: %+v", i+1, a)
+		}
+	}
+	limited(apiFrom(t, gw, "127.0.0.1", alice), "user alice")
+	if a := apiFrom(t, gw, "127.0.0.1", bob); a.status != http.StatusOK {
+		t.Errorf("bob limited by alice's requests: %+v", a)
+	}
+	// A bad token is answered 401 and counts against its address: a flood
+	// of them is limited before any is verified.
+	if a := apiFrom(t, gw, "127.0.0.1", bearer("not-a-token")); a.status != http.StatusUnauthorized {
+		t.Errorf("bad token: %+v, want 401", a)
+	}
+	limited(apiFrom(t, gw, "127.0.0.1", bob), "this address")
+
+	// Another address has a bucket of its own; alice is still limited
+	// there, bob is not.
+	if a := apiFrom(t, gw, "127.0.0.2", bob); a.status != http.StatusOK {
+		t.Errorf("bob from 127.0.0.2: %+v, want 200", a)
+	}
+	limited(apiFrom(t, gw, "127.0.0.2", alice), "user alice")
+
+	if v := metricValue(t, gw, "greendot_gateway_api_rate_limited_total", map[string]string{"by": "identity"}); v != 2 {
+		t.Errorf("identity refusals counted = %v, want 2", v)
+	}
+	if v := metricValue(t, gw, "greendot_gateway_api_rate_limited_total", map[string]string{"by": "address"}); v != 1 {
+		t.Errorf("address refusals counted = %v, want 1", v)
+	}
+	// The WebSocket is not the HTTP API: alice still connects.
+	secDial(t, gw, "alice")
+}
