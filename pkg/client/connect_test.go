@@ -519,3 +519,118 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 		return nil
 	})
 }
+
+// TestKeepActiveNeverAway runs the gateway with a short away-after: a
+// client without KeepActive turns away, one with it stays online.
+func TestKeepActiveNeverAway(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
+	sys.Mutual("alice", "bob", "dave")
+	g := sys.Gateway()
+	bob := connect(t, g, "bob", client.Config{})
+	alice := connect(t, g, "alice", client.Config{KeepActive: true})
+	connect(t, g, "dave", client.Config{})
+	if err := bob.c.Subscribe("alice", "dave"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("dave", presence.Away)
+	// Three away-afters' worth of activity.
+	want := uint64(3*time.Second/systest.Heartbeat) + 1
+	natstest.CheckFor(t, waitFor, 20*time.Millisecond, func() error {
+		if n := alice.c.Stats().Heartbeats; n < want {
+			return fmt.Errorf("%d activity messages sent, want %d", n, want)
+		}
+		return nil
+	})
+	bob.drain()
+	for _, ev := range bob.seen {
+		if says(ev, "alice", presence.Away) {
+			t.Fatalf("alice turned away despite KeepActive: %s", describe(bob.seen))
+		}
+	}
+	if p, _ := bob.c.Presence("alice"); p.Status != presence.Online {
+		t.Fatalf("alice is %s, want online", p.Status)
+	}
+}
+
+func TestIdleAndActivity(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	bob := connect(t, g, "bob", client.Config{})
+	alice := connect(t, g, "alice", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+	if err := alice.c.Idle(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Away)
+	if err := alice.c.Activity(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+}
+
+// expiring proves "short" for a second from when it is checked and
+// "long" for an hour, both as carol.
+type expiring struct{}
+
+func (expiring) Verify(tok string) (string, time.Time, error) {
+	switch tok {
+	case "short":
+		return "carol", time.Now().Add(time.Second), nil
+	case "long":
+		return "carol", time.Now().Add(time.Hour), nil
+	}
+	return "", time.Time{}, errors.New("unknown token")
+}
+
+// TestExpiredTokenRenewedOnlyWithTokenFunc: the gateway closes a socket
+// whose token expired with 1008. A client with a TokenFunc comes back
+// with a fresh token; one with a fixed token stops.
+func TestExpiredTokenRenewedOnlyWithTokenFunc(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Tokens: expiring{}}})
+	g := sys.Gateway()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+
+	issued := make(chan string, 2)
+	issued <- "short"
+	issued <- "long"
+	cfg := fast
+	cfg.TokenFunc = func(ctx context.Context) (string, error) {
+		select {
+		case tok := <-issued:
+			return tok, nil
+		default:
+			return "", errors.New("no more tokens")
+		}
+	}
+	c, err := client.Connect(ctx, g.WS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	renewing := &events{t: t, c: c, name: "renewing"}
+	d := renewing.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
+	var ce *client.CloseError
+	if !errors.As(d.Err, &ce) || ce.Code != protocol.ClosePolicy {
+		t.Fatalf("disconnected by %v, want 1008", d.Err)
+	}
+	renewing.await("reconnected", isType[client.Reconnected])
+
+	fixed, err := client.Connect(ctx, g.WS, client.Config{Token: "short"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fixed.Close() })
+	select {
+	case <-fixed.Done():
+	case <-time.After(waitFor):
+		t.Fatal("the client with an expired fixed token still runs")
+	}
+	if err := fixed.Err(); !errors.Is(err, client.ErrRefused) || !errors.As(err, &ce) || ce.Code != protocol.ClosePolicy {
+		t.Fatalf("Err() = %v, want a 1008 refusal", err)
+	}
+}
