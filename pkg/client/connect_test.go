@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
@@ -632,5 +638,76 @@ func TestExpiredTokenRenewedOnlyWithTokenFunc(t *testing.T) {
 	}
 	if err := fixed.Err(); !errors.Is(err, client.ErrRefused) || !errors.As(err, &ce) || ce.Code != protocol.ClosePolicy {
 		t.Fatalf("Err() = %v, want a 1008 refusal", err)
+	}
+}
+
+// TestSilentGatewayCountsAsGone serves WebSockets that send hello and then
+// nothing, not even pongs: the client pings, gives up on the connection
+// after the TTL, and connects again.
+func TestSilentGatewayCountsAsGone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pings := make(chan struct{}, 100)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer nc.Close()
+				if _, err := ws.Upgrade(nc); err != nil {
+					return
+				}
+				hello := `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":100,"ttl_ms":300,"status":"online"}`
+				if err := wsutil.WriteServerText(nc, []byte(hello)); err != nil {
+					return
+				}
+				for {
+					h, err := ws.ReadHeader(nc)
+					if err != nil || h.OpCode == ws.OpClose {
+						return
+					}
+					if _, err := io.CopyN(io.Discard, nc, h.Length); err != nil {
+						return
+					}
+					if h.OpCode == ws.OpPing {
+						select {
+						case pings <- struct{}{}:
+						default:
+						}
+					}
+				}
+			})
+		}
+	})
+	cfg := fast
+	cfg.User = "alice"
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := client.Connect(ctx, "ws://"+ln.Addr().String(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := &events{t: t, c: c, name: "alice"}
+	d := e.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
+	var ne net.Error
+	if !errors.As(d.Err, &ne) || !ne.Timeout() || !strings.Contains(d.Err.Error(), "silent") {
+		t.Fatalf("disconnected by %v, want the gateway's silence", d.Err)
+	}
+	select {
+	case <-pings:
+	case <-time.After(waitFor):
+		t.Fatal("the client sent no ping")
+	}
+	e.await("reconnected", isType[client.Reconnected])
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
