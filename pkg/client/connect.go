@@ -187,6 +187,18 @@ type Client struct {
 	self     protocol.Self
 	seq      uint64
 	err      error // why the client stopped; nil while it runs
+	// Subscribes are paced, as the gateway refuses a subscribe when 16
+	// requests of the socket wait: waiting holds the subscribes sent on the
+	// open connection and not yet answered, at most subscribeWindow, and
+	// backlog the subscribes and unsubscribes still to send, in order.
+	waiting []protocol.ClientMessage
+	backlog []protocol.ClientMessage
+	// tokens is what the rate of requests leaves to send, as of refilled;
+	// flushTimer, when set, sends the backlog once there are tokens again.
+	tokens     float64
+	refilled   time.Time
+	flushTimer *time.Timer
+	timers     sync.WaitGroup // the flushTimer's runs, scheduled or running
 
 	heartbeats atomic.Uint64
 	reconnects atomic.Uint64
@@ -337,6 +349,14 @@ func (c *Client) setIdle(idle bool, typ string) error {
 // the allowed ones and a Denied per refused one; a denied user is no
 // longer watched. The set of watched users is subscribed again after
 // every reconnect. A bad user id is an error and nothing changes.
+//
+// Many ids are sent in several subscribe messages (at most
+// MaxSubscribeIDs ids and MaxMessageBytes bytes each), of which a few at
+// a time wait for their answer, as the gateway takes only so many at
+// once. A ServerError with the id of one of them refused it: with code
+// rate_limited or unavailable its users stay watched and are subscribed
+// on the next connection, or when Subscribe is called again; with another
+// code they are no longer watched.
 func (c *Client) Subscribe(userIDs ...string) error {
 	ids, err := checkIDs(userIDs)
 	if err != nil {
@@ -370,7 +390,7 @@ func (c *Client) Unsubscribe(userIDs ...string) error {
 		delete(c.presence, id)
 	}
 	for _, chunk := range chunks(ids, protocol.TypeUnsubscribe) {
-		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, UserIDs: chunk})
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, UserIDs: chunk})
 	}
 	return nil
 }
@@ -392,7 +412,7 @@ func (c *Client) setAll(all bool) error {
 	}
 	c.all = all
 	if all {
-		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), All: true})
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), All: true})
 		return nil
 	}
 	for id := range c.presence {
@@ -400,11 +420,12 @@ func (c *Client) setAll(all bool) error {
 			delete(c.presence, id)
 		}
 	}
-	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, All: true})
+	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, All: true})
 	return nil
 }
 
-// Watched returns the users watched one by one, sorted.
+// Watched returns the users watched one by one (subscribed again after
+// every reconnect), sorted.
 func (c *Client) Watched() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -477,8 +498,83 @@ func chunks(ids []string, typ string) [][]string {
 // subscribeLocked sends subscribe messages for ids.
 func (c *Client) subscribeLocked(ids []string) {
 	for _, chunk := range chunks(ids, protocol.TypeSubscribe) {
-		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), UserIDs: chunk})
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), UserIDs: chunk})
 	}
+}
+
+// subscribeWindow is how many subscribes may wait for their answer at
+// once: half of what the gateway takes, leaving room for the set_status
+// messages that wait in the same queue.
+const subscribeWindow = 8
+
+// Subscribes and unsubscribes are sent at most requestRate a second after
+// a burst of requestBurst: half of the gateway's default message rate
+// limit, leaving the rest to heartbeats and status changes.
+const (
+	requestRate  = 10
+	requestBurst = 20
+)
+
+// requestLocked queues a subscribe or unsubscribe for the open connection,
+// after those before it, and sends what may go now.
+func (c *Client) requestLocked(m protocol.ClientMessage) {
+	if c.conn == nil {
+		return
+	}
+	c.backlog = append(c.backlog, m)
+	c.flushLocked()
+}
+
+// flushLocked sends the backlog's messages in order while the subscribes
+// waiting for an answer and the rate leave room. When the rate stops it,
+// a timer sends the rest later; an answer lets it go on (answeredLocked).
+func (c *Client) flushLocked() {
+	now := time.Now()
+	c.tokens = min(requestBurst, c.tokens+now.Sub(c.refilled).Seconds()*requestRate)
+	c.refilled = now
+	for len(c.backlog) > 0 && c.conn != nil {
+		next := c.backlog[0]
+		if next.Type == protocol.TypeSubscribe && len(c.waiting) >= subscribeWindow {
+			return
+		}
+		if c.tokens < 1 {
+			if c.flushTimer == nil {
+				wait := time.Duration((1 - c.tokens) / requestRate * float64(time.Second))
+				c.timers.Add(1)
+				c.flushTimer = time.AfterFunc(wait, c.flushLater)
+			}
+			return
+		}
+		c.tokens--
+		c.backlog = c.backlog[1:]
+		c.sendLocked(next)
+		if next.Type == protocol.TypeSubscribe {
+			c.waiting = append(c.waiting, next)
+		}
+	}
+}
+
+// flushLater is the timer's flush.
+func (c *Client) flushLater() {
+	defer c.timers.Done()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.flushTimer = nil
+	c.flushLocked()
+}
+
+// answeredLocked takes the answer to the subscribe with this id: it and
+// the ones sent before it are done, and the backlog may go on. It returns
+// the subscribe, and false when id is none of them.
+func (c *Client) answeredLocked(id string) (protocol.ClientMessage, bool) {
+	i := slices.IndexFunc(c.waiting, func(m protocol.ClientMessage) bool { return m.ID == id })
+	if id == "" || i < 0 {
+		return protocol.ClientMessage{}, false
+	}
+	m := c.waiting[i]
+	c.waiting = slices.Delete(c.waiting, 0, i+1)
+	c.flushLocked()
+	return m, true
 }
 
 func (c *Client) nextIDLocked() string {
@@ -614,7 +710,7 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeIdle})
 	}
 	if c.all {
-		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), All: true})
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), All: true})
 	}
 	if len(c.watched) > 0 {
 		ids := make([]string, 0, len(c.watched))
@@ -636,7 +732,11 @@ func (c *Client) run(conn *Conn) {
 		opened := time.Now()
 		err := c.serve(conn)
 		c.mu.Lock()
-		c.conn = nil
+		c.conn, c.waiting, c.backlog = nil, nil, nil
+		if c.flushTimer != nil && c.flushTimer.Stop() {
+			c.timers.Done()
+		}
+		c.flushTimer = nil
 		c.mu.Unlock()
 		_ = conn.Abort()
 		if c.ctx.Err() != nil {
@@ -680,6 +780,7 @@ func (c *Client) run(conn *Conn) {
 
 // stop records why the client stopped and closes Events.
 func (c *Client) stop(err error) {
+	c.timers.Wait()
 	c.mu.Lock()
 	c.err = err
 	c.mu.Unlock()
@@ -791,11 +892,18 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 	c.mu.Lock()
 	switch ev := ev.(type) {
 	case Snapshot:
+		c.answeredLocked(ev.ID)
 		c.notedLocked(ev.Users)
 	case Changes:
 		c.notedLocked(ev.Updates)
 	case Self:
 		c.self = ev.Self
+	case ServerError:
+		if m, ok := c.answeredLocked(ev.ID); ok && !transient(ev.Code) {
+			// The subscribe was refused as a whole, for good: its users
+			// are not watched.
+			c.unwatchLocked(m)
+		}
 	case Denied:
 		if ev.UserID == "*" {
 			c.all = false
@@ -806,6 +914,23 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 	}
 	c.mu.Unlock()
 	c.emit(ev)
+}
+
+// transient reports whether an error code means a request may succeed
+// when sent again.
+func transient(code string) bool {
+	return code == protocol.CodeRateLimited || code == protocol.CodeUnavailable
+}
+
+// unwatchLocked stops watching the users of the subscribe m.
+func (c *Client) unwatchLocked(m protocol.ClientMessage) {
+	if m.All {
+		c.all = false
+	}
+	for _, id := range m.UserIDs {
+		delete(c.watched, id)
+		delete(c.presence, id)
+	}
 }
 
 // notedLocked records the presence of the watched users in list.

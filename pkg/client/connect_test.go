@@ -711,3 +711,54 @@ func TestSilentGatewayCountsAsGone(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestManySubscriptionsArePaced subscribes to more users than the gateway
+// takes at once, in more messages than its rate limit lets through in a
+// burst: every one is answered, none refused.
+func TestManySubscriptionsArePaced(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxSubscriptions: 10000}})
+	bob := connect(t, sys.Gateway(), "bob", client.Config{})
+	ids := make([]string, 6000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("user-%d", i)
+	}
+	if err := bob.c.Subscribe(ids...); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(map[string]bool)
+	bob.await("every user answered", func(ev client.Event) bool {
+		switch ev := ev.(type) {
+		case client.Snapshot:
+			for _, p := range ev.Users {
+				answered[p.UserID] = true
+			}
+		case client.ServerError, client.Denied:
+			t.Fatalf("a subscribe was refused: %+v", ev)
+		}
+		return len(answered) == len(ids)
+	})
+	if n := len(bob.c.Watched()); n != len(ids) {
+		t.Fatalf("%d users watched, want %d", n, len(ids))
+	}
+
+	// Unsubscribes have no answer to wait for: only the rate paces them.
+	// The subscribe after them is answered once they are all handled.
+	if err := bob.c.Unsubscribe(ids...); err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.await("the subscribe after the unsubscribes", func(ev client.Event) bool {
+		switch ev := ev.(type) {
+		case client.ServerError, client.Denied, client.Disconnected:
+			t.Fatalf("refused: %+v", ev)
+		case client.Snapshot:
+			return len(ev.Users) == 1 && ev.Users[0].UserID == "alice"
+		}
+		return false
+	})
+	if w := bob.c.Watched(); len(w) != 1 {
+		t.Fatalf("watched %d users, want alice only", len(w))
+	}
+}

@@ -21,6 +21,11 @@
 //   - Subscribe, Unsubscribe, SubscribeAll and UnsubscribeAll keep the set
 //     of watched users; SetStatus keeps the chosen status. Both are sent at
 //     once when a connection is open, and again on every new connection.
+//     Many ids go in several messages, paced to stay within the gateway's
+//     limits on waiting requests and on messages per second (20 a second,
+//     40 at once, by default): a program that sends far more than that
+//     with SetStatus, Activity or Idle is closed with 1008, which stops the
+//     Client.
 //   - Server messages arrive on Events as typed events: Snapshot
 //     (presence_init), Changes (presence_batch), Self, Denied and
 //     ServerError, with Connected, Disconnected and Reconnected for the
