@@ -222,6 +222,14 @@ func (s *System) replace(slot **system.Proc, p *system.Proc) {
 // system's).
 func (s *System) StartGateway(cfg gateway.Config) *Gateway {
 	s.tb.Helper()
+	return s.StartGatewayAt(cfg, "127.0.0.1:0")
+}
+
+// StartGatewayAt starts a gateway like StartGateway, listening on addr:
+// the address of a stopped gateway, to restart it where its clients
+// reconnect.
+func (s *System) StartGatewayAt(cfg gateway.Config, addr string) *Gateway {
+	s.tb.Helper()
 	base := s.opts.Gateway
 	if cfg.ConnTTL == 0 {
 		cfg.ConnTTL = base.ConnTTL
@@ -242,7 +250,7 @@ func (s *System) StartGateway(cfg gateway.Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = base.Logger
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		s.tb.Fatalf("listen: %v", err)
 	}

@@ -1,10 +1,3 @@
-// Package client is a Go client of greendot's WebSocket protocol
-// (docs/protocol.md). The tests and the load generator use it; so can a Go
-// service that wants presence.
-//
-// A Conn is a thin layer over one WebSocket: it sends client messages and
-// reads server frames, answering pings. It does not send heartbeats or
-// reconnect on its own; the caller decides when.
 package client
 
 import (
@@ -66,6 +59,10 @@ type Conn struct {
 	ctl wsutil.ControlHandler
 	wmu sync.Mutex
 
+	// onFrame, when set, is called for every frame Read reads, control
+	// frames included: Client uses it to see that the gateway is alive.
+	onFrame func()
+
 	// Hello is the hello frame the gateway sent first.
 	Hello protocol.ServerMessage
 }
@@ -122,7 +119,12 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = nc.SetReadDeadline(dl)
 	}
+	// A cancelled ctx ends the wait for hello too, not only the handshake.
+	stop := context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Unix(1, 0)) })
 	m, _, err := c.Read()
+	if !stop() && err == nil {
+		err = ctx.Err()
+	}
 	_ = nc.SetReadDeadline(time.Time{})
 	if err != nil {
 		_ = nc.Close()
@@ -177,6 +179,9 @@ func (c *Conn) WriteBytes(b []byte) error {
 func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
 	for {
 		h, err := c.rd.NextFrame()
+		if err == nil && c.onFrame != nil {
+			c.onFrame()
+		}
 		if err != nil {
 			var ce wsutil.ClosedError
 			if errors.As(err, &ce) {

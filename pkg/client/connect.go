@@ -1,0 +1,327 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// ErrClosed is why a Client stopped when its Close was called.
+var ErrClosed = errors.New("client closed")
+
+// ErrRefused wraps why a Client stopped when the gateway refused it for
+// good: a *HandshakeError (400, 401, 403 ...) or a *CloseError whose code
+// says not to come back (1002, 1003, 1007, 1008, 1009).
+var ErrRefused = errors.New("refused by the gateway")
+
+// Client is a presence client that stays connected: it sends heartbeats,
+// reconnects with backoff when the connection is lost, and then restores
+// its chosen status, idle state and subscriptions. Its methods are safe
+// for concurrent use. Connect returns one; Close ends it.
+type Client struct {
+	url    string
+	cfg    Config
+	events chan Event
+	ctx    context.Context // ends with Close
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	conn     *Conn // the open connection, nil while there is none
+	hello    protocol.Hello
+	status   presence.Status // chosen with SetStatus; "" for none
+	idle     bool
+	watched  map[string]struct{}
+	all      bool
+	presence map[string]presence.Presence
+	self     protocol.Self
+	seq      uint64
+	err      error // why the client stopped; nil while it runs
+	// Subscribes are paced, as the gateway refuses a subscribe when 16
+	// requests of the socket wait: waiting holds the subscribes sent on the
+	// open connection and not yet answered, at most subscribeWindow, and
+	// backlog the subscribes and unsubscribes still to send, in order.
+	waiting []protocol.ClientMessage
+	backlog []protocol.ClientMessage
+	// tokens is what the rate of requests leaves to send, as of refilled;
+	// flushTimer, when set, sends the backlog once there are tokens again.
+	tokens     float64
+	refilled   time.Time
+	flushTimer *time.Timer
+	timers     sync.WaitGroup // the flushTimer's runs, scheduled or running
+
+	heartbeats atomic.Uint64
+	reconnects atomic.Uint64
+	dropped    atomic.Uint64
+	// lag counts the events dropped since the last one delivered. Only
+	// the goroutine that emits (Connect, then run) touches it.
+	lag uint64
+}
+
+// Connect opens a connection to the gateway at url (ws://host:port/ws, or
+// its http form) and returns a Client that keeps it open until Close. It
+// retries a failed attempt with backoff until ctx ends, and returns at
+// once, wrapping ErrRefused, when the gateway refuses the client for good
+// (a 401 or 403 upgrade refusal). ctx bounds only Connect.
+func Connect(ctx context.Context, url string, cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	u, err := gatewayURL(url, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	c := &Client{
+		url:      u,
+		cfg:      cfg,
+		events:   make(chan Event, cfg.EventBuffer),
+		done:     make(chan struct{}),
+		watched:  make(map[string]struct{}),
+		presence: make(map[string]presence.Presence),
+	}
+	attempt := 0
+	conn, err := c.open(ctx, 0, &attempt, nil)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", url, err)
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.emit(Connected{c.attach(conn)})
+	go c.run(conn)
+	return c, nil
+}
+
+// Events returns the channel of events, in the order they happened. It is
+// closed when the client stops; Err then says why. The caller should read
+// it steadily: an event that finds the channel full is dropped, counted in
+// Stats, and a Lagged event comes before the next one delivered. Reading
+// never stalls the connection.
+func (c *Client) Events() <-chan Event { return c.events }
+
+// Done is closed when the client has stopped: after Close, or when the
+// gateway refused it for good.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err returns nil while the client runs; then ErrClosed after Close, or
+// an error wrapping ErrRefused and the refusal (a *HandshakeError or a
+// *CloseError) when the gateway refused it for good.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// Close stops the client: it closes the connection (with close code 1000)
+// or stops waiting to reconnect, and returns once every goroutine of the
+// client has ended. It may be called more than once.
+func (c *Client) Close() error {
+	c.cancel()
+	<-c.done
+	return nil
+}
+
+// Hello returns the hello frame of the newest connection.
+func (c *Client) Hello() protocol.Hello {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.hello
+}
+
+// Connected reports whether a connection is open now.
+func (c *Client) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.conn != nil
+}
+
+// Stats counts what a Client did.
+type Stats struct {
+	// Heartbeats is how many heartbeat (or activity, with KeepActive)
+	// messages it sent on its own.
+	Heartbeats uint64
+	// Reconnects is how many times a new connection replaced a lost one.
+	Reconnects uint64
+	// Dropped is how many events found the Events channel full.
+	Dropped uint64
+}
+
+// Stats returns the counts so far.
+func (c *Client) Stats() Stats {
+	return Stats{Heartbeats: c.heartbeats.Load(), Reconnects: c.reconnects.Load(), Dropped: c.dropped.Load()}
+}
+
+// SetStatus chooses the user's status (online, away, busy or invisible),
+// shared by all of their devices. It is sent now if a connection is open,
+// and again after every reconnect.
+func (c *Client) SetStatus(status presence.Status) error {
+	st, err := presence.ParseChosen(string(status))
+	if err != nil {
+		return fmt.Errorf("set status: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("set status: %w", c.err)
+	}
+	c.status = st
+	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(st)})
+	return nil
+}
+
+// Status returns the status chosen with SetStatus, "" if none.
+func (c *Client) Status() presence.Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// Activity says the person is active on this device: an automatic away
+// becomes online again. It ends Idle.
+func (c *Client) Activity() error { return c.setIdle(false, protocol.TypeActivity) }
+
+// Idle says the person is not looking at this device; when every device
+// of the user is idle, the user is away automatically. It lasts, across
+// reconnects, until Activity.
+func (c *Client) Idle() error { return c.setIdle(true, protocol.TypeIdle) }
+
+func (c *Client) setIdle(idle bool, typ string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("%s: %w", typ, c.err)
+	}
+	c.idle = idle
+	c.sendLocked(protocol.ClientMessage{Type: typ})
+	return nil
+}
+
+// Subscribe starts watching users. The gateway answers with a Snapshot of
+// the allowed ones and a Denied per refused one; a denied user is no
+// longer watched. The set of watched users is subscribed again after
+// every reconnect. A bad user id is an error and nothing changes.
+//
+// Many ids are sent in several subscribe messages (at most
+// MaxSubscribeIDs ids and MaxMessageBytes bytes each), of which a few at
+// a time wait for their answer, as the gateway takes only so many at
+// once. A ServerError with the id of one of them refused it: with code
+// rate_limited or unavailable its users stay watched and are subscribed
+// on the next connection, or when Subscribe is called again; with another
+// code they are no longer watched.
+func (c *Client) Subscribe(userIDs ...string) error {
+	ids, err := checkIDs(userIDs)
+	if err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("subscribe: %w", c.err)
+	}
+	for _, id := range ids {
+		c.watched[id] = struct{}{}
+	}
+	c.subscribeLocked(ids)
+	return nil
+}
+
+// Unsubscribe stops watching users.
+func (c *Client) Unsubscribe(userIDs ...string) error {
+	ids, err := checkIDs(userIDs)
+	if err != nil {
+		return fmt.Errorf("unsubscribe: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("unsubscribe: %w", c.err)
+	}
+	for _, id := range ids {
+		delete(c.watched, id)
+		delete(c.presence, id)
+	}
+	for _, chunk := range chunks(ids, protocol.TypeUnsubscribe) {
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, UserIDs: chunk})
+	}
+	return nil
+}
+
+// SubscribeAll watches every user (global presence), which the gateway
+// allows only under its "everyone" policy; otherwise it answers with
+// Denied for user "*".
+func (c *Client) SubscribeAll() error { return c.setAll(true) }
+
+// UnsubscribeAll ends SubscribeAll; users subscribed one by one stay
+// watched.
+func (c *Client) UnsubscribeAll() error { return c.setAll(false) }
+
+func (c *Client) setAll(all bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("subscribe all: %w", c.err)
+	}
+	c.all = all
+	if all {
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: c.nextIDLocked(), All: true})
+		return nil
+	}
+	for id := range c.presence {
+		if _, ok := c.watched[id]; !ok {
+			delete(c.presence, id)
+		}
+	}
+	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, All: true})
+	return nil
+}
+
+// Watched returns the users watched one by one (subscribed again after
+// every reconnect), sorted.
+func (c *Client) Watched() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ids := make([]string, 0, len(c.watched))
+	for id := range c.watched {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Presence returns the newest presence of a watched user the gateway told
+// of, whatever events were dropped.
+func (c *Client) Presence(userID string) (presence.Presence, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.presence[userID]
+	return p, ok
+}
+
+// Self returns the newest self frame: the user's own true status and
+// number of live connections.
+func (c *Client) Self() protocol.Self {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.self
+}
+
+// sendLocked sends m on the open connection, if there is one. A failed
+// write is not an error of the caller: the connection is broken, and what
+// m changed is sent again on the next one.
+func (c *Client) sendLocked(m protocol.ClientMessage) {
+	if c.conn != nil {
+		_ = c.write(c.conn, m)
+	}
+}
+
+// write sends m on conn within the write timeout.
+func (c *Client) write(conn *Conn, m protocol.ClientMessage) error {
+	_ = conn.NetConn().SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
+	return conn.Send(m)
+}

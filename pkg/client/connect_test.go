@@ -1,0 +1,764 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsutil"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// waitFor bounds every wait of these tests: long, for a loaded machine.
+const waitFor = 30 * time.Second
+
+// fast reconnects quickly, so that tests do not wait out real backoffs.
+var fast = client.Config{
+	Backoff:     client.Backoff{Base: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+	DrainJitter: 50 * time.Millisecond,
+}
+
+// connect connects user to g with dev auth; the client is closed when the
+// test ends.
+func connect(t *testing.T, g *systest.Gateway, user string, cfg client.Config) *events {
+	t.Helper()
+	cfg.User = user
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := client.Connect(ctx, g.WS, cfg)
+	if err != nil {
+		t.Fatalf("connect %s: %v", user, err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &events{t: t, c: c, name: user}
+}
+
+// events reads a client's events and remembers them.
+type events struct {
+	t    *testing.T
+	c    *client.Client
+	name string
+	seen []client.Event
+}
+
+// await reads events until match returns true for one, and returns it. It
+// fails the test when the events end or after waitFor.
+func (e *events) await(what string, match func(client.Event) bool) client.Event {
+	e.t.Helper()
+	timer := time.NewTimer(waitFor)
+	defer timer.Stop()
+	from := len(e.seen)
+	for {
+		select {
+		case ev, ok := <-e.c.Events():
+			if !ok {
+				e.t.Fatalf("%s: events ended waiting for %s: %v; seen %s", e.name, what, e.c.Err(), describe(e.seen[from:]))
+			}
+			e.seen = append(e.seen, ev)
+			if match(ev) {
+				return ev
+			}
+		case <-timer.C:
+			e.t.Fatalf("%s: no %s after %v; seen %s", e.name, what, waitFor, describe(e.seen[from:]))
+		}
+	}
+}
+
+// awaitStatus waits for a Snapshot or Changes saying user has status.
+func (e *events) awaitStatus(user string, status presence.Status) {
+	e.t.Helper()
+	e.await(fmt.Sprintf("%s %s", user, status), func(ev client.Event) bool {
+		return says(ev, user, status)
+	})
+}
+
+// drain takes the events waiting in the channel, without waiting.
+func (e *events) drain() {
+	for {
+		select {
+		case ev, ok := <-e.c.Events():
+			if !ok {
+				return
+			}
+			e.seen = append(e.seen, ev)
+		default:
+			return
+		}
+	}
+}
+
+// says reports whether ev is a Snapshot or Changes saying user has status.
+func says(ev client.Event, user string, status presence.Status) bool {
+	var list []presence.Presence
+	switch ev := ev.(type) {
+	case client.Snapshot:
+		list = ev.Users
+	case client.Changes:
+		list = ev.Updates
+	}
+	for _, p := range list {
+		if p.UserID == user && p.Status == status {
+			return true
+		}
+	}
+	return false
+}
+
+func describe(evs []client.Event) string {
+	var b strings.Builder
+	for _, ev := range evs {
+		fmt.Fprintf(&b, "%T%+v ", ev, ev)
+	}
+	return b.String()
+}
+
+func isType[T client.Event](ev client.Event) bool {
+	_, ok := ev.(T)
+	return ok
+}
+
+func TestConnectReceivesHello(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	alice := connect(t, sys.Gateway(), "alice", client.Config{Device: "desktop"})
+	ev := alice.await("connected", isType[client.Connected]).(client.Connected)
+	if ev.UserID != "alice" || ev.ConnID == "" || ev.HeartbeatIntervalMS != systest.Heartbeat.Milliseconds() || ev.TTLMS != systest.TTL.Milliseconds() {
+		t.Fatalf("hello = %+v", ev.Hello)
+	}
+	if h := alice.c.Hello(); h != ev.Hello {
+		t.Errorf("Hello() = %+v, want %+v", h, ev.Hello)
+	}
+	self := alice.await("self", isType[client.Self]).(client.Self)
+	if self.Status != presence.Online || self.Devices != 1 {
+		t.Errorf("self = %+v, want online on 1 device", self.Self)
+	}
+	if !alice.c.Connected() {
+		t.Error("not connected")
+	}
+	if err := alice.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.c.Err(); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("Err() = %v, want ErrClosed", err)
+	}
+	for range alice.c.Events() {
+	}
+	if err := alice.c.SetStatus(presence.Busy); !errors.Is(err, client.ErrClosed) {
+		t.Errorf("SetStatus after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestHeartbeatsKeepTheConnectionOnline lets a client live through five
+// of the gateway's TTLs doing nothing: its own heartbeats must keep it
+// connected and its user online.
+func TestHeartbeatsKeepTheConnectionOnline(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	bob := connect(t, g, "bob", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+	connID := alice.c.Hello().ConnID
+
+	// Five TTLs' worth of heartbeats, at the interval the gateway asked.
+	want := uint64(5*systest.TTL/systest.Heartbeat) + 1
+	natstest.CheckFor(t, waitFor, 20*time.Millisecond, func() error {
+		if n := alice.c.Stats().Heartbeats; n < want {
+			return fmt.Errorf("%d heartbeats sent, want %d", n, want)
+		}
+		return nil
+	})
+	alice.drain()
+	bob.drain()
+	for _, ev := range alice.seen {
+		if isType[client.Disconnected](ev) || isType[client.Reconnected](ev) {
+			t.Fatalf("alice lost her connection: %s", describe(alice.seen))
+		}
+	}
+	for _, ev := range bob.seen {
+		if says(ev, "alice", presence.Offline) {
+			t.Fatalf("bob saw alice offline: %s", describe(bob.seen))
+		}
+	}
+	if got := alice.c.Hello().ConnID; got != connID || !alice.c.Connected() {
+		t.Fatalf("connection %s, connected %v; want still %s", got, alice.c.Connected(), connID)
+	}
+	rec, err := sys.StatusOf("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != presence.Online {
+		t.Fatalf("alice's record says %s, want online", rec.Status)
+	}
+}
+
+func TestSubscribeSeesAnotherUserConnect(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	bob := connect(t, g, "bob", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	snap := bob.await("snapshot", isType[client.Snapshot]).(client.Snapshot)
+	if len(snap.Users) != 1 || snap.Users[0].UserID != "alice" || snap.Users[0].Status != presence.Offline || snap.ID == "" {
+		t.Fatalf("snapshot = %+v, want alice offline, with an id", snap.PresenceInit)
+	}
+	connect(t, g, "alice", client.Config{})
+	bob.awaitStatus("alice", presence.Online)
+	if p, ok := bob.c.Presence("alice"); !ok || p.Status != presence.Online {
+		t.Errorf("Presence(alice) = %+v, %v; want online", p, ok)
+	}
+	if got := bob.c.Watched(); len(got) != 1 || got[0] != "alice" {
+		t.Errorf("Watched() = %v, want [alice]", got)
+	}
+
+	if err := bob.c.Unsubscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := bob.c.Presence("alice"); ok || len(bob.c.Watched()) != 0 {
+		t.Errorf("alice still watched after Unsubscribe")
+	}
+}
+
+func TestDeniedSubscriptionIsDropped(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Follow("bob", "carol") // not mutual
+	bob := connect(t, sys.Gateway(), "bob", client.Config{})
+	if err := bob.c.Subscribe("carol"); err != nil {
+		t.Fatal(err)
+	}
+	d := bob.await("denied", isType[client.Denied]).(client.Denied)
+	if d.UserID != "carol" || d.Reason != protocol.ReasonNotMutualFollowers {
+		t.Fatalf("denied = %+v", d.Denied)
+	}
+	if w := bob.c.Watched(); len(w) != 0 {
+		t.Errorf("Watched() = %v after a denial, want none", w)
+	}
+}
+
+func TestSetStatusSeenByWatcher(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	bob := connect(t, g, "bob", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+	if err := alice.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Busy)
+	alice.await("self busy", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Status == presence.Busy
+	})
+	if got := alice.c.Status(); got != presence.Busy {
+		t.Errorf("Status() = %q, want busy", got)
+	}
+	if err := alice.c.SetStatus("offline"); !errors.Is(err, presence.ErrInvalidStatus) {
+		t.Errorf("SetStatus(offline) = %v, want ErrInvalidStatus", err)
+	}
+	if got := alice.c.Status(); got != presence.Busy {
+		t.Errorf("a refused status changed Status() to %q", got)
+	}
+}
+
+// TestReconnectAfterGatewayRestart stops the gateway under two clients and
+// starts it again on the same address: both come back, alice's chosen
+// status is sent again (it was changed meanwhile from another device, so
+// only the re-send makes it busy again), bob's subscription is restored,
+// and changes flow again.
+func TestReconnectAfterGatewayRestart(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", fast)
+	bob := connect(t, g, "bob", fast)
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Busy)
+
+	sys.StopGateway(g)
+	for _, e := range []*events{alice, bob} {
+		d := e.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
+		var ce *client.CloseError
+		if !errors.As(d.Err, &ce) || ce.Code != protocol.CloseGoingAway {
+			t.Errorf("%s: disconnected by %v, want close 1001", e.name, d.Err)
+		}
+	}
+	// While alice's client is away, her phone chooses online.
+	other := sys.StartGateway(gateway.Config{})
+	phone := sys.Dial(other, "alice", "phone")
+	if err := phone.SetStatus(string(presence.Online)); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, phone, waitFor, "self online", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeSelf && m.Status == presence.Online
+	})
+	_ = phone.Close()
+
+	sys.StartGatewayAt(gateway.Config{}, g.Addr)
+	for _, e := range []*events{alice, bob} {
+		r := e.await("reconnected", isType[client.Reconnected]).(client.Reconnected)
+		if r.UserID != e.name || r.Attempts < 1 {
+			t.Errorf("%s: reconnected = %+v", e.name, r)
+		}
+		if n := e.c.Stats().Reconnects; n != 1 {
+			t.Errorf("%s: %d reconnects, want 1", e.name, n)
+		}
+	}
+	bob.awaitStatus("alice", presence.Busy)
+	if err := alice.c.SetStatus(presence.Away); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Away)
+}
+
+// TestNoReconnectAfterUnauthorized: a 401 stops Connect at once, and stops
+// a running client that meets it when reconnecting.
+func TestNoReconnectAfterUnauthorized(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	g := sys.Gateway()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	_, err := client.Connect(ctx, g.WS, client.Config{Token: "not-a-token"})
+	var he *client.HandshakeError
+	if !errors.Is(err, client.ErrRefused) || !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+		t.Fatalf("connect with a token to a dev auth gateway: %v, want a 401 refusal", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Connect waited for its context instead of giving up")
+	}
+
+	alice := connect(t, g, "alice", fast)
+	sys.StopGateway(g)
+	alice.await("disconnected", isType[client.Disconnected])
+	// The gateway comes back taking only tokens: ?user= is now a 401.
+	sys.StartGatewayAt(gateway.Config{Tokens: noTokens{}}, g.Addr)
+	select {
+	case <-alice.c.Done():
+	case <-time.After(waitFor):
+		t.Fatal("the client still runs after a 401")
+	}
+	err = alice.c.Err()
+	if !errors.Is(err, client.ErrRefused) || !errors.As(err, &he) || he.Status != http.StatusUnauthorized {
+		t.Fatalf("Err() = %v, want a 401 refusal", err)
+	}
+	for ev := range alice.c.Events() {
+		if isType[client.Reconnected](ev) {
+			t.Fatalf("reconnected despite the 401")
+		}
+	}
+	if err := alice.c.Subscribe("bob"); !errors.Is(err, client.ErrRefused) {
+		t.Errorf("Subscribe after the refusal = %v, want ErrRefused", err)
+	}
+	if err := alice.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noTokens refuses every token.
+type noTokens struct{}
+
+func (noTokens) Verify(string) (string, time.Time, error) {
+	return "", time.Time{}, errors.New("no token is good")
+}
+
+func TestConnectWithToken(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Tokens: tokens{"t-carol": "carol"}}})
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	calls := 0
+	c, err := client.Connect(ctx, sys.Gateway().HTTP, client.Config{TokenFunc: func(context.Context) (string, error) {
+		calls++
+		return "t-carol", nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if h := c.Hello(); h.UserID != "carol" || calls != 1 {
+		t.Fatalf("hello %+v after %d token calls, want carol after 1", h, calls)
+	}
+}
+
+// tokens maps tokens to users, valid for an hour.
+type tokens map[string]string
+
+func (m tokens) Verify(tok string) (string, time.Time, error) {
+	if u, ok := m[tok]; ok {
+		return u, time.Now().Add(time.Hour), nil
+	}
+	return "", time.Time{}, errors.New("unknown token")
+}
+
+// TestSlowReaderLagsButLosesNothing lets events pile up unread: the
+// overflow is counted and announced by a Lagged event, and Presence still
+// has the newest state.
+func TestSlowReaderLagsButLosesNothing(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	cfg := client.Config{EventBuffer: 2}
+	bob := connect(t, g, "bob", cfg)
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	// Bob reads nothing: hello and self fill his channel, and the snapshot
+	// and the change that follow are dropped, yet recorded.
+	for _, st := range []presence.Status{presence.Online, presence.Busy} {
+		if st != presence.Online {
+			if err := alice.c.SetStatus(st); err != nil {
+				t.Fatal(err)
+			}
+		}
+		natstest.CheckFor(t, waitFor, 5*time.Millisecond, func() error {
+			if p, _ := bob.c.Presence("alice"); p.Status != st {
+				return fmt.Errorf("bob has alice %q, want %s", p.Status, st)
+			}
+			return nil
+		})
+	}
+	if n := bob.c.Stats().Dropped; n < 2 {
+		t.Fatalf("%d events dropped, want at least 2", n)
+	}
+	bob.drain()
+	if len(bob.seen) != 2 || !isType[client.Connected](bob.seen[0]) || !isType[client.Self](bob.seen[1]) {
+		t.Fatalf("bob's channel held %s, want connected and self", describe(bob.seen))
+	}
+	if err := alice.c.SetStatus(presence.Invisible); err != nil {
+		t.Fatal(err)
+	}
+	lag := bob.await("lagged", isType[client.Lagged]).(client.Lagged)
+	if lag.Dropped != bob.c.Stats().Dropped {
+		t.Fatalf("lagged = %+v", lag)
+	}
+	bob.awaitStatus("alice", presence.Offline)
+	if p, _ := bob.c.Presence("alice"); p.Status != presence.Offline {
+		t.Fatalf("Presence(alice) = %s, want offline", p.Status)
+	}
+}
+
+// clientGoroutines returns the stacks of goroutines running code of
+// package client.
+func clientGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var found []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "greendot/pkg/client.") {
+			found = append(found, g)
+		}
+	}
+	return found
+}
+
+// TestCloseLeavesNoGoroutine closes a connected client and one waiting to
+// reconnect: neither leaves a goroutine behind.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	if err := alice.c.Subscribe("bob"); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("snapshot", isType[client.Snapshot])
+	waiting := connect(t, g, "bob", client.Config{Backoff: client.Backoff{Base: time.Hour, Max: time.Hour}})
+	other := sys.StartGateway(gateway.Config{})
+	carol := connect(t, other, "carol", client.Config{})
+
+	// Bob's client loses its gateway and waits up to an hour to retry.
+	sys.StopGateway(g)
+	alice.await("disconnected", isType[client.Disconnected])
+	waiting.await("disconnected", isType[client.Disconnected])
+
+	for _, e := range []*events{alice, waiting, carol} {
+		start := time.Now()
+		if err := e.c.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("%s: Close took %v", e.name, d)
+		}
+		if !errors.Is(e.c.Err(), client.ErrClosed) {
+			t.Errorf("%s: Err() = %v, want ErrClosed", e.name, e.c.Err())
+		}
+	}
+	natstest.CheckFor(t, waitFor, 10*time.Millisecond, func() error {
+		if left := clientGoroutines(); len(left) > 0 {
+			return fmt.Errorf("%d goroutines left:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+		return nil
+	})
+}
+
+// TestKeepActiveNeverAway runs the gateway with a short away-after: a
+// client without KeepActive turns away, one with it stays online.
+func TestKeepActiveNeverAway(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
+	sys.Mutual("alice", "bob", "dave")
+	g := sys.Gateway()
+	bob := connect(t, g, "bob", client.Config{})
+	alice := connect(t, g, "alice", client.Config{KeepActive: true})
+	connect(t, g, "dave", client.Config{})
+	if err := bob.c.Subscribe("alice", "dave"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("dave", presence.Away)
+	// Three away-afters' worth of activity.
+	want := uint64(3*time.Second/systest.Heartbeat) + 1
+	natstest.CheckFor(t, waitFor, 20*time.Millisecond, func() error {
+		if n := alice.c.Stats().Heartbeats; n < want {
+			return fmt.Errorf("%d activity messages sent, want %d", n, want)
+		}
+		return nil
+	})
+	bob.drain()
+	for _, ev := range bob.seen {
+		if says(ev, "alice", presence.Away) {
+			t.Fatalf("alice turned away despite KeepActive: %s", describe(bob.seen))
+		}
+	}
+	if p, _ := bob.c.Presence("alice"); p.Status != presence.Online {
+		t.Fatalf("alice is %s, want online", p.Status)
+	}
+}
+
+func TestIdleAndActivity(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	bob := connect(t, g, "bob", client.Config{})
+	alice := connect(t, g, "alice", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+	if err := alice.c.Idle(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Away)
+	if err := alice.c.Activity(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+}
+
+// expiring proves "short" for a second from when it is checked and
+// "long" for an hour, both as carol.
+type expiring struct{}
+
+func (expiring) Verify(tok string) (string, time.Time, error) {
+	switch tok {
+	case "short":
+		return "carol", time.Now().Add(time.Second), nil
+	case "long":
+		return "carol", time.Now().Add(time.Hour), nil
+	}
+	return "", time.Time{}, errors.New("unknown token")
+}
+
+// TestExpiredTokenRenewedOnlyWithTokenFunc: the gateway closes a socket
+// whose token expired with 1008. A client with a TokenFunc comes back
+// with a fresh token; one with a fixed token stops.
+func TestExpiredTokenRenewedOnlyWithTokenFunc(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Tokens: expiring{}}})
+	g := sys.Gateway()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+
+	issued := make(chan string, 2)
+	issued <- "short"
+	issued <- "long"
+	cfg := fast
+	cfg.TokenFunc = func(ctx context.Context) (string, error) {
+		select {
+		case tok := <-issued:
+			return tok, nil
+		default:
+			return "", errors.New("no more tokens")
+		}
+	}
+	c, err := client.Connect(ctx, g.WS, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	renewing := &events{t: t, c: c, name: "renewing"}
+	d := renewing.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
+	var ce *client.CloseError
+	if !errors.As(d.Err, &ce) || ce.Code != protocol.ClosePolicy {
+		t.Fatalf("disconnected by %v, want 1008", d.Err)
+	}
+	renewing.await("reconnected", isType[client.Reconnected])
+
+	fixed, err := client.Connect(ctx, g.WS, client.Config{Token: "short"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fixed.Close() })
+	select {
+	case <-fixed.Done():
+	case <-time.After(waitFor):
+		t.Fatal("the client with an expired fixed token still runs")
+	}
+	if err := fixed.Err(); !errors.Is(err, client.ErrRefused) || !errors.As(err, &ce) || ce.Code != protocol.ClosePolicy {
+		t.Fatalf("Err() = %v, want a 1008 refusal", err)
+	}
+}
+
+// TestSilentGatewayCountsAsGone serves WebSockets that send hello and then
+// nothing, not even pongs: the client pings, gives up on the connection
+// after the TTL, and connects again.
+func TestSilentGatewayCountsAsGone(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pings := make(chan struct{}, 100)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer ln.Close()
+	wg.Go(func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer nc.Close()
+				if _, err := ws.Upgrade(nc); err != nil {
+					return
+				}
+				hello := `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":100,"ttl_ms":300,"status":"online"}`
+				if err := wsutil.WriteServerText(nc, []byte(hello)); err != nil {
+					return
+				}
+				for {
+					h, err := ws.ReadHeader(nc)
+					if err != nil || h.OpCode == ws.OpClose {
+						return
+					}
+					if _, err := io.CopyN(io.Discard, nc, h.Length); err != nil {
+						return
+					}
+					if h.OpCode == ws.OpPing {
+						select {
+						case pings <- struct{}{}:
+						default:
+						}
+					}
+				}
+			})
+		}
+	})
+	cfg := fast
+	cfg.User = "alice"
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := client.Connect(ctx, "ws://"+ln.Addr().String(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := &events{t: t, c: c, name: "alice"}
+	d := e.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
+	var ne net.Error
+	if !errors.As(d.Err, &ne) || !ne.Timeout() || !strings.Contains(d.Err.Error(), "silent") {
+		t.Fatalf("disconnected by %v, want the gateway's silence", d.Err)
+	}
+	select {
+	case <-pings:
+	case <-time.After(waitFor):
+		t.Fatal("the client sent no ping")
+	}
+	e.await("reconnected", isType[client.Reconnected])
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestManySubscriptionsArePaced subscribes to more users than the gateway
+// takes at once, in more messages than its rate limit lets through in a
+// burst: every one is answered, none refused.
+func TestManySubscriptionsArePaced(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxSubscriptions: 10000}})
+	bob := connect(t, sys.Gateway(), "bob", client.Config{})
+	ids := make([]string, 6000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("user-%d", i)
+	}
+	if err := bob.c.Subscribe(ids...); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(map[string]bool)
+	bob.await("every user answered", func(ev client.Event) bool {
+		switch ev := ev.(type) {
+		case client.Snapshot:
+			for _, p := range ev.Users {
+				answered[p.UserID] = true
+			}
+		case client.ServerError, client.Denied:
+			t.Fatalf("a subscribe was refused: %+v", ev)
+		}
+		return len(answered) == len(ids)
+	})
+	if n := len(bob.c.Watched()); n != len(ids) {
+		t.Fatalf("%d users watched, want %d", n, len(ids))
+	}
+
+	// Unsubscribes have no answer to wait for: only the rate paces them.
+	// The subscribe after them is answered once they are all handled.
+	if err := bob.c.Unsubscribe(ids...); err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.await("the subscribe after the unsubscribes", func(ev client.Event) bool {
+		switch ev := ev.(type) {
+		case client.ServerError, client.Denied, client.Disconnected:
+			t.Fatalf("refused: %+v", ev)
+		case client.Snapshot:
+			return len(ev.Users) == 1 && ev.Users[0].UserID == "alice"
+		}
+		return false
+	})
+	if w := bob.c.Watched(); len(w) != 1 {
+		t.Fatalf("watched %d users, want alice only", len(w))
+	}
+}
