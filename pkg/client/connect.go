@@ -175,7 +175,8 @@ func (c *Client) SetStatus(status presence.Status) error {
 	return nil
 }
 
-// Status returns the status chosen with SetStatus, "" if none.
+// Status returns the status chosen with SetStatus, or since then on
+// another device of the user (not away); "" if none.
 func (c *Client) Status() presence.Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -762,3 +762,41 @@ func TestManySubscriptionsArePaced(t *testing.T) {
 		t.Fatalf("watched %d users, want alice only", len(w))
 	}
 }
+
+// A status chosen on another device is adopted, so that a reconnect does
+// not undo it; an away is not, since it may be automatic.
+func TestStatusChosenOnAnotherDeviceIsAdopted(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", fast)
+	if err := alice.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("self busy", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Status == presence.Busy
+	})
+	phone := sys.Dial(g, "alice", "phone")
+	if err := phone.SetStatus(string(presence.Online)); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("self online", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Status == presence.Online
+	})
+	if st := alice.c.Status(); st != presence.Online {
+		t.Fatalf("status after the phone chose online = %q, want online adopted", st)
+	}
+	// An away is never adopted: the client cannot tell one chosen from
+	// one the gateway decided because every device was idle.
+	if err := phone.SetStatus(string(presence.Away)); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("self away", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Status == presence.Away
+	})
+	if st := alice.c.Status(); st != presence.Online {
+		t.Fatalf("status after an away = %q, want online kept", st)
+	}
+}

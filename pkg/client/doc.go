@@ -35,7 +35,9 @@
 //     drains (close 1001), else with exponential backoff and full jitter,
 //     bounded by Config.Backoff. On the new connection it sends the chosen
 //     status, the idle state and the subscriptions again, and delivers
-//     Reconnected.
+//     Reconnected. A status another device of the user chose (seen in a
+//     Self frame) becomes the chosen one, so a reconnect does not undo
+//     it; away is never taken over, since it may be automatic.
 //   - It stops for good, closing Events and setting Err to an error
 //     wrapping ErrRefused, when the gateway refuses it in a way trying again
 //     cannot fix: an upgrade refused with 400, 401, 403 or another 4xx

@@ -319,6 +319,14 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 		c.notedLocked(ev.Updates)
 	case Self:
 		c.self = ev.Self
+		// Another device chose a status: adopt it, so that a reconnect
+		// of this client does not undo that choice. An automatic away
+		// is not a choice.
+		if st := ev.Status; c.status != "" && st != c.status && st != presence.Away {
+			if _, err := presence.ParseChosen(string(st)); err == nil {
+				c.status = st
+			}
+		}
 	case ServerError:
 		if m, ok := c.answeredLocked(ev.ID); ok && !transient(ev.Code) {
 			// The subscribe was refused as a whole, for good: its users
