@@ -33,17 +33,21 @@ type Client struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
-	mu       sync.Mutex
-	conn     *Conn // the open connection, nil while there is none
-	hello    protocol.Hello
-	status   presence.Status // chosen with SetStatus; "" for none
-	idle     bool
-	watched  map[string]struct{}
-	all      bool
-	presence map[string]presence.Presence
-	self     protocol.Self
-	seq      uint64
-	err      error // why the client stopped; nil while it runs
+	mu     sync.Mutex
+	conn   *Conn // the open connection, nil while there is none
+	hello  protocol.Hello
+	status presence.Status // chosen with SetStatus; "" for none
+	// statusSent reports that status was sent and no Self frame has
+	// confirmed it yet: the Self frames before the confirmation show an
+	// earlier status, not another device's choice.
+	statusSent bool
+	idle       bool
+	watched    map[string]struct{}
+	all        bool
+	presence   map[string]presence.Presence
+	self       protocol.Self
+	seq        uint64
+	err        error // why the client stopped; nil while it runs
 	// Subscribes are paced, as the gateway refuses a subscribe when 16
 	// requests of the socket wait: waiting holds the subscribes sent on the
 	// open connection and not yet answered, at most subscribeWindow, and
@@ -170,7 +174,8 @@ func (c *Client) SetStatus(status presence.Status) error {
 	if c.err != nil {
 		return fmt.Errorf("set status: %w", c.err)
 	}
-	c.status = st
+	// A choice the user already has is not confirmed by a Self frame.
+	c.status, c.statusSent = st, c.self.Status != st
 	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(st)})
 	return nil
 }

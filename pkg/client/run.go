@@ -125,6 +125,7 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 	c.hello = h
 	c.conn = conn
 	if c.status != "" {
+		c.statusSent = true
 		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(c.status)})
 	}
 	if c.idle {
@@ -322,7 +323,13 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 		// Another device chose a status: adopt it, so that a reconnect
 		// of this client does not undo that choice. An automatic away
 		// is not a choice.
-		if st := ev.Status; c.status != "" && st != c.status && st != presence.Away {
+		// Until this client's own choice is confirmed (or turned away
+		// because the user is idle), a Self frame shows an earlier one.
+		switch st := ev.Status; {
+		case c.status == "":
+		case c.statusSent:
+			c.statusSent = st != c.status && st != presence.Away
+		case st != c.status && st != presence.Away:
 			if _, err := presence.ParseChosen(string(st)); err == nil {
 				c.status = st
 			}
