@@ -219,8 +219,16 @@ func (s *System) replace(slot **system.Proc, p *system.Proc) {
 }
 
 // StartGateway starts one more gateway with cfg (timings default to the
-// system's).
+// system's), on a free loopback port.
 func (s *System) StartGateway(cfg gateway.Config) *Gateway {
+	s.tb.Helper()
+	return s.StartGatewayAt(cfg, "127.0.0.1:0")
+}
+
+// StartGatewayAt starts one more gateway like StartGateway, listening on
+// addr: the address of a gateway stopped before, to start it again where
+// its clients reconnect.
+func (s *System) StartGatewayAt(cfg gateway.Config, addr string) *Gateway {
 	s.tb.Helper()
 	base := s.opts.Gateway
 	if cfg.ConnTTL == 0 {
@@ -242,9 +250,9 @@ func (s *System) StartGateway(cfg gateway.Config) *Gateway {
 	if cfg.Logger == nil {
 		cfg.Logger = base.Logger
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		s.tb.Fatalf("listen: %v", err)
+		s.tb.Fatalf("listen on %s: %v", addr, err)
 	}
 	p, err := s.sys.StartGateway("gateway", cfg, ln)
 	if err != nil {
