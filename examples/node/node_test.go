@@ -399,7 +399,7 @@ func TestNodeClient(t *testing.T) {
 	bobView := systest.NewView(t, bob)
 	bobView.Await("alice", presence.Offline)
 
-	s := startScript(t, node, nil, "--url", gw.WS, "--user", "alice", "--device", "cli", "--status", "busy",
+	s := startScript(t, node, nil, "--url", gw.WS, "--user", "alice", "--device", "cli", "--status", "away",
 		"--backoff-base-ms", strconv.Itoa(backoffBase), "--backoff-max-ms", strconv.Itoa(backoffMax), "bob", "carol")
 
 	hello := s.await("connected", wait, isConnected)
@@ -409,15 +409,15 @@ func TestNodeClient(t *testing.T) {
 	}
 	// The snapshot and the self frames that follow set_status come in
 	// either order.
-	s.awaitAll("the snapshot (bob online, carol offline) and self busy", wait,
+	s.awaitAll("the snapshot (bob online, carol offline) and self away", wait,
 		presenceOf("bob", presence.Online, true), presenceOf("carol", presence.Offline, true),
-		func(e event) bool { return e.Event == "self" && e.Status == "busy" && e.Devices == 1 })
-	bobView.Await("alice", presence.Busy)
+		func(e event) bool { return e.Event == "self" && e.Status == "away" && e.Devices == 1 })
+	bobView.Await("alice", presence.Away)
 
-	if err := bob.SetStatus("away"); err != nil {
+	if err := bob.SetStatus("busy"); err != nil {
 		t.Fatal(err)
 	}
-	s.await("bob away", wait, presenceOf("bob", presence.Away, false))
+	s.await("bob busy", wait, presenceOf("bob", presence.Busy, false))
 
 	// The gateway drops a connection silent for the TTL: alice's stays
 	// open across several, and is still hers in the store.
@@ -426,20 +426,20 @@ func TestNodeClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := rec.Conns[hello.ConnID]; !ok || rec.Status != presence.Busy {
-		t.Fatalf("alice after three TTLs: status %s, connections %v; want busy on %s", rec.Status, rec.Conns, hello.ConnID)
+	if _, ok := rec.Conns[hello.ConnID]; !ok || rec.Status != presence.Away {
+		t.Fatalf("alice after three TTLs: status %s, connections %v; want away on %s", rec.Status, rec.Conns, hello.ConnID)
 	}
-	if p, _ := bobView.Presence("alice"); p.Status != presence.Busy {
-		t.Errorf("bob sees alice %s after three TTLs, want busy", p.Status)
+	if p, _ := bobView.Presence("alice"); p.Status != presence.Away {
+		t.Errorf("bob sees alice %s after three TTLs, want away", p.Status)
 	}
 
 	// Stop the gateway: it closes its sockets with 1001 (draining).
 	stopBob()
 	sys.StopGateway(gw)
 	s.await("disconnected with 1001", wait, func(e event) bool { return e.Event == "disconnected" && e.CloseCode == 1001 })
-	// While alice is away, her chosen status is lost from the store (as if
+	// While alice is disconnected, her chosen status is lost from the store (as if
 	// it were rebuilt): the gateway's hello will then say online, and only
-	// the script restoring its choice makes her busy again.
+	// the script restoring its choice makes her away again.
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	if _, _, _, err := sys.Store.UpdateStatus(ctx, "alice", func(r *presence.Record) error {
@@ -457,10 +457,10 @@ func TestNodeClient(t *testing.T) {
 	if again.Status != string(presence.Online) {
 		t.Fatalf("the gateway's hello after the restart says %s, want online: the test of the restored status would prove nothing", again.Status)
 	}
-	s.awaitAll("the snapshot again and self busy", wait,
+	s.awaitAll("the snapshot again and self away", wait,
 		func(e event) bool { return e.Event == "presence" && e.UserID == "bob" && e.Snapshot },
 		func(e event) bool { return e.Event == "presence" && e.UserID == "carol" && e.Snapshot },
-		func(e event) bool { return e.Event == "self" && e.Status == "busy" })
+		func(e event) bool { return e.Event == "self" && e.Status == "away" })
 
 	bob2 := sys.Dial(gw2, "bob")
 	defer systest.KeepAlive(bob2, heartbeat)()
@@ -468,11 +468,11 @@ func TestNodeClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	bob2View := systest.NewView(t, bob2)
-	bob2View.Await("alice", presence.Busy)
-	if err := bob2.SetStatus("busy"); err != nil {
+	bob2View.Await("alice", presence.Away)
+	if err := bob2.SetStatus("online"); err != nil {
 		t.Fatal(err)
 	}
-	s.await("bob busy after the reconnect", wait, presenceOf("bob", presence.Busy, false))
+	s.await("bob online after the reconnect", wait, presenceOf("bob", presence.Online, false))
 
 	// SIGTERM: a clean close, exit 0, and alice offline after the grace.
 	s.signal(syscall.SIGTERM)

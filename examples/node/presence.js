@@ -203,6 +203,7 @@ class PresenceClient {
     this.opts = opts;
     this.wanted = new Set(opts.watch); // users to watch, again after every reconnect
     this.chosen = opts.status; // the status to restore after every reconnect
+    this.confirming = null; // a status this client sent that no self frame confirmed yet
     this.ws = null;
     this.attempt = 0;
     this.retryTimer = null;
@@ -264,9 +265,14 @@ class PresenceClient {
         break;
       case "self": // this user's own true status, and live device count
         // Another device chose a status: adopt it, so that a reconnect of
-        // this one does not undo that choice. An automatic away is not a
-        // choice.
-        if (this.chosen !== undefined && STATUSES.includes(m.status) && m.status !== "away") this.chosen = m.status;
+        // this one does not undo that choice. Not adopted: the self frames
+        // before the one confirming this client's own set_status (they
+        // show the status before it), and away, which may be automatic.
+        if (this.confirming !== null) {
+          if (m.status === this.confirming) this.confirming = null;
+        } else if (this.chosen !== undefined && STATUSES.includes(m.status) && m.status !== "away") {
+          this.chosen = m.status;
+        }
         emit("self", { status: m.status, devices: m.devices });
         break;
       case "denied": // a subscription refused, or ended later
@@ -312,7 +318,11 @@ class PresenceClient {
       conn.ws.ping();
     }, every);
 
-    if (this.chosen !== undefined && this.chosen !== hello.status) this.send(conn, { type: "set_status", status: this.chosen });
+    this.confirming = null;
+    if (this.chosen !== undefined && this.chosen !== hello.status) {
+      this.confirming = this.chosen;
+      this.send(conn, { type: "set_status", status: this.chosen });
+    }
     for (const ids of subscribeChunks(this.wanted)) this.send(conn, subscribeMessage(`s-${++this.seq}`, ids));
   }
 
