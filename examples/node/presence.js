@@ -303,9 +303,9 @@ class PresenceClient {
 
     // The gateway ends a connection silent for ttl_ms: send a heartbeat
     // every heartbeat_interval_ms. A WebSocket ping goes with it, and a
-    // gateway that stopped answering pings for ttl_ms is gone (a dead
-    // network path closes nothing by itself): drop the socket and
-    // reconnect.
+    // gateway that answered no ping for ttl_ms and one more interval is
+    // gone (a dead network path closes nothing by itself): drop the socket
+    // and reconnect.
     const every = Math.max(Number(hello.heartbeat_interval_ms) || 15_000, 100);
     const ttl = Math.max(Number(hello.ttl_ms) || 2 * every, every);
     conn.heartbeat = setInterval(() => {
@@ -314,6 +314,7 @@ class PresenceClient {
         conn.ws.terminate();
         return;
       }
+      if (conn.ws.readyState !== WebSocket.OPEN) return;
       this.send(conn, { type: "heartbeat" });
       conn.ws.ping();
     }, every);
@@ -342,19 +343,19 @@ class PresenceClient {
   // an exit (a permanent refusal), or a reconnect after a delay.
   closed(conn, code, reason) {
     clearInterval(conn.heartbeat);
-    if (this.stopping) process.exit(0);
+    if (this.stopping) return process.exit(0);
 
     if (conn.refusal) {
       const { status, body } = conn.refusal;
       if (!RETRY_STATUSES.has(status)) {
-        this.fail(EXIT_REFUSED, `the gateway refused the connection: HTTP ${status}${body ? `: ${body}` : ""}; not reconnecting`);
+        return this.fail(EXIT_REFUSED, `the gateway refused the connection: HTTP ${status}${body ? `: ${body}` : ""}; not reconnecting`);
       }
       this.retry({ http_status: status, reason: body });
       return;
     }
     if (FINAL_CLOSES.has(code)) {
       const why = reason ? `: ${reason}` : "";
-      this.fail(EXIT_CLOSED, `the gateway closed the connection with ${code} (${FINAL_CLOSES.get(code)})${why}; not reconnecting`);
+      return this.fail(EXIT_CLOSED, `the gateway closed the connection with ${code} (${FINAL_CLOSES.get(code)})${why}; not reconnecting`);
     }
     if (conn.hello && Date.now() - conn.openedAt >= STABLE_AFTER_MS) this.attempt = 0;
     this.retry({ close_code: code, reason: reason || conn.error });
