@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -485,6 +487,124 @@ func TestNodeClient(t *testing.T) {
 	events := append([]event(nil), s.events...)
 	s.mu.Unlock()
 	checkRetries(t, events)
+}
+
+// pathProxy is a TCP proxy to a gateway whose connections can die as a
+// network path does: passing no more bytes either way, and no close.
+type pathProxy struct {
+	addr   string
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	links []*link
+	wg    sync.WaitGroup
+}
+
+// link is one proxied connection: the client's side and the gateway's.
+type link struct {
+	client, gateway net.Conn
+	dead            atomic.Bool
+}
+
+// startProxy proxies a loopback port to target until the test ends.
+func startProxy(t *testing.T, target string) *pathProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pathProxy{addr: ln.Addr().String(), ln: ln, target: target}
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Go(func() { p.serve(c) })
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		for _, l := range p.links {
+			_ = l.client.Close()
+			_ = l.gateway.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *pathProxy) serve(c net.Conn) {
+	g, err := net.Dial("tcp", p.target)
+	if err != nil {
+		_ = c.Close()
+		return
+	}
+	l := &link{client: c, gateway: g}
+	p.mu.Lock()
+	p.links = append(p.links, l)
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Go(func() { l.pipe(g, c) })
+	wg.Go(func() { l.pipe(c, g) })
+	wg.Wait()
+}
+
+// pipe copies src to dst, and closes dst when src ends; on a dead link it
+// drops what it reads and closes nothing.
+func (l *link) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !l.dead.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	if !l.dead.Load() {
+		_ = dst.Close()
+	}
+}
+
+// kill makes every connection the proxy holds now a dead path; later
+// ones pass.
+func (p *pathProxy) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.dead.Store(true)
+	}
+}
+
+// TestNodeClientDeadPath: the network path to the gateway dies without a
+// close. The script notices from its unanswered pings (within ttl_ms and
+// one heartbeat interval), drops the socket, and connects again.
+func TestNodeClientDeadPath(t *testing.T) {
+	node := nodeBinary(t)
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: heartbeat, OfflineGrace: grace}})
+	p := startProxy(t, sys.Gateway().Addr)
+	s := startScript(t, node, nil, "--url", "ws://"+p.addr+"/ws", "--user", "frank",
+		"--backoff-base-ms", strconv.Itoa(backoffBase), "--backoff-max-ms", strconv.Itoa(backoffMax), "frank")
+	first := s.await("connected", wait, isConnected)
+	s.await("own snapshot", wait, presenceOf("frank", presence.Online, true))
+
+	p.kill()
+	lost := s.await("disconnected", wait, func(e event) bool { return e.Event == "disconnected" })
+	if lost.CloseCode != 1006 || !strings.Contains(lost.Reason, "no answer from the gateway") {
+		t.Errorf("after the path died: %s, want close code 1006 and no answer from the gateway", lost)
+	}
+	again := s.await("connected again", wait, isConnected)
+	if again.ConnID == first.ConnID {
+		t.Errorf("connected again on the same connection %s", again.ConnID)
+	}
+	s.await("own snapshot again", wait, presenceOf("frank", presence.Online, true))
 }
 
 // TestNodeClientStops checks that presence.js gives up, with a message
