@@ -611,7 +611,8 @@ func TestNodeClientDeadPath(t *testing.T) {
 // on stderr and its documented exit code, where coming back could only be
 // refused again: a bad token or dev auth refused at the handshake (3), a
 // close with 1008 when kicked (4), and a bad command line (2). A good
-// token, sent in the Authorization header, connects.
+// token, sent in the Authorization header, connects, and a kick with a
+// normal close (1000) is followed by a reconnect.
 func TestNodeClientStops(t *testing.T) {
 	node := nodeBinary(t)
 	secret := []byte("a secret of at least thirty-two bytes, for HS256")
@@ -629,17 +630,25 @@ func TestNodeClientStops(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	t.Run("good token, then kicked", func(t *testing.T) {
+	t.Run("good token, then kicked with 1000 and 1008", func(t *testing.T) {
 		s := startScript(t, node, []string{"GREENDOT_TOKEN=" + token}, "--url", gw.WS)
 		if hello := s.await("connected", wait, isConnected); hello.UserID != "dave" {
 			t.Fatalf("connected as %q, want dave (the token's sub)", hello.UserID)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		replies, err := adminclient.Kick(ctx, sys.NC, admin.KickRequest{UserID: "dave"}, wait)
-		if err != nil || len(replies) != 1 || len(replies[0].Closed) != 1 {
-			t.Fatalf("kick dave: %+v, %v; want one connection closed", replies, err)
+		kick := func(code int) {
+			t.Helper()
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			replies, err := adminclient.Kick(ctx, sys.NC, admin.KickRequest{UserID: "dave", Code: code}, wait)
+			if err != nil || len(replies) != 1 || len(replies[0].Closed) != 1 {
+				t.Fatalf("kick dave with %d: %+v, %v; want one connection closed", code, replies, err)
+			}
 		}
+		// A normal close (1000) is not a refusal: the script comes back.
+		kick(1000)
+		s.await("disconnected with 1000", wait, func(e event) bool { return e.Event == "disconnected" && e.CloseCode == 1000 })
+		s.await("connected again", wait, isConnected)
+		kick(1008)
 		code, stderr := s.exit(wait)
 		if code != 4 || !strings.Contains(stderr, "closed the connection with 1008") || !strings.Contains(stderr, "not reconnecting") {
 			t.Errorf("after a kick: exit code %d, stderr %q; want 4 and the close code", code, stderr)

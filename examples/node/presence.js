@@ -49,23 +49,24 @@ const USER_ID = /^[A-Za-z0-9_-]{1,64}$/;
 const DEVICE = /^[A-Za-z0-9_. -]{1,32}$/;
 const STATUSES = ["online", "away", "busy", "invisible"];
 
-// A handshake refused with one of these may succeed later: the gateway is
-// full or draining (503), the user has too many connections (429), or a
-// proxy in front of it failed (502, 504). Any other refusal (400 bad user
-// id or device, 401 bad or expired token, 403 Origin, 404 wrong path, 431)
-// would be the same next time.
-const RETRY_STATUSES = new Set([429, 500, 502, 503, 504]);
+// retryable reports whether a handshake refused with this HTTP status may
+// succeed later: 429 (the user has too many connections), 408, and 5xx (the
+// gateway is full or draining, or a proxy in front of it failed). Any other
+// refusal (400 bad user id or device, 401 bad or expired token, 403 Origin,
+// 404 wrong path, 431) would be the same next time.
+function retryable(status) {
+  return status === 408 || status === 429 || status >= 500;
+}
 
 // Close codes after which reconnecting would only repeat the refusal: the
-// client broke the protocol, was kicked or abusive, or its token expired
-// (a fresh token needs a fresh start). Every other close (1001 draining,
-// 1006 connection lost, 1011, 1012) is followed by a reconnect.
+// client broke the protocol, or was kicked, abusive, or its token expired
+// (a fresh token needs a fresh start). Every other close (1000, 1001
+// draining, 1006 connection lost, 1011, 1012) is followed by a reconnect.
 const FINAL_CLOSES = new Map([
-  [1000, "the gateway ended the session (normal close)"],
   [1002, "protocol error"],
   [1003, "a binary frame was sent"],
   [1007, "a message was not valid UTF-8"],
-  [1008, "policy violation: abuse beyond rate limits, an expired token, or kicked by an operator"],
+  [1008, "policy violation: kicked by an operator, abuse beyond rate limits, or an expired token"],
   [1009, "a message over the size limit"],
 ]);
 
@@ -347,7 +348,7 @@ class PresenceClient {
 
     if (conn.refusal) {
       const { status, body } = conn.refusal;
-      if (!RETRY_STATUSES.has(status)) {
+      if (!retryable(status)) {
         return this.fail(EXIT_REFUSED, `the gateway refused the connection: HTTP ${status}${body ? `: ${body}` : ""}; not reconnecting`);
       }
       this.retry({ http_status: status, reason: body });
