@@ -219,7 +219,7 @@ func (s *System) replace(slot **system.Proc, p *system.Proc) {
 }
 
 // StartGateway starts one more gateway with cfg (timings default to the
-// system's).
+// system's), on a free loopback port.
 func (s *System) StartGateway(cfg gateway.Config) *Gateway {
 	s.tb.Helper()
 	return s.StartGatewayAt(cfg, "127.0.0.1:0")
@@ -252,7 +252,7 @@ func (s *System) StartGatewayAt(cfg gateway.Config, addr string) *Gateway {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		s.tb.Fatalf("listen: %v", err)
+		s.tb.Fatalf("listen on %s: %v", addr, err)
 	}
 	p, err := s.sys.StartGateway("gateway", cfg, ln)
 	if err != nil {
