@@ -184,6 +184,9 @@ export class GreenDot {
   #hello = null;
   #helloAt = 0;
   #chosen;
+  // #chosenSent: #chosen was sent and no self frame confirmed it yet; the self
+  // frames before the confirmation show an earlier status.
+  #chosenSent = false;
   #token;
   #seq = 0;
   #connectSeq = 0;
@@ -372,6 +375,9 @@ export class GreenDot {
   setStatus(status) {
     checkStatus(status);
     this.#chosen = status;
+    // A choice the user already has is not confirmed by a self frame; one
+    // made before hello is sent, or not, once it comes.
+    if (this.#state === "open") this.#chosenSent = this.#self?.status !== status;
     this.#send({ type: "set_status", status });
   }
 
@@ -594,7 +600,8 @@ export class GreenDot {
     const every = Number(hello.heartbeat_interval_ms) > 0 ? Math.max(Number(hello.heartbeat_interval_ms), 100) : 15_000;
     this.#heartbeatTimer = setInterval(() => this.#send({ type: "heartbeat" }), every);
     this.#setState("open", { user_id: hello.user_id, conn_id: hello.conn_id });
-    if (this.#chosen !== undefined && this.#chosen !== hello.status) this.#send({ type: "set_status", status: this.#chosen });
+    this.#chosenSent = this.#chosen !== undefined && this.#chosen !== hello.status;
+    if (this.#chosenSent) this.#send({ type: "set_status", status: this.#chosen });
     this.#resubscribe();
     if (this.#idleSent) this.#send({ type: "idle" });
     else this.#activity.reset();
@@ -662,8 +669,14 @@ export class GreenDot {
   #selfFrame(m) {
     const next = Object.freeze({ status: m.status, devices: Number(m.devices) || 0 });
     // Another device chose a status: adopt it, so that a reconnect of this
-    // one does not undo that choice. An automatic away is not a choice.
-    if (this.#chosen !== undefined && m.status !== this.#chosen && m.status !== "away" && STATUSES.includes(m.status)) {
+    // one does not undo that choice. An automatic away is not a choice, and
+    // until this one's own choice is confirmed (or turned away because the
+    // user is idle) a self frame shows an earlier status.
+    if (this.#chosen === undefined) {
+      // nothing chosen here: nothing to keep
+    } else if (this.#chosenSent) {
+      this.#chosenSent = m.status !== this.#chosen && m.status !== "away";
+    } else if (m.status !== this.#chosen && m.status !== "away" && STATUSES.includes(m.status)) {
       this.#chosen = m.status;
     }
     const prev = this.#self;

@@ -226,6 +226,11 @@ async (m, users) => {
     check("state: connecting, then open after hello", gd.state === "open" && json(states) === '["connecting","open"]', json(states));
     const sub = ws.of("subscribe")[0];
     check("after hello: the chosen status is sent", ws.of("set_status")[0]?.status === "busy", json(ws.sent));
+    // The self frame right after hello shows the status from before this
+    // client's choice, not another device's choice.
+    ws.deliver({ type: "self", status: "online", devices: 1 });
+    check("self: a frame before the choice is confirmed is not adopted", gd.chosenStatus === "busy", gd.chosenStatus);
+    ws.deliver({ type: "self", status: "busy", devices: 1 });
     check("after hello: one subscribe, ids deduplicated, with an id", sub && json(sub.user_ids) === '["bob","carol"]' && typeof sub.id === "string", json(sub));
     ws.deliver({ type: "presence_init", id: sub.id, users: [{ user_id: "bob", status: "online" }] });
     ws.deliver({ type: "denied", id: sub.id, user_id: "carol", reason: "not_mutual_followers" });
