@@ -106,10 +106,12 @@ func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
+	ctx, cancel := context.WithTimeout(r.Context(), requestTimeout)
+	defer cancel()
 	data, err := json.Marshal(inv)
 	if err == nil {
 		if err = s.nc.Publish(InvalidateSubject, data); err == nil {
-			err = s.nc.FlushWithContext(r.Context())
+			err = s.nc.FlushWithContext(ctx)
 		}
 	}
 	if err != nil {
