@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/gateway/internal/authz"
+	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -160,12 +162,22 @@ func (s *Service) verify(token string) (string, time.Time, *authz.WatchList, err
 		return userID, exp, nil, nil
 	}
 	userID, exp, watch, err := s.cfg.Tokens.(WatchVerifier).VerifyWatch(token)
+	if errors.Is(err, auth.ErrWatchClaim) {
+		return "", time.Time{}, nil, fmt.Errorf("%w: %v; %s", ErrUnauthorized, err, s.watchLimit())
+	}
 	if err != nil {
 		return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
 	}
 	if len(watch) > s.cfg.TokenMaxWatch {
-		return "", time.Time{}, nil, fmt.Errorf("%w: the token's watch claim lists %d user ids, over the limit of %d (--token-watch-max); "+
-			"for bigger lists let the gateway ask the app (policy app)", ErrUnauthorized, len(watch), s.cfg.TokenMaxWatch)
+		return "", time.Time{}, nil, fmt.Errorf("%w: the token's watch claim lists %d user ids, over the limit: %s",
+			ErrUnauthorized, len(watch), s.watchLimit())
 	}
 	return userID, exp, authz.NewWatchList(watch), nil
+}
+
+// watchLimit says what a token's watch claim may hold, and what to do
+// beyond it.
+func (s *Service) watchLimit() string {
+	return fmt.Sprintf("a watch claim lists at most %d user ids (--token-watch-max); "+
+		"for bigger lists let the gateway ask the app (policy app)", s.cfg.TokenMaxWatch)
 }

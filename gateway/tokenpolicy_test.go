@@ -117,15 +117,15 @@ func TestTokenPolicyWatchClaim(t *testing.T) {
 	t.Run("too large or malformed is refused at the handshake", func(t *testing.T) {
 		_, err := secDialErr(gw.WS, bearer(watchToken(t, "alice", []string{"a", "b", "c", "d"})))
 		body := refusedWith(t, err, http.StatusUnauthorized)
-		for _, want := range []string{"4 user ids", "limit of 3", "--token-watch-max", "policy app"} {
+		for _, want := range []string{"lists 4 user ids", "at most 3", "--token-watch-max", "policy app"} {
 			if !strings.Contains(body, want) {
 				t.Errorf("refusal %q lacks %q", body, want)
 			}
 		}
 		for _, bad := range []any{"bob", []any{1}, []string{"not an id!"}, map[string]any{"bob": true}} {
 			_, err := secDialErr(gw.WS, bearer(watchToken(t, "alice", bad)))
-			if body := refusedWith(t, err, http.StatusUnauthorized); !strings.Contains(body, "watch claim") {
-				t.Errorf("watch %v: refusal %q does not name the watch claim", bad, body)
+			if body := refusedWith(t, err, http.StatusUnauthorized); !strings.Contains(body, "not a list of user ids") || !strings.Contains(body, "at most 3") {
+				t.Errorf("watch %v: refusal %q does not name the watch claim and its limit", bad, body)
 			}
 		}
 	})
@@ -136,7 +136,7 @@ func TestTokenPolicyWatchClaim(t *testing.T) {
 			t.Fatal(err)
 		}
 		code, seen := awaitClose(t, c, systest.EventTimeout)
-		if code != 1008 || len(seen) == 0 || !strings.Contains(seen[len(seen)-1].Message, "limit of 3") {
+		if code != 1008 || len(seen) == 0 || !strings.Contains(seen[len(seen)-1].Message, "at most 3") {
 			t.Errorf("closed with %d after %+v, want 1008 after an error naming the limit", code, seen)
 		}
 	})
@@ -186,7 +186,7 @@ func TestTokenPolicyHTTPAPI(t *testing.T) {
 	e = apiErr{}
 	big := bearer(watchToken(t, "alice", []string{"a", "b", "c", "d"}))
 	if st := apiCall(t, "GET", gw.HTTP+"/api/presence/users/a", big, nil, &e); st != http.StatusUnauthorized ||
-		!strings.Contains(e.Message, "limit of 3") || !strings.Contains(e.Message, "policy app") {
+		!strings.Contains(e.Message, "at most 3") || !strings.Contains(e.Message, "policy app") {
 		t.Errorf("GET with a too large claim = %d %+v, want 401 naming the limit and the app policy", st, e)
 	}
 }
