@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
+	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -17,6 +20,14 @@ type TokenVerifier interface {
 	// It returns an error for a token that is malformed, badly signed,
 	// expired or otherwise not acceptable.
 	Verify(token string) (userID string, expires time.Time, err error)
+}
+
+// WatchVerifier is a TokenVerifier that also reads a token's watch claim:
+// the user ids its subject may watch under PolicyToken (nil when the token
+// has none). pkg/auth's Verifier is one.
+type WatchVerifier interface {
+	TokenVerifier
+	VerifyWatch(token string) (userID string, expires time.Time, watch []string, err error)
 }
 
 // credentials is what a request says about who sent it.
@@ -36,6 +47,8 @@ type identity struct {
 	device string
 	// expires is when the token proving it expires; zero for dev auth.
 	expires time.Time
+	// watch is the token's watch claim, under PolicyToken.
+	watch *authz.WatchList
 }
 
 // parseQuery fills the query parts of cr from a request URI's raw query.
@@ -98,14 +111,14 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 		if s.cfg.Tokens == nil {
 			return id, fmt.Errorf("%w: this gateway accepts no tokens", ErrUnauthorized)
 		}
-		userID, exp, err := s.cfg.Tokens.Verify(token)
+		userID, exp, watch, err := s.verify(token)
 		if err != nil {
-			return id, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+			return id, err
 		}
 		if !presence.ValidUserID(userID) {
 			return id, fmt.Errorf("%w: token subject is not a valid user id", ErrUnauthorized)
 		}
-		id.userID, id.expires = userID, exp
+		id.userID, id.expires, id.watch = userID, exp, watch
 	case cr.user != "":
 		if !s.cfg.DevAuth {
 			return id, fmt.Errorf("%w: ?user= needs dev auth, which is off; send a token", ErrUnauthorized)
@@ -135,4 +148,36 @@ func (s *Service) checkOrigin(cr *credentials) error {
 		}
 	}
 	return fmt.Errorf("%w: %q", ErrForbiddenOrigin, cr.origin)
+}
+
+// verify verifies a token, and under PolicyToken reads its watch claim,
+// which must hold at most TokenMaxWatch user ids. Every error wraps
+// ErrUnauthorized.
+func (s *Service) verify(token string) (string, time.Time, *authz.WatchList, error) {
+	if s.cfg.Policy != PolicyToken {
+		userID, exp, err := s.cfg.Tokens.Verify(token)
+		if err != nil {
+			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+		}
+		return userID, exp, nil, nil
+	}
+	userID, exp, watch, err := s.cfg.Tokens.(WatchVerifier).VerifyWatch(token)
+	if errors.Is(err, auth.ErrWatchClaim) {
+		return "", time.Time{}, nil, fmt.Errorf("%w: %v; %s", ErrUnauthorized, err, s.watchLimit())
+	}
+	if err != nil {
+		return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+	}
+	if len(watch) > s.cfg.TokenMaxWatch {
+		return "", time.Time{}, nil, fmt.Errorf("%w: the token's watch claim lists %d user ids, over the limit: %s",
+			ErrUnauthorized, len(watch), s.watchLimit())
+	}
+	return userID, exp, authz.NewWatchList(watch), nil
+}
+
+// watchLimit says what a token's watch claim may hold, and what to do
+// beyond it.
+func (s *Service) watchLimit() string {
+	return fmt.Sprintf("a watch claim lists at most %d user ids (--token-watch-max); "+
+		"for bigger lists let the gateway ask the app (policy app)", s.cfg.TokenMaxWatch)
 }

@@ -2,9 +2,12 @@ package gateway
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nuid"
@@ -27,7 +30,20 @@ const (
 	// PolicyEveryone lets anyone watch anyone, and enables global presence
 	// (subscribe with "all": true, GET /api/presence/online).
 	PolicyEveryone = authz.Everyone
+	// PolicyToken lets A watch B when A's token lists B in its watch
+	// claim (Config.TokenMaxWatch bounds the list). It needs Tokens to be
+	// a WatchVerifier.
+	PolicyToken = authz.Token
+	// PolicyApp lets A watch B when the app, asked over HTTP (AppURL) or
+	// NATS (AppSubject), says so.
+	PolicyApp = authz.App
 )
+
+// InvalidateSubject is the NATS subject on which the app drops cached
+// answers of the app policy: every gateway listens on it. Its messages are
+// JSON objects {"watcher": "<id>", "target": "<id>"}, each field optional
+// (an absent one matches anyone; {} drops every answer).
+const InvalidateSubject = "greendot.authz.invalidate"
 
 // ParsePolicy parses a policy name.
 func ParsePolicy(s string) (Policy, error) {
@@ -86,6 +102,24 @@ type Config struct {
 	// user's privacy settings are cached; zero means 5s. Graph changes
 	// seen by the gateway's watcher take effect sooner.
 	AuthzCacheTTL time.Duration
+	// TokenMaxWatch bounds the user ids of a token's watch claim under
+	// PolicyToken: a token with more is refused. Zero means 1000.
+	TokenMaxWatch int
+	// AppURL is where the app policy POSTs its questions; AppSubject the
+	// NATS subject it sends them to instead. Exactly one is set under
+	// PolicyApp.
+	AppURL, AppSubject string
+	// AppSecret signs the questions POSTed to AppURL and verifies the
+	// app's calls of POST /api/authz/invalidate (at least 32 bytes). It is
+	// needed with AppURL; without it, with AppSubject, the HTTP
+	// invalidation is not served.
+	AppSecret []byte
+	// AppTimeout bounds one question to the app, retries included; zero
+	// means 2s.
+	AppTimeout time.Duration
+	// AppCacheTTL bounds how long an answer of the app is cached, per
+	// watcher and target; zero means 1m. An invalidation drops it sooner.
+	AppCacheTTL time.Duration
 
 	// MaxMessageSize is the largest client message, in bytes; zero means
 	// 4096.
@@ -179,7 +213,13 @@ const (
 	DefaultOnlineLimit       = 1000
 	DefaultMaxConnsPerUser   = 32
 	DefaultMaxRegistering    = 128
+	DefaultTokenMaxWatch     = 1000
+	DefaultAppTimeout        = 2 * time.Second
+	DefaultAppCacheTTL       = time.Minute
 )
+
+// MinAppSecretLen is the shortest AppSecret accepted, in bytes.
+const MinAppSecretLen = 32
 
 // DefaultConfig returns the configuration every zero field of a Config
 // stands for. The command line's flags take their defaults from it. Two
@@ -195,6 +235,9 @@ func DefaultConfig() Config {
 		BatchInterval:       DefaultBatchInterval,
 		Policy:              PolicyMutual,
 		AuthzCacheTTL:       5 * time.Second,
+		TokenMaxWatch:       DefaultTokenMaxWatch,
+		AppTimeout:          DefaultAppTimeout,
+		AppCacheTTL:         DefaultAppCacheTTL,
 		MaxMessageSize:      DefaultMaxMessageSize,
 		MaxSubscriptions:    DefaultMaxSubscriptions,
 		MaxSubscribeIDs:     DefaultMaxSubscribeIDs,
@@ -241,6 +284,9 @@ func (c Config) withDefaults() Config {
 	c.BatchInterval = cmp.Or(c.BatchInterval, d.BatchInterval)
 	c.Policy = cmp.Or(c.Policy, d.Policy)
 	c.AuthzCacheTTL = cmp.Or(c.AuthzCacheTTL, d.AuthzCacheTTL)
+	c.TokenMaxWatch = cmp.Or(c.TokenMaxWatch, d.TokenMaxWatch)
+	c.AppTimeout = cmp.Or(c.AppTimeout, d.AppTimeout)
+	c.AppCacheTTL = cmp.Or(c.AppCacheTTL, d.AppCacheTTL)
 	c.MaxMessageSize = cmp.Or(c.MaxMessageSize, d.MaxMessageSize)
 	c.MaxSubscriptions = cmp.Or(c.MaxSubscriptions, d.MaxSubscriptions)
 	c.MaxSubscribeIDs = cmp.Or(c.MaxSubscribeIDs, d.MaxSubscribeIDs)
@@ -311,6 +357,9 @@ func (c Config) Validate() error {
 			return err
 		}
 	}
+	if err := c.validateExternal(); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
 	for _, o := range c.AllowedOrigins {
 		if o == "" {
 			return bad("empty allowed origin")
@@ -318,6 +367,49 @@ func (c Config) Validate() error {
 	}
 	if err := c.Buckets.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// validateExternal checks the settings of the token and app policies.
+func (c Config) validateExternal() error {
+	switch {
+	case c.TokenMaxWatch < 0:
+		return fmt.Errorf("token watch limit %d: must not be negative", c.TokenMaxWatch)
+	case c.AppTimeout < 0 || c.AppCacheTTL < 0:
+		return errors.New("app timeout and cache TTL must not be negative")
+	case len(c.AppSecret) > 0 && len(c.AppSecret) < MinAppSecretLen:
+		return fmt.Errorf("app secret is %d bytes: want at least %d", len(c.AppSecret), MinAppSecretLen)
+	}
+	if c.Policy == PolicyToken {
+		if _, ok := c.Tokens.(WatchVerifier); !ok {
+			return errors.New("policy token needs tokens that carry a watch claim: configure JWT verification")
+		}
+	}
+	if c.Policy != PolicyApp {
+		if c.AppURL != "" || c.AppSubject != "" {
+			return fmt.Errorf("an app URL or subject is only used by policy app, not %s", cmp.Or(c.Policy, PolicyMutual))
+		}
+		return nil
+	}
+	switch {
+	case c.AppURL == "" && c.AppSubject == "":
+		return errors.New("policy app needs an app URL or an app NATS subject to ask")
+	case c.AppURL != "" && c.AppSubject != "":
+		return errors.New("policy app asks either an app URL or an app NATS subject, not both")
+	case c.AppURL != "":
+		u, err := url.Parse(c.AppURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("app URL %q: want an http:// or https:// URL", c.AppURL)
+		}
+		if len(c.AppSecret) == 0 {
+			return errors.New("an app URL needs an app secret to sign its questions")
+		}
+	default:
+		if strings.ContainsAny(c.AppSubject, " \t\r\n*>") || strings.HasPrefix(c.AppSubject, ".") ||
+			strings.HasSuffix(c.AppSubject, ".") || strings.Contains(c.AppSubject, "..") {
+			return fmt.Errorf("app subject %q: want a NATS subject without wildcards", c.AppSubject)
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gobwas/ws"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/gateway/internal/outbox"
 	"github.com/greendot/greendot/gateway/internal/socket"
@@ -49,9 +50,10 @@ type conn struct {
 	fd     int
 	polled bool
 
-	lastFrame    atomic.Int64 // unix ns of the newest frame from the client
-	lastActivity atomic.Int64 // unix ns of the newest sign of use
-	expires      atomic.Int64 // unix ns when its token expires; 0 for none
+	lastFrame    atomic.Int64                    // unix ns of the newest frame from the client
+	lastActivity atomic.Int64                    // unix ns of the newest sign of use
+	expires      atomic.Int64                    // unix ns when its token expires; 0 for none
+	watch        atomic.Pointer[authz.WatchList] // its token's watch claim (policy token)
 	closed       atomic.Bool
 	// idle mirrors key.idle, to be read without the user's lock.
 	idle atomic.Bool
@@ -109,6 +111,10 @@ func (c *conn) Control(op ws.OpCode, payload []byte) bool {
 
 // UserID returns the connection's user (hub.Watcher).
 func (c *conn) UserID() string { return c.userID }
+
+// WatchList returns the watch claim of the connection's token
+// (authz.ListHolder).
+func (c *conn) WatchList() *authz.WatchList { return c.watch.Load() }
 
 // Closed reports whether the connection ended (hub.Watcher).
 func (c *conn) Closed() bool { return c.closed.Load() }

@@ -174,6 +174,7 @@ func (s *Service) newConn(id identity) *conn {
 	if !id.expires.IsZero() {
 		c.expires.Store(id.expires.UnixNano())
 	}
+	c.watch.Store(id.watch)
 	return c
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/pkg/metrics"
@@ -49,6 +50,9 @@ func (s *Service) httpHandler() http.Handler {
 	mux.HandleFunc("POST /api/presence/query", s.authed(s.query))
 	mux.HandleFunc("GET /api/presence/online", s.authed(s.getOnline))
 	mux.HandleFunc("GET /api/presence/friends", s.authed(s.getFriends))
+	if s.cfg.Policy == PolicyApp && len(s.cfg.AppSecret) > 0 {
+		mux.HandleFunc("POST "+InvalidatePath, s.postInvalidate)
+	}
 	mux.HandleFunc("OPTIONS /api/", s.preflight)
 	if s.cfg.Static != nil {
 		mux.Handle("/", s.cfg.Static)
@@ -110,6 +114,9 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 			writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is not ready")
 			return
 		}
+		if id.watch != nil {
+			r = r.WithContext(authz.WithWatchList(r.Context(), id.watch))
+		}
 		h(w, r, id)
 	}
 }
@@ -152,6 +159,12 @@ func (s *Service) preflight(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
 	h.Set("Access-Control-Max-Age", "600")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// appUnavailableHTTP answers a request the app did not answer about.
+func appUnavailableHTTP(w http.ResponseWriter) {
+	writeError(w, http.StatusServiceUnavailable, protocol.ReasonAuthorizationUnavailable,
+		"the app did not answer whether this may be watched; try again")
 }
 
 // unavailable answers a request whose NATS work failed.
@@ -206,6 +219,8 @@ func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
 	switch {
 	case err != nil:
 		s.unavailableHTTP(w, err)
+	case reason == protocol.ReasonAuthorizationUnavailable:
+		appUnavailableHTTP(w)
 	case reason == protocol.ReasonInvalidUserID:
 		writeError(w, http.StatusBadRequest, reason, fmt.Sprintf("user ids are 1 to %d characters of A-Z a-z 0-9 _ -", presence.MaxUserIDLen))
 	case reason != "":
@@ -224,6 +239,8 @@ func denialText(reason string) string {
 		return "the watcher does not follow the target"
 	case protocol.ReasonNotAllowed:
 		return "the policy does not allow it"
+	case protocol.ReasonAuthorizationUnavailable:
+		return "the app did not answer"
 	}
 	return reason
 }
@@ -288,6 +305,10 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 	}
 	var grants []hub.Grant
 	for i, d := range decisions {
+		if d.Reason == protocol.ReasonAuthorizationUnavailable {
+			appUnavailableHTTP(w)
+			return
+		}
 		if !d.Allowed {
 			resp.Denied = append(resp.Denied, deniedEntry{valid[i], d.Reason})
 			continue
@@ -352,6 +373,11 @@ func (s *Service) getFriends(w http.ResponseWriter, r *http.Request, id identity
 		return
 	}
 	grants, err := s.authz.Friends(r.Context(), id.userID, maxFriends)
+	if errors.Is(err, authz.ErrAppUnavailable) {
+		s.log.Warn("friends list", "user_id", id.userID, "err", err)
+		appUnavailableHTTP(w)
+		return
+	}
 	if err != nil {
 		s.unavailableHTTP(w, err)
 		return

@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gobwas/ws"
@@ -173,9 +175,9 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		fail("this gateway accepts no tokens")
 		return
 	}
-	userID, exp, err := s.cfg.Tokens.Verify(m.Token)
+	userID, exp, watch, err := s.verify(m.Token)
 	if err != nil {
-		fail("invalid token: " + err.Error())
+		fail("invalid token: " + strings.TrimPrefix(err.Error(), ErrUnauthorized.Error()+": "))
 		return
 	}
 	if userID != c.userID {
@@ -183,6 +185,16 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		return
 	}
 	c.expires.Store(exp.UnixNano())
+	if s.cfg.Policy == PolicyToken {
+		// The new watch claim replaces the old one: the subscriptions it
+		// no longer allows end, with denied frames.
+		c.watch.Store(watch)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			defer cancel()
+			s.authz.Recheck(ctx, c)
+		}()
+	}
 }
 
 // active notes a sign of use at now (unix ns): an idle connection is

@@ -3,6 +3,7 @@ package gateway
 import (
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/gobwas/ws"
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,6 +37,16 @@ type gatewayMetrics struct {
 	leaseRefreshes  prometheus.Counter
 	leasesLost      prometheus.Counter
 	reregistered    prometheus.Counter
+
+	// The app policy: questions to the app, by transport (http, nats),
+	// those that failed, their latency, look-ups of the cache of its
+	// answers (hit, miss), and invalidations received.
+	callouts      *prometheus.CounterVec
+	calloutErrors *prometheus.CounterVec
+	calloutTime   *prometheus.HistogramVec
+	cacheHits     prometheus.Counter
+	cacheMisses   prometheus.Counter
+	invalidations *prometheus.CounterVec // by result: applied, invalid
 
 	// heartbeatMsgs is msgsIn for heartbeats, and sentSelf and sentBatch
 	// msgsOut for the scheduler's frames, resolved once: the heartbeat and
@@ -84,7 +95,18 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Times the gateway found its lease ended while it ran (NATS lost for longer than the lease TTL, or an operator deleted it)."),
 		reregistered: f.Counter("greendot_gateway_connections_reregistered_total",
 			"Connections registered again under a new lease after the gateway's lease was lost."),
+		callouts: f.CounterVec("greendot_gateway_authz_callouts_total",
+			"Questions asked of the app under the app policy, by transport: http or nats.", "transport"),
+		calloutErrors: f.CounterVec("greendot_gateway_authz_callout_errors_total",
+			"Questions to the app that got no good answer (timeout, error, bad answer), by transport; what they asked about was refused.", "transport"),
+		calloutTime: f.HistogramVec("greendot_gateway_authz_callout_seconds",
+			"Time to answer a question to the app, retries included, by transport.", metrics.LatencyBuckets, "transport"),
+		invalidations: f.CounterVec("greendot_gateway_authz_invalidations_total",
+			"Invalidations of the app's answers received on greendot.authz.invalidate, by result: applied, or invalid (not understood, dropped).", "result"),
 	}
+	cache := f.CounterVec("greendot_gateway_authz_cache_lookups_total",
+		"Look-ups of the app's cached answers, by result: hit, or miss (the app is asked).", "result")
+	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
 	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
 	m.sentSelf = m.msgsOut.WithLabelValues(protocol.TypeSelf)
 	m.sentBatch = m.msgsOut.WithLabelValues(protocol.TypePresenceBatch)
@@ -133,4 +155,22 @@ func (m *gatewayMetrics) closes(kind endKind, code ws.StatusCode) {
 		reason = "code_" + strconv.Itoa(int(code))
 	}
 	m.closed.WithLabelValues(reason).Inc()
+}
+
+// callout records a question to the app (callout.Observer).
+func (m *gatewayMetrics) callout(transport string, took time.Duration, err error) {
+	m.callouts.WithLabelValues(transport).Inc()
+	m.calloutTime.WithLabelValues(transport).Observe(took.Seconds())
+	if err != nil {
+		m.calloutErrors.WithLabelValues(transport).Inc()
+	}
+}
+
+// cacheLookup records a look-up of the app's cached answers.
+func (m *gatewayMetrics) cacheLookup(hit bool) {
+	if hit {
+		m.cacheHits.Inc()
+	} else {
+		m.cacheMisses.Inc()
+	}
 }

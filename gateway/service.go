@@ -293,6 +293,10 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		SocketsOf: s.registry.watchersOf,
 		Notify:    notifier{s},
 		Logger:    s.log,
+
+		App:         s.appSource(),
+		AppCacheTTL: s.cfg.AppCacheTTL,
+		CacheLookup: s.metrics.cacheLookup,
 	})
 	if s.cfg.Policy == PolicyEveryone {
 		s.online = newOnlineIndex(s.authz.ShowLastSeen)
@@ -344,6 +348,13 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 		g.Go(s.online.run)
 	}
 	g.Go(s.watchNATS)
+	if s.cfg.Policy == PolicyApp {
+		sub, err := s.nc.Subscribe(InvalidateSubject, func(m *nats.Msg) { s.invalidated(g.ctx, m.Data) })
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", InvalidateSubject, err)
+		}
+		g.onStop(func() { _ = sub.Unsubscribe() })
+	}
 	return nil
 }
 

@@ -108,7 +108,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	var cfg gateway.Config
 	policy, err := gateway.ParsePolicy(c.String("policy"))
 	if err != nil {
-		return cfg, fmt.Errorf("--policy %s: want mutual, follow or everyone", quote(c.String("policy")))
+		return cfg, fmt.Errorf("--policy %s: want mutual, follow, everyone, token or app", quote(c.String("policy")))
 	}
 	if err := positive(c, "conn-ttl", "away-after", "batch-interval", "authz-cache-ttl", "handshake-timeout", "write-timeout"); err != nil {
 		return cfg, err
@@ -192,6 +192,9 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	}
 	if v != nil {
 		cfg.Tokens = v
+	}
+	if err := appAuthz(c, &cfg); err != nil {
+		return cfg, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, err
@@ -354,4 +357,61 @@ func fanoutConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptio
 		Delay:     c.Duration("delay"),
 	}
 	return cfg, cfg.Validate()
+}
+
+// appAuthz reads the flags of the token and app policies into cfg, and
+// refuses those that do not fit the policy.
+func appAuthz(c *cli.Context, cfg *gateway.Config) error {
+	if err := positive(c, "authz-app-timeout", "authz-app-cache-ttl"); err != nil {
+		return err
+	}
+	if err := atLeast(c, 1, "token-watch-max"); err != nil {
+		return err
+	}
+	url, subject := c.String("authz-app-url"), c.String("authz-app-subject")
+	secret, secretFile := c.String("authz-app-secret"), c.String("authz-app-secret-file")
+	switch {
+	case secret != "" && secretFile != "":
+		return errors.New("give only one of --authz-app-secret and --authz-app-secret-file")
+	case cfg.Policy != gateway.PolicyApp:
+		for _, name := range []string{"authz-app-url", "authz-app-subject", "authz-app-secret", "authz-app-secret-file", "authz-app-timeout", "authz-app-cache-ttl"} {
+			if c.IsSet(name) {
+				return fmt.Errorf("--%s is for --policy app, not %s", name, cfg.Policy)
+			}
+		}
+	case url == "" && subject == "":
+		return errors.New("--policy app needs --authz-app-url (the app answers HTTP) or --authz-app-subject (the app answers on NATS)")
+	case url != "" && subject != "":
+		return errors.New("give only one of --authz-app-url and --authz-app-subject")
+	case url != "" && secret == "" && secretFile == "":
+		return errors.New("--authz-app-url needs --authz-app-secret or --authz-app-secret-file: the questions are signed")
+	}
+	if cfg.Policy != gateway.PolicyToken && c.IsSet("token-watch-max") {
+		return fmt.Errorf("--token-watch-max is for --policy token, not %s", cfg.Policy)
+	}
+	if cfg.Policy == gateway.PolicyToken && cfg.Tokens == nil {
+		return errors.New("--policy token reads the watch claim of JWTs: give --jwt-secret, --jwt-secret-file or --jwt-public-key")
+	}
+	flag := "--authz-app-secret"
+	if secretFile != "" {
+		flag = "--authz-app-secret-file"
+		data, err := os.ReadFile(secretFile)
+		if err != nil {
+			return fmt.Errorf("%s: %w", flag, err)
+		}
+		if secret = string(bytes.TrimRight(data, "\r\n")); secret == "" {
+			return fmt.Errorf("%s %s: the file is empty", flag, secretFile)
+		}
+	}
+	if secret != "" && len(secret) < gateway.MinAppSecretLen {
+		return fmt.Errorf("%s: %d bytes, want at least %d", flag, len(secret), gateway.MinAppSecretLen)
+	}
+	cfg.TokenMaxWatch = c.Int("token-watch-max")
+	cfg.AppURL, cfg.AppSubject = url, subject
+	if secret != "" {
+		cfg.AppSecret = []byte(secret)
+	}
+	cfg.AppTimeout = c.Duration("authz-app-timeout")
+	cfg.AppCacheTTL = c.Duration("authz-app-cache-ttl")
+	return nil
 }

@@ -40,3 +40,7 @@ var ErrIssuer = errors.New("wrong token issuer")
 // ErrAudience means a token's aud claim is missing or does not name the
 // configured audience.
 var ErrAudience = errors.New("wrong token audience")
+
+// ErrWatchClaim means a token's watch claim is not a list of valid user
+// ids.
+var ErrWatchClaim = errors.New("token watch claim is not a list of user ids")

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -118,20 +119,60 @@ func (v *Verifier) KeyKind() string { return v.kind.String() }
 // sub claim names and when it stops being accepted (its exp claim plus the
 // leeway). Every error wraps one of the sentinels of this package.
 func (v *Verifier) Verify(token string) (userID string, expires time.Time, err error) {
-	if len(token) > MaxTokenLen {
-		return "", time.Time{}, fmt.Errorf("%w: longer than %d bytes", ErrMalformed, MaxTokenLen)
-	}
 	var claims jwt.RegisteredClaims
-	if _, err := v.parser.ParseWithClaims(token, &claims, v.keyFunc); err != nil {
-		return "", time.Time{}, v.explain(err, &claims)
-	}
-	switch {
-	case claims.Subject == "":
-		return "", time.Time{}, ErrNoSubject
-	case !presence.ValidUserID(claims.Subject):
-		return "", time.Time{}, fmt.Errorf("%w: want 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadSubject, presence.MaxUserIDLen)
+	if err := v.parse(token, &claims, &claims); err != nil {
+		return "", time.Time{}, err
 	}
 	return claims.Subject, claims.ExpiresAt.Add(v.leeway), nil
+}
+
+// watchClaims are the registered claims and the watch claim.
+type watchClaims struct {
+	jwt.RegisteredClaims
+	Watch json.RawMessage `json:"watch"`
+}
+
+// VerifyWatch is Verify that also returns the token's watch claim: the
+// user ids its subject may watch, signed by the app, without duplicates.
+// It is nil when the token has no watch claim (or a null one). A claim
+// that is not a list of valid user ids fails with ErrWatchClaim.
+func (v *Verifier) VerifyWatch(token string) (userID string, expires time.Time, watch []string, err error) {
+	var claims watchClaims
+	if err := v.parse(token, &claims, &claims.RegisteredClaims); err != nil {
+		return "", time.Time{}, nil, err
+	}
+	if len(claims.Watch) > 0 && string(claims.Watch) != "null" {
+		if err := json.Unmarshal(claims.Watch, &watch); err != nil {
+			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrWatchClaim, err)
+		}
+		if watch == nil {
+			watch = []string{}
+		}
+		for _, u := range watch {
+			if !presence.ValidUserID(u) {
+				return "", time.Time{}, nil, fmt.Errorf("%w: %q is not 1 to %d characters of A-Z a-z 0-9 _ -", ErrWatchClaim, u, presence.MaxUserIDLen)
+			}
+		}
+	}
+	return claims.Subject, claims.ExpiresAt.Add(v.leeway), watch, nil
+}
+
+// parse checks a token's length, signature and claims into claims, whose
+// registered part is reg.
+func (v *Verifier) parse(token string, claims jwt.Claims, reg *jwt.RegisteredClaims) error {
+	if len(token) > MaxTokenLen {
+		return fmt.Errorf("%w: longer than %d bytes", ErrMalformed, MaxTokenLen)
+	}
+	if _, err := v.parser.ParseWithClaims(token, claims, v.keyFunc); err != nil {
+		return v.explain(err, reg)
+	}
+	switch {
+	case reg.Subject == "":
+		return ErrNoSubject
+	case !presence.ValidUserID(reg.Subject):
+		return fmt.Errorf("%w: want 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadSubject, presence.MaxUserIDLen)
+	}
+	return nil
 }
 
 // keyFunc hands the key to the parser only for a token signed with one of

@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"math/big"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -337,3 +338,44 @@ func TestSecretIsCopied(t *testing.T) {
 		t.Fatalf("changing the caller's slice changed the verifier: %v", err)
 	}
 }
+
+func TestVerifyWatch(t *testing.T) {
+	k := genKeys(t)
+	v, err := auth.New(auth.Config{Secret: k.secret, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(watch any) string {
+		c := jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()}
+		if watch != nil {
+			c["watch"] = watch
+		}
+		return sign(t, jwt.SigningMethodHS256, k.secret, c)
+	}
+	for _, tc := range []struct {
+		name  string
+		watch any
+		want  []string
+	}{
+		{"no claim", nil, nil},
+		{"empty list", []string{}, []string{}},
+		{"list", []string{"bob", "carol"}, []string{"bob", "carol"}},
+	} {
+		sub, _, got, err := v.VerifyWatch(token(tc.watch))
+		if err != nil || sub != "alice" || !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%s: %q, %v, %v; want alice, %v", tc.name, sub, got, err, tc.want)
+		}
+	}
+	for _, bad := range []any{"bob", 3, []any{"bob", 1}, []string{"bob", "no such id!"}, map[string]any{}} {
+		if _, _, _, err := v.VerifyWatch(token(bad)); !errors.Is(err, auth.ErrWatchClaim) {
+			t.Errorf("watch %v: %v, want ErrWatchClaim", bad, err)
+		}
+	}
+	// The claims are checked as by Verify.
+	if _, _, _, err := v.VerifyWatch(sign(t, jwt.SigningMethodHS256, k.secret, jwt.MapClaims{"sub": "alice", "watch": []string{"bob"}})); !errors.Is(err, auth.ErrNoExpiry) {
+		t.Errorf("no exp: %v, want ErrNoExpiry", err)
+	}
+}
+
+// The gateway's token policy reads the watch claim through this interface.
+var _ gateway.WatchVerifier = (*auth.Verifier)(nil)

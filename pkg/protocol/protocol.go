@@ -64,6 +64,10 @@ const (
 	ReasonTooManySubscriptions = "too_many_subscriptions"
 	ReasonInvalidUserID        = "invalid_user_id"
 	ReasonNotAllowed           = "not_allowed"
+	// ReasonAuthorizationUnavailable: the app, asked whether the watcher
+	// may watch the target, did not answer in time or answered badly; the
+	// subscription is refused, never allowed by default.
+	ReasonAuthorizationUnavailable = "authorization_unavailable"
 )
 
 // WebSocket close codes the gateway uses.

@@ -1,6 +1,9 @@
 // Package authz decides who may watch whom on a gateway, and who may see
-// whose last_seen, from the follow graph and privacy settings, and
-// registers what it allows in the gateway's hub.
+// whose last_seen, and registers what it allows in the gateway's hub. Who
+// may watch whom comes from one of three sources, by policy: the follow
+// graph (mutual, follow, everyone), the watch claim of the watcher's token
+// (token), or the app, asked over HTTP or NATS (app). Privacy settings
+// apply under every policy.
 //
 // It is the one place where these questions are answered: WebSocket
 // subscriptions (Subscribe), the HTTP API (Decide, Friends), and global
@@ -39,10 +42,20 @@ const (
 	Follow Policy = "follow"
 	// Everyone lets anyone watch anyone, and allows global presence.
 	Everyone Policy = "everyone"
+	// Token lets A watch B when A's token lists B in its watch claim.
+	Token Policy = "token"
+	// App lets A watch B when the app, asked, says so.
+	App Policy = "app"
 )
 
 // Valid reports whether p is one of the policies.
-func (p Policy) Valid() bool { return p == Mutual || p == Follow || p == Everyone }
+func (p Policy) Valid() bool {
+	return p == Mutual || p == Follow || p == Everyone || p == Token || p == App
+}
+
+// external reports whether the policy takes who may watch whom from the
+// app (its tokens or its answers) rather than from the follow graph.
+func (p Policy) external() bool { return p == Token || p == App }
 
 // Graph reads the follow graph and privacy settings (presence.Store).
 type Graph interface {
@@ -82,6 +95,15 @@ type Config struct {
 	Notify Notifier
 	// Logger receives what fails while re-checking.
 	Logger *slog.Logger
+
+	// App answers the questions of the app policy.
+	App AppSource
+	// AppCacheTTL bounds how long an answer of the app is cached, per
+	// watcher and target; Invalidate drops an entry sooner.
+	AppCacheTTL time.Duration
+	// CacheLookup, when set, is told of every look-up of an answer of the
+	// app in the cache: whether it was found (metrics).
+	CacheLookup func(hit bool)
 }
 
 // Decision is what the authorizer says of one watcher and one target.
@@ -121,6 +143,7 @@ type Authorizer struct {
 	mu       sync.Mutex
 	edges    map[string]cachedBool // follow key -> it exists
 	settings map[string]cachedSettings
+	answers  map[pair]cachedBool // the app's answers
 	// gen counts the entries dropped by graph changes: a read that began
 	// before one is not cached, since it may predate the change.
 	gen uint64
@@ -159,6 +182,7 @@ func New(cfg Config) *Authorizer {
 		cfg:      cfg,
 		edges:    make(map[string]cachedBool),
 		settings: make(map[string]cachedSettings),
+		answers:  make(map[pair]cachedBool),
 		tickets:  make(map[*ticket]struct{}),
 	}
 }
@@ -171,6 +195,10 @@ func (a *Authorizer) Everyone() bool { return a.cfg.Policy == Everyone }
 func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decision, error) {
 	if watcher == target {
 		return Decision{Allowed: true, LastSeen: true}, nil
+	}
+	if a.cfg.Policy.external() {
+		ds, err := a.decideExternal(ctx, watcher, []string{target})
+		return ds[0], err
 	}
 	// The target follows the watcher: the watcher is one of the target's
 	// contacts, for last_seen and for the mutual policy.
@@ -206,8 +234,12 @@ func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decisi
 }
 
 // DecideAll decides every target for watcher, reading the graph in
-// parallel.
+// parallel. Under the app policy the targets not cached are asked in one
+// question.
 func (a *Authorizer) DecideAll(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
+	if a.cfg.Policy.external() {
+		return a.decideExternal(ctx, watcher, targets)
+	}
 	out := make([]Decision, len(targets))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
@@ -244,7 +276,9 @@ func (a *Authorizer) Subscribe(ctx context.Context, w hub.Watcher, targets []str
 	decided := make(map[string]Decision, len(targets))
 	todo := targets
 	for range maxAttempts {
-		ds, err := a.DecideAll(ctx, t.watcher, todo)
+		// The watch list is read again each time: a token refresh
+		// touches the subscriptions being decided.
+		ds, err := a.DecideAll(withListOf(ctx, w), t.watcher, todo)
 		if err != nil {
 			return nil, nil, false, err
 		}
@@ -305,6 +339,10 @@ func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) b
 	if watcher == target {
 		return true
 	}
+	if a.cfg.Policy.external() {
+		d, err := a.Decide(ctx, watcher, target)
+		return d.LastSeen && err == nil
+	}
 	back, err := a.follows(ctx, target, watcher)
 	if err != nil {
 		return false
@@ -315,7 +353,13 @@ func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) b
 
 // Friends returns user's mutual followers (of the first max users user
 // follows), with whether user may see each one's last_seen.
+//
+// Under the token policy they are the users of the watch list; under the
+// app policy, those the app lists when asked.
 func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.Grant, error) {
+	if a.cfg.Policy.external() {
+		return a.friendsExternal(ctx, user, max)
+	}
 	following, err := a.cfg.Graph.Following(ctx, user)
 	if err != nil {
 		return nil, err
@@ -422,7 +466,7 @@ func (a *Authorizer) settingsOf(ctx context.Context, userID string) (presence.Se
 // The gateway calls it for every change its watcher of the graph sees, in
 // order, from one goroutine.
 func (a *Authorizer) Changed(ctx context.Context, key string) {
-	if x, y, ok := presence.ParseFollowKey(key); ok {
+	if x, y, ok := presence.ParseFollowKey(key); ok && !a.cfg.Policy.external() {
 		a.mu.Lock()
 		delete(a.edges, key)
 		a.gen++
@@ -474,11 +518,17 @@ func (a *Authorizer) recheckUser(ctx context.Context, watcher, target string) {
 // recheck re-decides w's subscription to target: one no longer allowed
 // ends; a change of what w may see has target shown to it again.
 func (a *Authorizer) recheck(ctx context.Context, w hub.Watcher, target string) {
-	d, err := a.Decide(ctx, w.UserID(), target)
+	d, err := a.Decide(withListOf(ctx, w), w.UserID(), target)
 	if err != nil {
 		a.cfg.Logger.Warn("recheck subscription", "user_id", w.UserID(), "target", target, "err", err)
 		return
 	}
+	a.apply(w, target, d)
+}
+
+// apply makes w's subscription to target what d says: one no longer
+// allowed ends; a change of what w may see has target shown again.
+func (a *Authorizer) apply(w hub.Watcher, target string, d Decision) {
 	if !d.Allowed {
 		a.cfg.Hub.Remove(w, []string{target})
 		a.cfg.Notify.Revoked(w, target, d.Reason)
@@ -497,5 +547,5 @@ func ParsePolicy(s string) (Policy, error) {
 	if p := Policy(s); p.Valid() {
 		return p, nil
 	}
-	return "", fmt.Errorf("policy %q (want mutual, follow or everyone)", s)
+	return "", fmt.Errorf("policy %q (want mutual, follow, everyone, token or app)", s)
 }

@@ -256,6 +256,28 @@ func (h *Hub) WatchersOf(user string) []Watcher {
 	return out
 }
 
+// WatchedBy returns the users w watches.
+func (h *Hub) WatchedBy(w Watcher) []string {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]string, 0, len(h.byWatcher[w]))
+	for u := range h.byWatcher[w] {
+		out = append(out, u)
+	}
+	return out
+}
+
+// Watchers returns every watcher that watches someone.
+func (h *Hub) Watchers() []Watcher {
+	h.mu.RLock()
+	defer h.mu.RUnlock()
+	out := make([]Watcher, 0, len(h.byWatcher))
+	for w := range h.byWatcher {
+		out = append(out, w)
+	}
+	return out
+}
+
 // Users returns every watched user.
 func (h *Hub) Users() []string {
 	h.mu.RLock()

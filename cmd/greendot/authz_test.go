@@ -1,0 +1,73 @@
+package main
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// TestStandaloneAppPolicy runs standalone with --policy app asking an HTTP
+// endpoint that checks the signature made with the secret file's secret.
+func TestStandaloneAppPolicy(t *testing.T) {
+	secret := "the app's shared secret, 32 bytes or more"
+	secretFile := t.TempDir() + "/app-secret"
+	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var asked, badSigs atomic.Int32
+	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mac := hmac.New(sha256.New, []byte(secret))
+		mac.Write([]byte(r.Header.Get("X-Greendot-Timestamp") + "."))
+		mac.Write(body)
+		if !hmac.Equal([]byte("v1="+hex.EncodeToString(mac.Sum(nil))), []byte(r.Header.Get("X-Greendot-Signature"))) {
+			badSigs.Add(1)
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		asked.Add(1)
+		var q struct{ Targets []string }
+		_ = json.Unmarshal(body, &q)
+		allow := []string{}
+		for _, u := range q.Targets {
+			if u == "bob" {
+				allow = append(allow, u)
+			}
+		}
+		_ = json.NewEncoder(w).Encode(map[string][]string{"allow": allow})
+	}))
+	defer app.Close()
+
+	p := start(t, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "",
+		"--policy", "app", "--authz-app-url", app.URL, "--authz-app-secret-file", secretFile, "--authz-app-timeout", "10s")
+	m := p.awaitOutput(t, devReadyRE)
+	c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
+	if err := c.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	init := systest.Await(t, c, 10*time.Second, "presence_init", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypePresenceInit
+	})
+	d := systest.Await(t, c, 10*time.Second, "denied", func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeDenied })
+	if len(init.Users) != 1 || init.Users[0].UserID != "bob" || d.UserID != "carol" || d.Reason != protocol.ReasonNotAllowed {
+		t.Errorf("subscribe under --policy app = %+v then %+v, want bob, and carol not_allowed", init, d)
+	}
+	if asked.Load() != 1 || badSigs.Load() != 0 {
+		t.Errorf("app asked %d times, %d bad signatures; want 1 and 0", asked.Load(), badSigs.Load())
+	}
+	if code := p.stop(t); code != 0 {
+		t.Errorf("exit code %d; stderr:\n%s", code, p.stderr)
+	}
+}

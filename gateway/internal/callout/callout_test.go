@@ -1,0 +1,104 @@
+package callout
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+var secret = []byte("callout tests: a secret of 32 bytes or more")
+
+func TestVerify(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	body := []byte(`{"watcher":"alice"}`)
+	ts := strconv.FormatInt(now.Unix(), 10)
+	signed := func(ts, sig string) http.Header {
+		return http.Header{TimestampHeader: {ts}, SignatureHeader: {sig}}
+	}
+	if err := Verify(secret, signed(ts, Sign(secret, ts, body)), body, now.Add(time.Minute)); err != nil {
+		t.Errorf("good signature: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		h    http.Header
+		body []byte
+		want string
+	}{
+		"no headers":     {http.Header{}, body, "missing"},
+		"bad timestamp":  {signed("yesterday", Sign(secret, "yesterday", body)), body, "unix seconds"},
+		"stale":          {signed(strconv.FormatInt(now.Add(-6*time.Minute).Unix(), 10), "v1=00"), body, "from now"},
+		"other body":     {signed(ts, Sign(secret, ts, body)), []byte(`{}`), "bad signature"},
+		"other secret":   {signed(ts, Sign([]byte("another secret of at least 32 bytes"), ts, body)), body, "bad signature"},
+		"bare signature": {signed(ts, strings.TrimPrefix(Sign(secret, ts, body), "v1=")), body, "bad signature"},
+	} {
+		if err := Verify(secret, tc.h, tc.body, now); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", name, err, tc.want)
+		}
+	}
+}
+
+func TestParse(t *testing.T) {
+	q := &Question{Watcher: "alice", Targets: []string{"bob", "carol"}}
+	if got, err := parse([]byte(`{"allow":["bob","zed"]}`), q, 0); err != nil || !slices.Equal(got, []string{"bob"}) {
+		t.Errorf("parse = %v, %v; want bob (zed was not asked)", got, err)
+	}
+	list := &Question{Watcher: "alice", List: true}
+	if got, err := parse([]byte(`{"allow":["bob","carol","dave"]}`), list, 2); err != nil || !slices.Equal(got, []string{"bob", "carol"}) {
+		t.Errorf("parse list = %v, %v; want the first 2", got, err)
+	}
+	for _, bad := range []string{``, `[]`, `{}`, `{"allow":null}`, `{"allow":"bob"}`, `{"allow":["no such id!"]}`} {
+		if _, err := parse([]byte(bad), q, 0); err == nil {
+			t.Errorf("parse %q: no error", bad)
+		}
+	}
+}
+
+// TestHTTPRetries: a connection error and 502/503/504 are retried within
+// the timeout; other statuses are not.
+func TestHTTPRetries(t *testing.T) {
+	for _, tc := range []struct {
+		first int
+		calls int32
+		ok    bool
+	}{
+		{http.StatusBadGateway, 2, true},
+		{http.StatusServiceUnavailable, 2, true},
+		{http.StatusGatewayTimeout, 2, true},
+		{http.StatusInternalServerError, 1, false},
+		{http.StatusUnauthorized, 1, false},
+	} {
+		var calls atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				w.WriteHeader(tc.first)
+				return
+			}
+			_, _ = w.Write([]byte(`{"allow":["bob"]}`))
+		}))
+		var observed error
+		c := NewHTTP(HTTPConfig{URL: srv.URL, Secret: secret, Timeout: 10 * time.Second,
+			Observe: func(_ string, _ time.Duration, err error) { observed = err }})
+		got, err := c.Allowed(context.Background(), "alice", []string{"bob"})
+		srv.Close()
+		if (err == nil) != tc.ok || calls.Load() != tc.calls || (observed == nil) != tc.ok {
+			t.Errorf("first answer %d: %v, %v after %d calls (observed %v); want ok %v after %d", tc.first, got, err, calls.Load(), observed, tc.ok, tc.calls)
+		}
+	}
+	// Nobody listening: retried until the timeout, then an error.
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	start := time.Now()
+	_, err := NewHTTP(HTTPConfig{URL: url, Secret: secret, Timeout: 300 * time.Millisecond}).Allowed(context.Background(), "alice", []string{"bob"})
+	if err == nil || !strings.Contains(err.Error(), "within the timeout") {
+		t.Errorf("nobody listening: %v, want a timeout error", err)
+	}
+	if took := time.Since(start); took < 250*time.Millisecond {
+		t.Errorf("gave up after %v, want retries for the whole timeout", took)
+	}
+}
