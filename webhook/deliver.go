@@ -34,7 +34,7 @@ func (s *Service) deliver(batch []*item) bool {
 		s.deadLetter(batch, 0, 0, fmt.Sprintf("encode: %v", err))
 		return true
 	}
-	stopProgress := s.keepInProgress(batch)
+	stopProgress := s.keepInProgress()
 	defer stopProgress()
 
 	first := time.Now()
@@ -162,9 +162,10 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 }
 
 // keepInProgress tells the server, every AckWait/3 until the returned
-// function is called, that the batch's revisions are being worked on, so
-// that they are not handed to another process while a delivery retries.
-func (s *Service) keepInProgress(batch []*item) (stop func()) {
+// function is called, that the revisions this process holds (the batch
+// under way, and those handed out after it, which wait for it) are being
+// worked on, so that none is handed out again while a delivery retries.
+func (s *Service) keepInProgress() (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
 	go func() {
@@ -176,8 +177,8 @@ func (s *Service) keepInProgress(batch []*item) (stop func()) {
 			case <-done:
 				return
 			case <-t.C:
-				for _, it := range batch {
-					_ = it.msg.InProgress()
+				for _, m := range s.held.list() {
+					_ = m.InProgress()
 				}
 			}
 		}
@@ -193,6 +194,7 @@ func (s *Service) delivered(batch []*item, attempts int) {
 	now := time.Now()
 	for _, it := range batch {
 		_ = it.msg.Ack()
+		s.held.remove(it.msg)
 		if it.ev.At != 0 {
 			s.metrics.lag.Observe(now.Sub(time.UnixMilli(it.ev.At)).Seconds())
 		}
@@ -211,6 +213,7 @@ func (s *Service) deadLetter(batch []*item, attempts, status int, reason string)
 	for i, it := range batch {
 		users[i] = it.ev.UserID + "@" + strconv.FormatUint(it.ev.Rev, 10)
 		_ = it.msg.Term()
+		s.held.remove(it.msg)
 	}
 	s.metrics.deadLetters.Inc()
 	s.metrics.deadEvents.Add(float64(len(batch)))

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,9 @@ type Service struct {
 	// in carries the events handle took, in the order of the stream, to
 	// work, which batches and delivers them.
 	in chan *item
+	// held are the revisions handed to work and not yet acknowledged,
+	// handed back or given up: those a delivery under way keeps alive.
+	held held
 	// quit is closed when the process starts stopping: a delivery under
 	// way is abandoned and its revisions handed back.
 	quit     chan struct{}
@@ -90,6 +94,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		limiter:  rate.NewLimiter(rate.Limit(cfg.RateLimit), 1),
+		held:     held{msgs: make(map[jetstream.Msg]struct{})},
 		last:     make(map[string]sent),
 		in:       make(chan *item, cfg.BatchSize),
 		quitting: quitting,
@@ -177,6 +182,7 @@ func (s *Service) handle(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	s.held.add(msg)
 	s.in <- it
 }
 
@@ -291,7 +297,36 @@ func (s *Service) collect() []*item {
 func (s *Service) handBack(batch []*item) {
 	for _, it := range batch {
 		_ = it.msg.Nak()
+		s.held.remove(it.msg)
 	}
+}
+
+// held is a set of messages, safe for concurrent use.
+type held struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]struct{}
+}
+
+func (h *held) add(m jetstream.Msg) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs[m] = struct{}{}
+}
+
+func (h *held) remove(m jetstream.Msg) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.msgs, m)
+}
+
+func (h *held) list() []jetstream.Msg {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]jetstream.Msg, 0, len(h.msgs))
+	for m := range h.msgs {
+		out = append(out, m)
+	}
+	return out
 }
 
 // unpin lets another process take the consumer over at once rather than

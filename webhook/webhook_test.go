@@ -362,3 +362,48 @@ func TestTwoCopies(t *testing.T) {
 		t.Error("the other process did not take over")
 	}
 }
+
+// TestLongRetryKeepsRevisions: a delivery retried for longer than AckWait
+// keeps its revisions, and those handed out after it, from being handed
+// out again: each event is accepted once.
+func TestLongRetryKeepsRevisions(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	var first time.Time
+	rc.setRespond(func(n int, _ http.ResponseWriter, _ *http.Request) int {
+		if n == 1 {
+			first = time.Now()
+		}
+		if time.Since(first) < 4500*time.Millisecond {
+			return http.StatusBadGateway
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	cfg.BatchSize = 2
+	cfg.AckWait = 3 * time.Second
+	cfg.MaxBackoff = 200 * time.Millisecond
+	start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if reqs, _ := rc.snapshot(); len(reqs) == 0 {
+			return fmt.Errorf("no attempt yet")
+		}
+		return nil
+	})
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("alice", a1), at("bob", b1))
+	// Let a redelivery, if there were one, reach the receiver.
+	c1 := e.put(t, "carol", presence.Online, 1, 100)
+	got = rc.waitAccepted(t, at("carol", c1))
+	count := map[string]int{}
+	for _, k := range keys(got) {
+		count[k]++
+	}
+	for k, n := range count {
+		if n != 1 {
+			t.Errorf("%s accepted %d times: %v", k, n, keys(got))
+		}
+	}
+	checkOrder(t, got)
+}
