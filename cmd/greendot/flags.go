@@ -247,7 +247,7 @@ func webhookFlags(prefix, cat string) []cli.Flag {
 	}
 	return []cli.Flag{
 		stringFlag(cat, name("url"), "", urlUsage),
-		stringFlag(cat, name("secret"), "", "key of every delivery's HMAC-SHA256 signature, at least 16 bytes (prefer the -file flag or the environment variable: command lines are visible to other users)"),
+		stringFlag(cat, name("secret"), "", "key of every delivery's HMAC-SHA256 signature, at least 16 bytes (prefer --"+name("secret-file")+" or the environment variable: command lines are visible to other users)"),
 		stringFlag(cat, name("secret-file"), "", "file holding the signature key (trailing newlines are ignored)"),
 		stringFlag(cat, name("consumer"), d.Consumer, "durable consumer on the status stream that every process serving this endpoint shares; one per endpoint"),
 		stringFlag(cat, name("invisible"), string(d.Invisible), "what is sent of an invisible user: true (invisible, with devices: the app's backend knows) or public (offline, as watchers see it)"),

@@ -29,7 +29,7 @@ const startTimeout = 30 * time.Second
 func standaloneCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "standalone",
-		Usage: "run everything in one process: an embedded NATS server with JetStream, a gateway, a reaper and a fanout",
+		Usage: "run everything in one process: an embedded NATS server with JetStream, a gateway, a reaper and a fanout (and webhooks, with --webhook-url)",
 		Description: "The NATS server stores its data under --data and also listens on --nats-listen, so the nats CLI\n" +
 			"can inspect the state (nats --server nats://127.0.0.1:4222 kv ls). The gateway, reaper and fanout\n" +
 			"each use their own connection to it. Dev auth (?user=<id>) is on while --listen is a loopback\n" +
