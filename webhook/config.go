@@ -114,6 +114,11 @@ func (c Config) Validate() error {
 	case c.URL == "":
 		return bad("no URL")
 	case err != nil:
+		// url.Error repeats the URL, password included.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return bad("URL: %v", err)
 	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "":
 		return bad("URL %q: want http:// or https:// and a host", u.Redacted())
@@ -121,6 +126,8 @@ func (c Config) Validate() error {
 		return bad("secret of %d bytes: want at least %d", len(c.Secret), MinSecretLen)
 	case c.Consumer != "" && !presence.ValidToken(c.Consumer):
 		return bad("consumer %q: want 1 to 64 of A-Z a-z 0-9 _ -", c.Consumer)
+	case c.Consumer == presence.FanoutConsumer || c.Consumer == presence.ReaperConsumer:
+		return bad("consumer %q is the %s's: give the webhooks a name of their own", c.Consumer, c.Consumer)
 	case c.BatchSize < 0 || c.BatchSize > 10_000:
 		return bad("batch size %d: want 1 to 10000", c.BatchSize)
 	case c.BatchWait < 0 || c.BatchWait > time.Minute:
