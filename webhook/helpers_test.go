@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -32,8 +33,9 @@ var secret = []byte("test-secret-0123456789")
 
 // env is an embedded NATS server with greendot's buckets.
 type env struct {
-	nc *nats.Conn
-	kv jetstream.KeyValue
+	srv *server.Server
+	nc  *nats.Conn
+	kv  jetstream.KeyValue
 }
 
 func newEnv(t *testing.T) *env {
@@ -50,7 +52,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{nc: nc, kv: kv}
+	return &env{srv: srv, nc: nc, kv: kv}
 }
 
 // put writes a user's record as a writer would and returns its revision.
@@ -207,10 +209,16 @@ type running struct {
 // rc) until stop or the end of the test, and waits for it to be ready.
 func start(t *testing.T, e *env, rc *receiver, cfg webhook.Config) *running {
 	t.Helper()
+	return startOn(t, e.nc, rc, cfg)
+}
+
+// startOn starts a webhooks process as start does, over nc.
+func startOn(t *testing.T, nc *nats.Conn, rc *receiver, cfg webhook.Config) *running {
+	t.Helper()
 	cfg.URL, cfg.Secret = rc.URL, secret
 	r := &running{logs: &syncBuffer{}, done: make(chan error, 1)}
 	cfg.Logger = slog.New(slog.NewJSONHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	svc, err := webhook.New(e.nc, cfg)
+	svc, err := webhook.New(nc, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/webhook"
@@ -405,4 +407,34 @@ func TestLongRetryKeepsRevisions(t *testing.T) {
 		}
 	}
 	checkOrder(t, got)
+}
+
+// TestTakeOverFromDeadCopy: when the serving process dies (its NATS
+// connection drops, with no goodbye), the other takes over after
+// PinnedTTL and delivers what came meanwhile, in order.
+func TestTakeOverFromDeadCopy(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	doomedNC := natstest.Connect(t, e.srv, nats.NoReconnect())
+	doomed := startOn(t, doomedNC, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1))
+	other := start(t, e, rc, cfg)
+	if v := doomed.metric("greendot_webhook_attempts_total"); v != 1 {
+		t.Fatalf("the first process made %v attempts, want 1: it serves", v)
+	}
+	doomedNC.Close()
+	died := time.Now()
+	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	a3 := e.put(t, "alice", presence.Offline, 0, 500)
+	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
+	if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
+		t.Errorf("the other process delivered %v events, want the 3 written after the first died", v)
+	}
+	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
+		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
+	}
 }
