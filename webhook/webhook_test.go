@@ -2,7 +2,9 @@ package webhook_test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -436,5 +438,44 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 	}
 	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
 		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
+	}
+}
+
+// TestReceiverDown: an endpoint that is not listening at all is retried
+// (network failures) until it listens again.
+func TestReceiverDown(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	// Take the receiver's address, and stop listening on it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rc.URL = "http://" + addr + "/hooks/presence"
+	r := start(t, e, rc, fast())
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_failures_total", "reason", "network"); v < 2 {
+			return fmt.Errorf("network failures = %v, want retries", v)
+		}
+		return nil
+	})
+	// It listens again, on the same address.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(rc.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	got := rc.waitAccepted(t, at("alice", a1))
+	if len(got) != 1 {
+		t.Errorf("accepted %v, want alice once", keys(got))
 	}
 }
