@@ -96,7 +96,7 @@ func startPostgres(t *testing.T) *pgxpool.Pool {
 	exited := make(chan error, 1)
 	go func() { exited <- srv.Wait() }()
 	t.Cleanup(func() {
-		// SIGINT is the fast shutdown: sessions are ended, nothing waits.
+		// SIGINT is the fast shutdown: clients are disconnected, nothing waits.
 		_ = srv.Process.Signal(syscall.SIGINT)
 		select {
 		case <-exited:
