@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // newLogger builds the one slog handler of the process from --log-level and
@@ -414,4 +416,101 @@ func appAuthz(c *cli.Context, cfg *gateway.Config) error {
 	cfg.AppTimeout = c.Duration("authz-app-timeout")
 	cfg.AppCacheTTL = c.Duration("authz-app-cache-ttl")
 	return nil
+}
+
+// standaloneWebhookURL is standalone mode's flag that turns its webhooks
+// process on.
+const standaloneWebhookURL = "webhook-url"
+
+// webhookConfig reads the webhook flags, whose names start with prefix,
+// into a validated webhook.Config.
+func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets presence.BucketOptions) (webhook.Config, error) {
+	flag := func(n string) string { return prefix + n }
+	var cfg webhook.Config
+	if c.String(flag("url")) == "" {
+		return cfg, fmt.Errorf("--%s: want the endpoint's URL", flag("url"))
+	}
+	invisible, err := webhook.ParseInvisible(c.String(flag("invisible")))
+	if err != nil {
+		return cfg, fmt.Errorf("--%s %s: want true or public", flag("invisible"), quote(c.String(flag("invisible"))))
+	}
+	if err := positive(c, flag("timeout"), flag("min-backoff"), flag("max-backoff"), flag("give-up-after"), flag("ack-wait"), flag("pinned-ttl")); err != nil {
+		return cfg, err
+	}
+	if err := notNegative(c, flag("batch-wait")); err != nil {
+		return cfg, err
+	}
+	if err := atLeast(c, 1, flag("batch-size")); err != nil {
+		return cfg, err
+	}
+	if r := c.Float64(flag("rate-limit")); r <= 0 {
+		return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", flag("rate-limit"), r)
+	}
+	secret, err := webhookSecret(c, flag("secret"), flag("secret-file"))
+	if err != nil {
+		return cfg, err
+	}
+	cfg = webhook.Config{
+		Logger:      log,
+		Buckets:     buckets,
+		URL:         c.String(flag("url")),
+		Secret:      secret,
+		Consumer:    c.String(flag("consumer")),
+		Invisible:   invisible,
+		BatchSize:   c.Int(flag("batch-size")),
+		BatchWait:   c.Duration(flag("batch-wait")),
+		Timeout:     c.Duration(flag("timeout")),
+		MinBackoff:  c.Duration(flag("min-backoff")),
+		MaxBackoff:  c.Duration(flag("max-backoff")),
+		GiveUpAfter: c.Duration(flag("give-up-after")),
+		RateLimit:   c.Float64(flag("rate-limit")),
+		AckWait:     c.Duration(flag("ack-wait")),
+		PinnedTTL:   c.Duration(flag("pinned-ttl")),
+	}
+	if cfg.BatchWait == 0 {
+		// Zero would stand for the default: a batch that waits for
+		// nothing waits a nanosecond.
+		cfg.BatchWait = time.Nanosecond
+	}
+	return cfg, cfg.Validate()
+}
+
+// webhookSecret reads the signature key from one of its two flags.
+func webhookSecret(c *cli.Context, secretFlag, fileFlag string) ([]byte, error) {
+	secret, file := c.String(secretFlag), c.String(fileFlag)
+	switch {
+	case secret != "" && file != "":
+		return nil, fmt.Errorf("give only one of --%s and --%s", secretFlag, fileFlag)
+	case secret != "":
+		return []byte(secret), nil
+	case file != "":
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--%s: %w", fileFlag, err)
+		}
+		if data = bytes.TrimRight(data, "\r\n"); len(data) == 0 {
+			return nil, fmt.Errorf("--%s %s: the file is empty", fileFlag, file)
+		}
+		return data, nil
+	}
+	return nil, fmt.Errorf("the deliveries must be signed: give --%s or --%s", fileFlag, secretFlag)
+}
+
+// standaloneWebhooks reads standalone mode's webhook flags. It returns nil
+// when --webhook-url is not given, and refuses another webhook flag
+// without it.
+func standaloneWebhooks(c *cli.Context, log *slog.Logger) (*webhook.Config, error) {
+	if c.String(standaloneWebhookURL) == "" {
+		for _, f := range webhookFlags("webhook-", catWebhooks) {
+			if n := f.Names()[0]; c.IsSet(n) && n != standaloneWebhookURL {
+				return nil, fmt.Errorf("--%s needs --%s", n, standaloneWebhookURL)
+			}
+		}
+		return nil, nil
+	}
+	cfg, err := webhookConfig(c, "webhook-", log, presence.BucketOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return &cfg, nil
 }

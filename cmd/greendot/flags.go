@@ -11,6 +11,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // Flag categories, as --help groups them.
@@ -207,6 +208,11 @@ func fanoutFlags() []cli.Flag {
 	)
 }
 
+// webhooksFlags configure greendot webhooks. They are its own.
+func webhooksFlags() []cli.Flag {
+	return ownEnv("webhooks", append(webhookFlags("", catProcess), metricsFlag())...)
+}
+
 // metricsFlag serves health and metrics for processes without a listener
 // of their own.
 func metricsFlag() cli.Flag {
@@ -236,3 +242,34 @@ func splitList(s string) []string {
 
 // quote quotes a flag value for an error message.
 func quote(s string) string { return strconv.Quote(s) }
+
+// catWebhooks groups the webhooks flags of standalone mode.
+const catWebhooks = "Webhooks"
+
+// webhookFlags configure a webhooks process. Their names start with
+// prefix: none for greendot webhooks, "webhook-" in standalone mode, where
+// they sit beside the gateway's.
+func webhookFlags(prefix, cat string) []cli.Flag {
+	d := webhook.DefaultConfig()
+	name := func(n string) string { return prefix + n }
+	urlUsage := "endpoint every batch of events is POSTed to: http:// or https://"
+	if prefix != "" {
+		urlUsage += "; empty runs no webhooks process"
+	}
+	return []cli.Flag{
+		stringFlag(cat, name("url"), "", urlUsage),
+		stringFlag(cat, name("secret"), "", "key of every delivery's HMAC-SHA256 signature, at least 16 bytes (prefer --"+name("secret-file")+" or the environment variable: command lines are visible to other users)"),
+		stringFlag(cat, name("secret-file"), "", "file holding the signature key (trailing newlines are ignored)"),
+		stringFlag(cat, name("consumer"), d.Consumer, "durable consumer on the status stream that every process serving this endpoint shares; one per endpoint"),
+		stringFlag(cat, name("invisible"), string(d.Invisible), "what is sent of an invisible user: true (invisible, with devices: the app's backend knows) or public (offline, as watchers see it)"),
+		intFlag(cat, name("batch-size"), d.BatchSize, "most events in one POST, and most revisions handed out unacknowledged; 1 to 10000"),
+		durationFlag(cat, name("batch-wait"), d.BatchWait, "how long a batch waits for more events after its first; at most 1m"),
+		durationFlag(cat, name("timeout"), d.Timeout, "time one POST may take, from connecting to reading the response"),
+		durationFlag(cat, name("min-backoff"), d.MinBackoff, "wait after a first failed attempt; it doubles with each further one (a 429 or 503's Retry-After replaces it)"),
+		durationFlag(cat, name("max-backoff"), d.MaxBackoff, "longest wait between attempts"),
+		durationFlag(cat, name("give-up-after"), d.GiveUpAfter, "how long a batch that keeps failing is retried before it is dead-lettered"),
+		floatFlag(cat, name("rate-limit"), d.RateLimit, "most POSTs a second to the endpoint, retries included"),
+		durationFlag(cat, name("ack-wait"), d.AckWait, "how long a revision may stay unacknowledged by a process that stopped working on it before it is handed out again; at least 3s"),
+		durationFlag(cat, name("pinned-ttl"), d.PinnedTTL, "one process serves the endpoint at a time: how long after it stops pulling another takes over; at least 3s"),
+	}
+}

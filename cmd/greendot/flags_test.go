@@ -17,6 +17,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // TestBadInput runs command lines that must be refused before anything
@@ -92,6 +93,19 @@ func TestBadInput(t *testing.T) {
 		{"zero ack wait", []string{"fanout", "--ack-wait", "0s"}, "--ack-wait 0s: want a positive duration"},
 		{"bad metrics address", []string{"fanout", "--metrics-listen", "127.0.0.1:99999", "--nats-url", deadNATS}, "--metrics-listen"},
 		{"standalone bad NATS port", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:99999"}, "--nats-listen \"127.0.0.1:99999\": port must be 0 to 65535"},
+		{"webhooks without url", []string{"webhooks", "--secret", strings.Repeat("s", 16)}, "--url: want the endpoint's URL"},
+		{"webhooks without secret", []string{"webhooks", "--url", "https://app.example/hooks"}, "the deliveries must be signed: give --secret-file or --secret"},
+		{"webhooks short secret", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", "hunter2"}, "secret of 7 bytes: want at least 16"},
+		{"webhooks two secrets", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--secret-file", emptySecret}, "give only one of --secret and --secret-file"},
+		{"webhooks empty secret file", []string{"webhooks", "--url", "https://app.example/hooks", "--secret-file", emptySecret}, "--secret-file " + emptySecret + ": the file is empty"},
+		{"webhooks bad scheme", []string{"webhooks", "--url", "ftp://app.example/hooks", "--secret", strings.Repeat("s", 16)}, `URL "ftp://app.example/hooks": want http:// or https://`},
+		{"webhooks bad invisible", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--invisible", "hidden"}, `--invisible "hidden": want true or public`},
+		{"webhooks zero batch", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--batch-size", "0"}, "--batch-size 0: want at least 1"},
+		{"webhooks zero rate", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--rate-limit", "0"}, "--rate-limit 0: want a positive number"},
+		{"webhooks backoffs crossed", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--min-backoff", "2m"}, "max backoff 1m0s: want at least the min backoff 2m0s"},
+		{"webhooks bad consumer", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--consumer", "a.b"}, `consumer "a.b"`},
+		{"standalone webhook flag without url", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--webhook-batch-size", "5"}, "--webhook-batch-size needs --webhook-url"},
+		{"standalone webhook without secret", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--webhook-url", "http://127.0.0.1:1/hooks"}, "give --webhook-secret-file or --webhook-secret"},
 		{"graph follow one id", []string{"graph", "follow", "alice"}, "want 2 arguments, got 1: usage: greendot graph follow [flags] <follower> <followee>"},
 		{"graph flag after the ids", []string{"graph", "follow", "alice", "bob", "--nats-url", deadNATS}, "flags go before the arguments"},
 		{"graph bad id", []string{"graph", "follow", "alice", "bob.>"}, `invalid user id "bob.>"`},
@@ -289,6 +303,22 @@ func TestFlagDefaultsAreTheProcessDefaults(t *testing.T) {
 			t.Errorf("fanout config from default flags %+v, DefaultConfig %+v", got, want)
 		}
 	})
+	webhooksFromFlags := func(t *testing.T, flags []cli.Flag, prefix string) {
+		t.Helper()
+		var got webhook.Config
+		args := []string{"--" + prefix + "url", "https://app.example/hooks", "--" + prefix + "secret", "0123456789abcdef"}
+		parseFlags(t, flags, args, func(c *cli.Context) error {
+			cfg, err := webhookConfig(c, prefix, log, presence.BucketOptions{})
+			got = cfg
+			return err
+		})
+		got.Logger, got.URL, got.Secret = nil, "", nil
+		if want := webhook.DefaultConfig(); !reflect.DeepEqual(got, want) {
+			t.Errorf("webhook config from default flags %+v, DefaultConfig %+v", got, want)
+		}
+	}
+	t.Run("webhooks", func(t *testing.T) { webhooksFromFlags(t, webhooksCommand().Flags, "") })
+	t.Run("standalone webhooks", func(t *testing.T) { webhooksFromFlags(t, standaloneCommand().Flags, "webhook-") })
 	t.Run("standalone", func(t *testing.T) {
 		flags := standaloneCommand().Flags
 		gatewayFromFlags(t, flags)

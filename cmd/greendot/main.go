@@ -43,14 +43,15 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 		Usage:   "presence (online, away, busy, offline) for apps with many users, over NATS",
 		Version: version.String(),
 		Description: "Run 'greendot standalone' to try it on one machine: it embeds a NATS server and runs every\n" +
-			"process kind in one process. In production, run gateways, reapers and fanouts as separate\n" +
-			"processes against a NATS server or cluster. Every flag can also be set with an environment\n" +
-			"variable, shown in brackets.",
+			"process kind in one process. In production, run gateways, reapers and fanouts (and webhooks,\n" +
+			"to tell the app's backend) as separate processes against a NATS server or cluster. Every flag\n" +
+			"can also be set with an environment variable, shown in brackets.",
 		Commands: []*cli.Command{
 			standaloneCommand(),
 			gatewayCommand(),
 			reaperCommand(),
 			fanoutCommand(),
+			webhooksCommand(),
 			graphCommand(),
 			bucketsCommand(),
 		},

@@ -19,6 +19,7 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/web"
+	"github.com/greendot/greendot/webhook"
 )
 
 func gatewayCommand() *cli.Command {
@@ -77,6 +78,30 @@ func fanoutCommand() *cli.Command {
 	}
 }
 
+func webhooksCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "webhooks",
+		Usage: "run a webhooks process: users' presence transitions POSTed to the app's backend",
+		Description: "It consumes presence_status through a durable NATS consumer (--consumer) and POSTs JSON batches of\n" +
+			"events to --url, signed with HMAC-SHA256 (header Greendot-Signature: t=<unix>,v1=<hex>), retried with\n" +
+			"backoff, in order per user. Run two or more on one consumer for availability: one serves at a time.\n" +
+			"Run one consumer per endpoint.",
+		Flags:        concat(webhooksFlags(), natsFlags(), logFlags()),
+		OnUsageError: usageError,
+		Action: func(c *cli.Context) error {
+			log, buckets, err := processSetup(c)
+			if err != nil {
+				return err
+			}
+			cfg, err := webhookConfig(c, "", log, buckets)
+			if err != nil {
+				return err
+			}
+			return runWorker(c, log, "webhooks", func(nc *nats.Conn) (worker, error) { return webhook.New(nc, cfg) })
+		},
+	}
+}
+
 // processSetup refuses positional arguments, and reads the logging and
 // bucket flags every process has.
 func processSetup(c *cli.Context) (*slog.Logger, presence.BucketOptions, error) {
@@ -126,7 +151,7 @@ func runGateway(c *cli.Context) error {
 	return svc.Serve(c.Context, ln)
 }
 
-// worker is a reaper or fanout service.
+// worker is a reaper, fanout or webhooks service.
 type worker interface {
 	// Run runs the service until ctx is canceled.
 	Run(ctx context.Context) error
@@ -139,9 +164,10 @@ type worker interface {
 var (
 	_ worker = (*reaper.Service)(nil)
 	_ worker = (*fanout.Service)(nil)
+	_ worker = (*webhook.Service)(nil)
 )
 
-// runWorker runs a reaper or fanout until the command's context is
+// runWorker runs a reaper, fanout or webhooks process until the command's context is
 // canceled, with the health and metrics server of --metrics-listen beside
 // it. newWorker builds the service over the process's NATS connection.
 func runWorker(c *cli.Context, log *slog.Logger, kind string, newWorker func(*nats.Conn) (worker, error)) error {

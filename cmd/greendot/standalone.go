@@ -19,6 +19,7 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/web"
+	"github.com/greendot/greendot/webhook"
 )
 
 // startTimeout bounds the start of the embedded NATS server and the wait
@@ -28,13 +29,14 @@ const startTimeout = 30 * time.Second
 func standaloneCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "standalone",
-		Usage: "run everything in one process: an embedded NATS server with JetStream, a gateway, a reaper and a fanout",
+		Usage: "run everything in one process: an embedded NATS server with JetStream, a gateway, a reaper and a fanout (and webhooks, with --webhook-url)",
 		Description: "The NATS server stores its data under --data and also listens on --nats-listen, so the nats CLI\n" +
 			"can inspect the state (nats --server nats://127.0.0.1:4222 kv ls). The gateway, reaper and fanout\n" +
 			"each use their own connection to it. Dev auth (?user=<id>) is on while --listen is a loopback\n" +
 			"address, and then the demo page is served at / (its endpoints write the graph for any ?user=).\n" +
-			"The browser client is at /greendot.js. On SIGINT or SIGTERM the gateway drains, then the reaper\n" +
-			"and fanout stop, then the NATS server.",
+			"The browser client is at /greendot.js. With --webhook-url, a webhooks process POSTs every\n" +
+			"presence transition to the app's backend. On SIGINT or SIGTERM the gateway drains, then the\n" +
+			"reaper, fanout and webhooks process stop, then the NATS server.",
 		Flags: concat(
 			[]cli.Flag{
 				stringFlag(catEmbedded, "data", "./greendot-data", "directory of the embedded NATS server's JetStream storage"),
@@ -42,6 +44,7 @@ func standaloneCommand() *cli.Command {
 				sweepFlag(),
 			},
 			gatewayFlags(true),
+			webhookFlags("webhook-", catWebhooks),
 			logFlags(),
 		),
 		OnUsageError: usageError,
@@ -72,6 +75,10 @@ func runStandalone(c *cli.Context) error {
 		return err
 	}
 	fcfg := fanout.Config{Logger: log}
+	wcfg, err := standaloneWebhooks(c, log)
+	if err != nil {
+		return err
+	}
 	natsListen := c.String("nats-listen")
 	ncfg := system.NATSConfig{Name: "greendot", InProcessOnly: natsListen == "", Logger: log}
 	if natsListen != "" {
@@ -117,7 +124,7 @@ func runStandalone(c *cli.Context) error {
 	}
 	log.Info("nats server ready", attrs...)
 
-	serveErr := serveStandalone(c, sys, ln, gcfg, rcfg, fcfg, demo)
+	serveErr := serveStandalone(c, sys, ln, gcfg, rcfg, fcfg, wcfg, demo)
 	// The gateway stops first, so that what its closing sockets wrote is
 	// still processed by the reaper and fanout; then they stop, then NATS.
 	stopErr := sys.Stop()
@@ -125,11 +132,12 @@ func runStandalone(c *cli.Context) error {
 	return errors.Join(serveErr, stopErr)
 }
 
-// serveStandalone runs the reaper, the fanout and the gateway on sys,
+// serveStandalone runs the reaper, the fanout, the webhooks process (when
+// wcfg is not nil) and the gateway on sys,
 // serving ln (which it owns), prints the ready line once the gateway is
 // ready, and returns when the command's context is canceled or a part has
 // stopped. The caller stops sys, whose Stop returns the parts' errors.
-func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, demo bool) error {
+func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, wcfg *webhook.Config, demo bool) error {
 	// The buckets exist before the services start, so that none of them
 	// creates a bucket while another creates its consumer on it. The demo
 	// writes the graph through this store.
@@ -146,13 +154,19 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 		_ = ln.Close()
 		return err
 	}
+	if wcfg != nil {
+		if _, err := sys.StartWebhooks("webhooks", *wcfg); err != nil {
+			_ = ln.Close()
+			return err
+		}
+	}
 	webOpts := web.Options{Demo: demo, Logger: gcfg.Logger}
 	if demo {
 		webOpts.Store = store
 	}
 	gcfg.Static = web.Handler(webOpts)
-	// GET /metrics serves the metrics of the three services, which share
-	// this process.
+	// GET /metrics serves the metrics of the services, which share this
+	// process.
 	gcfg.Metrics = sys.Gatherer()
 	addr := ln.Addr()
 	gw, err := sys.StartGateway("gateway", gcfg, ln)

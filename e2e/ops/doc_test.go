@@ -586,11 +586,11 @@ func (r *runner) micro(words []string) (output, error) {
 	if err != nil {
 		return output{}, err
 	}
-	// How many instances answer: the scene runs two gateways, a reaper
-	// and a fanout.
-	instances := map[string]int{admin.GatewayService: 2, admin.ReaperService: 1, admin.FanoutService: 1}
+	// How many instances answer: the scene runs two gateways, a reaper,
+	// a fanout and a webhooks process.
+	instances := map[string]int{admin.GatewayService: 2, admin.ReaperService: 1, admin.FanoutService: 1, admin.WebhooksService: 1}
 	var subject string
-	want := 4
+	want := 5
 	switch words[0] {
 	case "ls", "list", "ping":
 		subject = "$SRV.PING"
@@ -650,7 +650,8 @@ func (r *runner) consumer(words []string) (output, error) {
 	stream, name := words[1], words[2]
 	ok := stream == presence.StreamName(presence.LeasesBucket) && name == presence.ReaperConsumer ||
 		stream == presence.StreamName(presence.ConnsBucket) && name == presence.ReaperConsumer ||
-		stream == presence.StreamName(presence.StatusBucket) && name == presence.FanoutConsumer
+		stream == presence.StreamName(presence.StatusBucket) && name == presence.FanoutConsumer ||
+		stream == presence.StreamName(presence.StatusBucket) && name == presence.WebhooksConsumer
 	if !ok {
 		return output{}, fmt.Errorf("%s %s is not a greendot stream and consumer", stream, name)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"testing"
@@ -28,6 +29,7 @@ import (
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // scene is a running greendot in the state the operations page talks
@@ -66,6 +68,12 @@ func startScene(t *testing.T) *scene {
 	sc.fanout = runService(t, srv, "ops fanout", func(nc *nats.Conn) (svc, error) {
 		return fanout.New(nc, fanout.Config{Logger: systest.Logger()})
 	}).(*fanout.Service)
+	// The app's backend, which hears every transition.
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(backend.Close)
+	runService(t, srv, "ops webhooks", func(nc *nats.Conn) (svc, error) {
+		return webhook.New(nc, webhook.Config{Logger: systest.Logger(), URL: backend.URL, Secret: []byte("ops-page-secret-0123")})
+	})
 	sc.hosts = map[string]string{
 		"127.0.0.1:8080": sc.gw1.Addr,
 		"127.0.0.1:8222": srv.MonitorAddr().String(),
@@ -251,8 +259,12 @@ func metricNames(t *testing.T) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w, err := webhook.New(nc, webhook.Config{URL: "https://app.example/hooks", Secret: []byte("0123456789abcdef")})
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]bool{}
-	for _, reg := range []prometheus.Collector{g.Registry(), r.Registry(), f.Registry()} {
+	for _, reg := range []prometheus.Collector{g.Registry(), r.Registry(), f.Registry(), w.Registry()} {
 		for _, n := range metricstest.Names(reg) {
 			out[n] = true
 		}

@@ -245,13 +245,13 @@ func (e *ServiceError) Is(target error) bool {
 func Subjects() []string {
 	return []string{
 		admin.GatewayInfoSubject, admin.GatewayKickSubject, admin.GatewayConnsSubject, admin.GatewayWatchersSubject,
-		admin.ReaperInfoSubject, admin.ReaperSweepSubject, admin.FanoutInfoSubject,
+		admin.ReaperInfoSubject, admin.ReaperSweepSubject, admin.FanoutInfoSubject, admin.WebhooksInfoSubject,
 	}
 }
 
 // Services returns the micro service names.
 func Services() []string {
-	return []string{admin.GatewayService, admin.ReaperService, admin.FanoutService}
+	return []string{admin.GatewayService, admin.ReaperService, admin.FanoutService, admin.WebhooksService}
 }
 
 // PingSubject returns the micro discovery subject every instance of a

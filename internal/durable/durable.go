@@ -41,6 +41,9 @@ type Config struct {
 	// PullMaxMessages bounds the messages the client holds ahead of
 	// Handle; zero means the nats.go default.
 	PullMaxMessages int
+	// PullOptions are further options of Consume, such as the priority
+	// group of a consumer with a pinned client.
+	PullOptions []jetstream.PullConsumeOpt
 	// Admin describes the process's micro service. A nil Admin.Ready means
 	// the Consumer's Ready.
 	Admin admin.ServiceConfig
@@ -85,6 +88,8 @@ type Stream struct {
 	// PullMaxMessages bounds the messages the client holds ahead of
 	// Handle; zero means the nats.go default.
 	PullMaxMessages int
+	// PullOptions are further options of Consume.
+	PullOptions []jetstream.PullConsumeOpt
 	// Handle takes one message of the stream, as Config.Handle does.
 	Handle func(msg jetstream.Msg)
 }
@@ -161,7 +166,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.cfg.Opened(store)
 	}
 	streams := append([]Stream{{
-		Bucket: c.cfg.Bucket, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, Handle: c.cfg.Handle,
+		Bucket: c.cfg.Bucket, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, PullOptions: c.cfg.PullOptions, Handle: c.cfg.Handle,
 	}}, c.cfg.More...)
 	conses := make([]jetstream.Consumer, len(streams))
 	for i, st := range streams {
@@ -207,6 +212,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		if st.PullMaxMessages > 0 {
 			opts = append(opts, jetstream.PullMaxMessages(st.PullMaxMessages))
 		}
+		opts = append(opts, st.PullOptions...)
 		cc, err := conses[i].Consume(st.Handle, opts...)
 		if err != nil {
 			c.ready.Store(nil)

@@ -16,6 +16,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // DefaultStopTimeout bounds the wait for a stopped service to return, or
@@ -40,9 +41,12 @@ const (
 	KindReaper
 	// KindFanout processes stop after the gateways.
 	KindFanout
+	// KindWebhooks processes stop after the gateways.
+	KindWebhooks
 )
 
-// String returns the kind's command name: gateway, reaper, fanout, other.
+// String returns the kind's command name: gateway, reaper, fanout,
+// webhooks, other.
 func (k Kind) String() string {
 	switch k {
 	case KindGateway:
@@ -51,11 +55,14 @@ func (k Kind) String() string {
 		return "reaper"
 	case KindFanout:
 		return "fanout"
+	case KindWebhooks:
+		return "webhooks"
 	}
 	return "other"
 }
 
-// service is what a Proc runs: a gateway, reaper or fanout.
+// service is what a Proc runs: a gateway, reaper, fanout or webhooks
+// process.
 type service interface {
 	Ready(ctx context.Context) error
 	Registry() *prometheus.Registry
@@ -65,10 +72,11 @@ var (
 	_ service = (*gateway.Service)(nil)
 	_ service = (*reaper.Service)(nil)
 	_ service = (*fanout.Service)(nil)
+	_ service = (*webhook.Service)(nil)
 )
 
 // Proc is a service running in this process over a NATS connection of its
-// own: a gateway, a reaper or a fanout. It runs from its start until Stop.
+// own: a gateway, a reaper, a fanout or a webhooks process. It runs from its start until Stop.
 // The Proc owns the connection and the goroutine the service runs on. Its
 // methods are safe for concurrent use.
 type Proc struct {
@@ -260,8 +268,18 @@ func startFanout(name string, conn natsconn.Options, cfg fanout.Config, onExit f
 	return startProc(name, KindFanout, conn, onExit, runner(func(nc *nats.Conn) (*fanout.Service, error) { return fanout.New(nc, cfg) }))
 }
 
+// StartWebhooks connects to NATS with conn, builds a webhooks process with
+// cfg, and runs it on a goroutine until Stop. Its name is conn's Name.
+func StartWebhooks(conn natsconn.Options, cfg webhook.Config) (*Proc, error) {
+	return startWebhooks(conn.Name, conn, cfg, nil)
+}
+
+func startWebhooks(name string, conn natsconn.Options, cfg webhook.Config, onExit func()) (*Proc, error) {
+	return startProc(name, KindWebhooks, conn, onExit, runner(func(nc *nats.Conn) (*webhook.Service, error) { return webhook.New(nc, cfg) }))
+}
+
 // runner adapts the constructor of a service that runs with Run (the
-// reaper, the fanout) to startProc.
+// reaper, the fanout, the webhooks process) to startProc.
 func runner[S interface {
 	service
 	Run(context.Context) error

@@ -20,6 +20,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // Options configures a System.
@@ -193,6 +194,16 @@ func (s *System) StartReaper(name string, cfg reaper.Config) (*Proc, error) {
 // connection of its own.
 func (s *System) StartFanout(name string, cfg fanout.Config) (*Proc, error) {
 	p, err := startFanout(name, s.connOptions(name), cfg, s.exit)
+	if err != nil {
+		return nil, err
+	}
+	return p, s.keep(p)
+}
+
+// StartWebhooks runs a webhooks process named name with cfg in this
+// process, over a connection of its own.
+func (s *System) StartWebhooks(name string, cfg webhook.Config) (*Proc, error) {
+	p, err := startWebhooks(name, s.connOptions(name), cfg, s.exit)
 	if err != nil {
 		return nil, err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/webhook"
 )
 
 // Options configures a System. Zero timing fields get fast test values.
@@ -198,6 +199,21 @@ func (s *System) StartFanout() {
 		s.tb.Fatalf("start fanout: %v", err)
 	}
 	s.replace(&s.fanout, p)
+}
+
+// StartWebhooks starts a webhooks process with cfg (a quiet logger unless
+// it has one), which the system stops with the others or which its Stop
+// stops earlier.
+func (s *System) StartWebhooks(cfg webhook.Config) *system.Proc {
+	s.tb.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = Logger()
+	}
+	p, err := s.sys.StartWebhooks("webhooks", cfg)
+	if err != nil {
+		s.tb.Fatalf("start webhooks: %v", err)
+	}
+	return p
 }
 
 // StopFanout stops the fanout.

@@ -8,6 +8,8 @@ const (
 	ReaperService = "greendot-reaper"
 	// FanoutService is the micro service of every fanout.
 	FanoutService = "greendot-fanout"
+	// WebhooksService is the micro service of every webhooks process.
+	WebhooksService = "greendot-webhooks"
 )
 
 // The endpoint names (as `nats micro info` lists them).
@@ -52,4 +54,7 @@ const (
 	ReaperSweepSubject = subjectPrefix + "reaper." + SweepEndpoint
 	// FanoutInfoSubject is answered by every fanout with an Info.
 	FanoutInfoSubject = subjectPrefix + "fanout." + InfoEndpoint
+	// WebhooksInfoSubject is answered by every webhooks process with an
+	// Info.
+	WebhooksInfoSubject = subjectPrefix + "webhooks." + InfoEndpoint
 )

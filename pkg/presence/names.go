@@ -33,6 +33,10 @@ const (
 	// FanoutConsumer is the durable consumer on StatusBucket's stream that all
 	// fanout instances share.
 	FanoutConsumer = "fanout"
+	// WebhooksConsumer is the default durable consumer on StatusBucket's
+	// stream of the webhooks processes that serve one endpoint; each
+	// endpoint has a consumer of its own.
+	WebhooksConsumer = "webhooks"
 )
 
 // Subject prefixes and tokens. Build subjects with the functions below.

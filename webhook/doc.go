@@ -1,0 +1,30 @@
+// Package webhook delivers users' presence transitions to an app's
+// backend over HTTP: the `greendot webhooks` process.
+//
+// A Service consumes every revision of presence_status through a durable
+// consumer of its own (Config.Consumer), so a process that stops resumes
+// where it stopped. A revision that changes what a backend sees of the
+// user (status, devices or last_seen) becomes an Event; events are POSTed
+// in batches (a JSON Batch) of up to BatchSize, sent once the first has
+// waited BatchWait. Each POST is signed: the Greendot-Signature header is
+// "t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">", which Verify
+// checks, refusing a timestamp too far from now against replays.
+//
+// A batch is acknowledged only once the endpoint answers 2xx. Until then
+// it is retried with exponential backoff (a 429 or 503's Retry-After is
+// honoured) at most RateLimit POSTs a second. A batch refused for good
+// (4xx other than 408 and 429), or still failing after GiveUpAfter, is
+// dead-lettered: counted, logged with its users and revisions, and never
+// sent again.
+//
+// Order: the consumer hands out at most BatchSize revisions before they
+// are acknowledged (MaxAckPending), and is pinned to one process at a time
+// (a priority group with a pinned client), so a batch is sent only after
+// the one before it was delivered or given up, and a user's events arrive
+// in the order of their revisions. Several processes may run for
+// availability: one serves, and another takes over when it stops pulling
+// (at once when it stops cleanly, after PinnedTTL when it dies).
+// Delivery is at least once: a batch whose 2xx was lost is sent again,
+// and every event carries its revision, so a receiver drops what is not
+// newer than what it has.
+package webhook

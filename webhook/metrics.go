@@ -1,0 +1,53 @@
+package webhook
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greendot/greendot/pkg/metrics"
+)
+
+// webhookMetrics are a webhooks process's Prometheus metrics, on the
+// Service's own registry.
+type webhookMetrics struct {
+	revisions   prometheus.Counter
+	skipped     *prometheus.CounterVec // by reason
+	events      prometheus.Counter
+	batches     prometheus.Counter
+	attempts    prometheus.Counter
+	failures    *prometheus.CounterVec // by reason
+	deadLetters prometheus.Counter
+	deadEvents  prometheus.Counter
+	lag         prometheus.Histogram
+}
+
+// lagBuckets reach from a quick delivery to one that waited out a long
+// outage of the endpoint.
+var lagBuckets = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}
+
+func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
+	f := metrics.NewFactory(reg)
+	m := &webhookMetrics{
+		revisions: f.Counter("greendot_webhook_revisions_total",
+			"Revisions of presence_status received."),
+		skipped: f.CounterVec("greendot_webhook_revisions_skipped_total",
+			"Revisions acknowledged without an event, by reason: no transition (unchanged: same status, devices and last_seen as the user's revision before), or not greendot's (invalid_key, undecodable).", "reason"),
+		events: f.Counter("greendot_webhook_events_delivered_total",
+			"Events delivered: in a batch the endpoint answered with 2xx."),
+		batches: f.Counter("greendot_webhook_batches_delivered_total",
+			"Batches the endpoint answered with 2xx."),
+		attempts: f.Counter("greendot_webhook_attempts_total",
+			"POSTs sent to the endpoint, retries included."),
+		failures: f.CounterVec("greendot_webhook_failures_total",
+			"Attempts that failed, by reason: timeout, network, http_429, http_5xx, http_4xx (refused for good), http_other (1xx, 3xx).", "reason"),
+		deadLetters: f.Counter("greendot_webhook_dead_letters_total",
+			"Batches given up: refused for good (4xx other than 408 and 429) or failing for longer than --give-up-after. Their users and revisions are logged."),
+		deadEvents: f.Counter("greendot_webhook_dead_letter_events_total",
+			"Events in the batches given up."),
+		lag: f.Histogram("greendot_webhook_lag_seconds",
+			"Time from a status record being written to the endpoint acknowledging its event.", lagBuckets),
+	}
+	f.GaugeFunc("greendot_webhook_cached_users",
+		"Users whose last sent state this process remembers, to skip revisions that change nothing.",
+		func() float64 { return float64(s.cached.Load()) })
+	return m
+}

@@ -1,0 +1,348 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+
+	"github.com/greendot/greendot/internal/durable"
+	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// PriorityGroup is the priority group of every webhooks consumer: the
+// server pins it to one client, the process that serves the endpoint,
+// and hands it to another when that one stops pulling.
+const PriorityGroup = "webhooks"
+
+// Service is a webhooks process: it consumes the revisions of
+// presence_status through a durable consumer and POSTs the transitions
+// they make to one endpoint.
+type Service struct {
+	nc       *nats.Conn
+	cfg      Config
+	log      *slog.Logger
+	consumer *durable.Consumer
+	client   *http.Client
+	limiter  *rate.Limiter
+	js       atomic.Pointer[jetstream.JetStream]
+
+	// last holds, per user, the newest revision handled and what it said.
+	// It is touched only by handle, which runs on one goroutine.
+	last   map[string]sent
+	cached atomic.Int64
+
+	// in carries the events handle took, in the order of the stream, to
+	// work, which batches and delivers them.
+	in chan *item
+	// held are the revisions handed to work and not yet acknowledged,
+	// handed back or given up: those a delivery under way keeps alive.
+	held held
+	// quit is closed when the process starts stopping: a delivery under
+	// way is abandoned and its revisions handed back.
+	quit     chan struct{}
+	quitting context.Context
+	stop     context.CancelFunc
+
+	reg     *prometheus.Registry
+	metrics *webhookMetrics
+}
+
+// sent is what a process last handled of a user.
+type sent struct {
+	rev   uint64
+	state state
+}
+
+// item is one revision to deliver.
+type item struct {
+	msg jetstream.Msg
+	ev  Event
+}
+
+// maxCached bounds how many users' last states are remembered; when full
+// the memory is cleared, which costs at most one event per user that
+// repeats the state before it.
+const maxCached = 1_000_000
+
+// New validates cfg and returns a webhooks process that will use nc. It
+// starts no goroutines and does no I/O. The caller owns nc.
+func New(nc *nats.Conn, cfg Config) (*Service, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	quitting, stop := context.WithCancel(context.Background())
+	s := &Service{
+		nc:  nc,
+		cfg: cfg,
+		log: cfg.Logger.With("svc", "webhooks", "consumer", cfg.Consumer),
+		client: &http.Client{
+			Timeout: cfg.Timeout,
+			// A redirect is answered like any other status that is not
+			// 2xx: the endpoint's URL is the one configured.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		limiter:  rate.NewLimiter(rate.Limit(cfg.RateLimit), 1),
+		held:     held{msgs: make(map[jetstream.Msg]struct{})},
+		last:     make(map[string]sent),
+		in:       make(chan *item, cfg.BatchSize),
+		quitting: quitting,
+		stop:     stop,
+		reg:      metrics.NewRegistry(),
+	}
+	s.quit = make(chan struct{})
+	context.AfterFunc(quitting, func() { close(s.quit) })
+	s.metrics = newWebhookMetrics(s.reg, s)
+	consumer, err := durable.New(nc, durable.Config{
+		Name:    "webhooks",
+		Logger:  s.log,
+		Buckets: cfg.Buckets,
+		Bucket:  presence.StatusBucket,
+		Consumer: jetstream.ConsumerConfig{
+			Durable:       cfg.Consumer,
+			Description:   "greendot webhooks: status transitions POSTed to " + cfg.redactedURL(),
+			FilterSubject: presence.KeySubject(presence.StatusBucket, ">"),
+			DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    -1,
+			// One batch handed out at a time: the next revisions are
+			// handed out once the batch before them is acknowledged, so
+			// a user's events go out in the order of their revisions.
+			MaxAckPending:  cfg.BatchSize,
+			PriorityPolicy: jetstream.PriorityPolicyPinned,
+			PriorityGroups: []string{PriorityGroup},
+			PinnedTTL:      cfg.PinnedTTL,
+		},
+		PullMaxMessages: cfg.BatchSize,
+		// The pinned process pulls again at least every PinnedTTL/3 while
+		// it runs, so it keeps the pin even while a batch is retried.
+		PullOptions: []jetstream.PullConsumeOpt{
+			jetstream.PullPriorityGroup(PriorityGroup),
+			jetstream.PullExpiry(max(cfg.PinnedTTL/3, time.Second)),
+		},
+		Admin:    s.adminConfig(),
+		NotReady: ErrNotReady,
+		Opened: func(store *presence.Store) {
+			js := store.JetStream()
+			s.js.Store(&js)
+		},
+		Work:   s.work,
+		Handle: s.handle,
+		Loops:  []func(context.Context){s.watchStop},
+	})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	s.consumer = consumer
+	return s, nil
+}
+
+// Run consumes status revisions and delivers their transitions until ctx
+// is canceled; then it abandons the delivery under way, hands back the
+// revisions it holds, in order, so that another process (or the next
+// start) delivers them, and returns nil. It returns an error only when the
+// process cannot start.
+func (s *Service) Run(ctx context.Context) error {
+	defer s.stop()
+	return s.consumer.Run(ctx)
+}
+
+// Registry returns the registry holding the process's metrics, which
+// --metrics-listen serves on GET /metrics.
+func (s *Service) Registry() *prometheus.Registry { return s.reg }
+
+// watchStop runs beside consuming: when the process starts stopping it
+// ends the delivery under way, before the consumer is drained.
+func (s *Service) watchStop(ctx context.Context) {
+	<-ctx.Done()
+	s.stop()
+}
+
+var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
+
+// handle takes one revision: a transition is handed to work; anything
+// else is acknowledged at once.
+func (s *Service) handle(msg jetstream.Msg) {
+	s.metrics.revisions.Inc()
+	it := s.decode(msg)
+	if it == nil {
+		_ = msg.Ack()
+		return
+	}
+	s.held.add(msg)
+	s.in <- it
+}
+
+// decode returns the revision's event, or nil when there is nothing to
+// deliver: not a user's key, undecodable, or no transition.
+func (s *Service) decode(msg jetstream.Msg) *item {
+	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
+	if !presence.ValidUserID(userID) {
+		s.metrics.skipped.WithLabelValues("invalid_key").Inc()
+		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
+		return nil
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		s.metrics.skipped.WithLabelValues("undecodable").Inc()
+		s.log.Error("ignoring revision without metadata", "subject", msg.Subject(), "err", err)
+		return nil
+	}
+	rev := meta.Sequence.Stream
+	var rec *presence.Record
+	if presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
+		rec = new(presence.Record)
+		if err := json.Unmarshal(msg.Data(), rec); err != nil {
+			s.metrics.skipped.WithLabelValues("undecodable").Inc()
+			s.log.Warn("ignoring undecodable status record", "user_id", userID, "rev", rev, "err", err)
+			return nil
+		}
+	}
+	ev := EventOf(userID, rec, rev, meta.Timestamp.UnixMilli(), s.cfg.Invisible)
+
+	// A revision delivered before (its process stopped, or let its
+	// acknowledgement wait pass) goes out again whatever this process
+	// remembers: the receiver drops it if it had it.
+	last, known := s.last[userID]
+	if known && rev > last.rev && ev.state() == last.state && meta.NumDelivered == 1 {
+		s.metrics.skipped.WithLabelValues("unchanged").Inc()
+		s.last[userID] = sent{rev: rev, state: last.state}
+		return nil
+	}
+	if len(s.last) >= maxCached {
+		clear(s.last)
+	}
+	if !known || rev > last.rev {
+		s.last[userID] = sent{rev: rev, state: ev.state()}
+	}
+	s.cached.Store(int64(len(s.last)))
+	return &item{msg: msg, ev: ev}
+}
+
+// work gathers the events handle takes into batches and delivers them, one
+// at a time, until the process stops; then it hands back, in the order
+// they came, the revisions of the batch under way and every one handle
+// still passes it, until ctx is canceled once the consumer is drained.
+func (s *Service) work(ctx context.Context) {
+	for {
+		batch := s.collect()
+		if batch == nil {
+			break
+		}
+		if !s.deliver(batch) {
+			s.handBack(batch)
+			break
+		}
+	}
+	for {
+		select {
+		case it := <-s.in:
+			s.handBack([]*item{it})
+		case <-ctx.Done():
+			for {
+				select {
+				case it := <-s.in:
+					s.handBack([]*item{it})
+				default:
+					s.unpin()
+					return
+				}
+			}
+		}
+	}
+}
+
+// collect waits for an event, then for more until BatchSize are there or
+// BatchWait has passed, and returns them. It returns nil when the process
+// stops first; the events it held are handed back.
+func (s *Service) collect() []*item {
+	var batch []*item
+	select {
+	case it := <-s.in:
+		batch = append(batch, it)
+	case <-s.quit:
+		return nil
+	}
+	t := time.NewTimer(s.cfg.BatchWait)
+	defer t.Stop()
+	for len(batch) < s.cfg.BatchSize {
+		select {
+		case it := <-s.in:
+			batch = append(batch, it)
+		case <-t.C:
+			return batch
+		case <-s.quit:
+			s.handBack(batch)
+			return nil
+		}
+	}
+	return batch
+}
+
+// handBack asks the server to hand the revisions out again at once, in
+// their order.
+func (s *Service) handBack(batch []*item) {
+	for _, it := range batch {
+		_ = it.msg.Nak()
+		s.held.remove(it.msg)
+	}
+}
+
+// held is a set of messages, safe for concurrent use.
+type held struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]struct{}
+}
+
+func (h *held) add(m jetstream.Msg) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.msgs[m] = struct{}{}
+}
+
+func (h *held) remove(m jetstream.Msg) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.msgs, m)
+}
+
+func (h *held) list() []jetstream.Msg {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]jetstream.Msg, 0, len(h.msgs))
+	for m := range h.msgs {
+		out = append(out, m)
+	}
+	return out
+}
+
+// unpin lets another process take the consumer over at once rather than
+// after PinnedTTL.
+func (s *Service) unpin() {
+	js := s.js.Load()
+	if js == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	stream, err := (*js).Stream(ctx, presence.StreamName(presence.StatusBucket))
+	if err == nil {
+		err = stream.UnpinConsumer(ctx, s.cfg.Consumer, PriorityGroup)
+	}
+	if err != nil {
+		s.log.Debug("unpin the consumer", "err", err)
+	}
+}

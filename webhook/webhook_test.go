@@ -1,0 +1,481 @@
+package webhook_test
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/webhook"
+)
+
+// fast is a configuration that waits little.
+func fast() webhook.Config {
+	return webhook.Config{BatchSize: 10, BatchWait: 50 * time.Millisecond, MinBackoff: 50 * time.Millisecond,
+		MaxBackoff: time.Second, RateLimit: 1000, Timeout: 5 * time.Second, PinnedTTL: 3 * time.Second}
+}
+
+// TestDeliversTransitions writes a few users' records and checks that the
+// receiver gets every transition, signed, in order, with what each
+// event carries, and nothing for a record written again unchanged.
+func TestDeliversTransitions(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	r := start(t, e, rc, fast())
+
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	a2 := e.put(t, "alice", presence.Online, 1, 100) // no transition
+	a3 := e.put(t, "alice", presence.Online, 2, 100)
+	b1 := e.put(t, "bob", presence.Busy, 1, 200)
+	a4 := e.put(t, "alice", presence.Offline, 0, 300)
+	b2 := e.put(t, "bob", presence.Invisible, 1, 250)
+	if err := e.kv.Delete(t.Context(), "carol"); err != nil {
+		t.Fatal(err)
+	}
+	got := rc.waitAccepted(t, at("alice", a1), at("alice", a3), at("bob", b1), at("alice", a4), at("bob", b2))
+	checkOrder(t, got)
+	if slices.Contains(keys(got), at("alice", a2)) {
+		t.Errorf("the unchanged revision %d was delivered: %v", a2, keys(got))
+	}
+	want := map[string]webhook.Event{
+		at("alice", a3): {UserID: "alice", Status: presence.Online, Devices: 2, LastSeen: 100, Rev: a3},
+		at("alice", a4): {UserID: "alice", Status: presence.Offline, Devices: 0, LastSeen: 300, Rev: a4},
+		at("bob", b2):   {UserID: "bob", Status: presence.Invisible, Devices: 1, LastSeen: 250, Rev: b2},
+	}
+	for _, ev := range got {
+		w, ok := want[key(ev)]
+		if !ok {
+			continue
+		}
+		if ev.At == 0 || time.Since(time.UnixMilli(ev.At)) > time.Minute {
+			t.Errorf("%s: at %d, want when it was written", key(ev), ev.At)
+		}
+		ev.At = 0
+		if ev != w {
+			t.Errorf("event %+v, want %+v", ev, w)
+		}
+	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_revisions_skipped_total", "reason", "unchanged"); v != 1 {
+			return fmt.Errorf("skipped unchanged = %v, want 1", v)
+		}
+		if v := r.metric("greendot_webhook_events_delivered_total"); v != float64(len(got)) {
+			return fmt.Errorf("events delivered = %v, want %d", v, len(got))
+		}
+		return nil
+	})
+	reqs, _ := rc.snapshot()
+	for _, q := range reqs {
+		if q.attempt != 1 || q.status != http.StatusOK {
+			t.Errorf("request %+v: want a first attempt, accepted", q)
+		}
+	}
+}
+
+// TestInvisiblePublic sends invisible users as watchers see them.
+func TestInvisiblePublic(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	cfg.Invisible = webhook.InvisiblePublic
+	start(t, e, rc, cfg)
+	b1 := e.put(t, "bob", presence.Online, 2, 100)
+	b2 := e.put(t, "bob", presence.Invisible, 2, 150)
+	got := rc.waitAccepted(t, at("bob", b1), at("bob", b2))
+	for _, ev := range got {
+		if ev.Rev == b2 && (ev.Status != presence.Offline || ev.Devices != 0 || ev.LastSeen != 150) {
+			t.Errorf("invisible bob sent as %+v, want offline, no devices, last seen 150", ev)
+		}
+	}
+}
+
+// TestSlowReceiver: the first attempt outlasts the timeout; the delivery
+// is sent again and accepted.
+func TestSlowReceiver(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
+		if n == 1 {
+			<-r.Context().Done() // answers only once the sender gave up
+			return 0
+		}
+		return http.StatusNoContent
+	})
+	cfg := fast()
+	cfg.Timeout = time.Second
+	r := start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("alice", a1))
+	if len(got) != 1 {
+		t.Errorf("accepted %v, want alice once", keys(got))
+	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_failures_total", "reason", "timeout"); v != 1 {
+			return fmt.Errorf("timeouts = %v, want 1", v)
+		}
+		if v := r.metric("greendot_webhook_attempts_total"); v != 2 {
+			return fmt.Errorf("attempts = %v, want 2", v)
+		}
+		return nil
+	})
+	reqs, _ := rc.snapshot()
+	if len(reqs) != 2 || reqs[1].attempt != 2 {
+		t.Errorf("requests %+v, want a second attempt", reqs)
+	}
+}
+
+// TestFailingReceiver: 500s are retried with a growing backoff, and a 429
+// or 503's Retry-After is honoured.
+func TestFailingReceiver(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(n int, w http.ResponseWriter, _ *http.Request) int {
+		switch n {
+		case 1, 2:
+			return http.StatusInternalServerError
+		case 3:
+			w.Header().Set("Retry-After", "2")
+			return http.StatusTooManyRequests
+		case 4:
+			w.Header().Set("Retry-After", "1")
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	cfg.MinBackoff = 200 * time.Millisecond
+	r := start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Away, 1, 100)
+	got := rc.waitAccepted(t, at("alice", a1))
+	if len(got) != 1 {
+		t.Errorf("accepted %v, want alice once", keys(got))
+	}
+	reqs, _ := rc.snapshot()
+	if len(reqs) != 5 {
+		t.Fatalf("%d requests, want 5", len(reqs))
+	}
+	// The gaps: the backoff (200ms, then 400ms), then Retry-After (2s, 1s).
+	for i, min := range []time.Duration{200 * time.Millisecond, 400 * time.Millisecond, 2 * time.Second, time.Second} {
+		gap := reqs[i+1].at.Sub(reqs[i].at)
+		if gap < min-50*time.Millisecond {
+			t.Errorf("attempt %d came %v after the one before, want at least %v", i+2, gap, min)
+		}
+		if reqs[i+1].attempt != i+2 {
+			t.Errorf("request %d has attempt %d", i+2, reqs[i+1].attempt)
+		}
+	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		for _, c := range []struct {
+			reason string
+			want   float64
+		}{{"http_5xx", 3}, {"http_429", 1}} {
+			if v := r.metric("greendot_webhook_failures_total", "reason", c.reason); v != c.want {
+				return fmt.Errorf("failures %s = %v, want %v", c.reason, v, c.want)
+			}
+		}
+		if v := r.metric("greendot_webhook_dead_letters_total"); v != 0 {
+			return fmt.Errorf("dead letters = %v", v)
+		}
+		return nil
+	})
+}
+
+// TestDeadLetterOnRefusal: a 400 gives the batch up at once: counted,
+// logged with its users and revisions, never sent again; the next batch
+// goes out.
+func TestDeadLetterOnRefusal(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(n int, _ http.ResponseWriter, _ *http.Request) int {
+		if n == 1 {
+			return http.StatusBadRequest
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	r := start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_dead_letters_total"); v != 1 {
+			return fmt.Errorf("dead letters = %v, want 1", v)
+		}
+		return nil
+	})
+	if v := r.metric("greendot_webhook_dead_letter_events_total"); v != 1 {
+		t.Errorf("dead-lettered events = %v, want 1", v)
+	}
+	if v := r.metric("greendot_webhook_failures_total", "reason", "http_4xx"); v != 1 {
+		t.Errorf("4xx failures = %v, want 1", v)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, "dead-lettered") || !strings.Contains(logs, at("alice", a1)) {
+		t.Errorf("logs do not name the dead letter's user and revision %s:\n%s", at("alice", a1), logs)
+	}
+
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("bob", b1))
+	// A process started afresh does not send the dead letter again.
+	r.stop(t)
+	start(t, e, rc, cfg)
+	b2 := e.put(t, "bob", presence.Away, 1, 100)
+	got := rc.waitAccepted(t, at("bob", b2))
+	if slices.Contains(keys(got), at("alice", a1)) {
+		t.Errorf("the dead letter was delivered: %v", keys(got))
+	}
+	reqs, _ := rc.snapshot()
+	for _, q := range reqs[1:] {
+		if slices.Contains(keys(q.events), at("alice", a1)) {
+			t.Errorf("the dead letter was sent again: %+v", q)
+		}
+	}
+}
+
+// TestGiveUp: a batch failing for longer than GiveUpAfter is dead-lettered.
+func TestGiveUp(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(int, http.ResponseWriter, *http.Request) int { return http.StatusBadGateway })
+	cfg := fast()
+	cfg.GiveUpAfter = time.Second
+	r := start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_dead_letters_total"); v != 1 {
+			return fmt.Errorf("dead letters = %v, want 1", v)
+		}
+		return nil
+	})
+	reqs, _ := rc.snapshot()
+	if len(reqs) < 2 {
+		t.Errorf("%d attempts before giving up, want retries", len(reqs))
+	}
+	// No attempt starts past the give-up time (with room for a loaded
+	// machine's scheduling).
+	if span := reqs[len(reqs)-1].at.Sub(reqs[0].at); span > 3*time.Second {
+		t.Errorf("attempts spanned %v, past the give-up time of 1s", span)
+	}
+	if logs := r.logs.String(); !strings.Contains(logs, "gave up") || !strings.Contains(logs, at("alice", a1)) {
+		t.Errorf("logs do not say it gave up on %s:\n%s", at("alice", a1), logs)
+	}
+}
+
+// TestRateCap: POSTs never come faster than RateLimit.
+func TestRateCap(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	cfg.BatchSize = 1
+	cfg.RateLimit = 5
+	start(t, e, rc, cfg)
+	var want []string
+	for i := range 6 {
+		user := fmt.Sprintf("u%d", i)
+		want = append(want, at(user, e.put(t, user, presence.Online, 1, 100)))
+	}
+	rc.waitAccepted(t, want...)
+	reqs, _ := rc.snapshot()
+	if len(reqs) != 6 {
+		t.Fatalf("%d requests, want 6 (one event each)", len(reqs))
+	}
+	for i := 1; i < len(reqs); i++ {
+		// 200ms apart, less what the server's clock reading adds.
+		if gap := reqs[i].at.Sub(reqs[i-1].at); gap < 150*time.Millisecond {
+			t.Errorf("request %d came %v after the one before: faster than 5 a second", i+1, gap)
+		}
+	}
+}
+
+// TestResume: a process started after another stopped delivers what was
+// written meanwhile, and not what was delivered before.
+func TestResume(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	r := start(t, e, rc, fast())
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1))
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_batches_delivered_total"); v != 1 {
+			return fmt.Errorf("batches delivered = %v", v)
+		}
+		return nil
+	})
+	r.stop(t)
+
+	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	a3 := e.put(t, "alice", presence.Offline, 0, 400)
+	start(t, e, rc, fast())
+	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
+	n := 0
+	for _, ev := range got {
+		if key(ev) == at("alice", a1) {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("alice@%d accepted %d times: %v", a1, n, keys(got))
+	}
+}
+
+// TestTwoCopies runs two processes on one consumer: one serves at a time,
+// every transition arrives in order per user, and when the serving one
+// stops the other takes over.
+func TestTwoCopies(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	cfg.BatchSize = 3
+	one := start(t, e, rc, cfg)
+	two := start(t, e, rc, cfg)
+	users := []string{"alice", "bob", "carol"}
+	statuses := []presence.Status{presence.Online, presence.Away, presence.Busy}
+	var want []string
+	write := func(round int) {
+		for _, u := range users {
+			want = append(want, at(u, e.put(t, u, statuses[round%3], 1+round%2, int64(round))))
+		}
+	}
+	for round := range 10 {
+		write(round)
+	}
+	rc.waitAccepted(t, want...)
+	served := func(r *running) bool { return r.metric("greendot_webhook_attempts_total") > 0 }
+	if served(one) == served(two) {
+		t.Errorf("served by the first: %v, by the second: %v; want exactly one", served(one), served(two))
+	}
+	serving, other := one, two
+	if served(two) {
+		serving, other = two, one
+	}
+	serving.stop(t)
+	for round := 10; round < 20; round++ {
+		write(round)
+	}
+	got := rc.waitAccepted(t, want...)
+	checkOrder(t, got)
+	if !served(other) {
+		t.Error("the other process did not take over")
+	}
+}
+
+// TestLongRetryKeepsRevisions: a delivery retried for longer than AckWait
+// keeps its revisions, and those handed out after it, from being handed
+// out again: each event is accepted once.
+func TestLongRetryKeepsRevisions(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	var first time.Time
+	rc.setRespond(func(n int, _ http.ResponseWriter, _ *http.Request) int {
+		if n == 1 {
+			first = time.Now()
+		}
+		if time.Since(first) < 4500*time.Millisecond {
+			return http.StatusBadGateway
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	cfg.BatchSize = 2
+	cfg.AckWait = 3 * time.Second
+	cfg.MaxBackoff = 200 * time.Millisecond
+	start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if reqs, _ := rc.snapshot(); len(reqs) == 0 {
+			return fmt.Errorf("no attempt yet")
+		}
+		return nil
+	})
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1), at("bob", b1))
+	// Let a redelivery, if there were one, reach the receiver.
+	c1 := e.put(t, "carol", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("carol", c1))
+	count := map[string]int{}
+	for _, k := range keys(got) {
+		count[k]++
+	}
+	for k, n := range count {
+		if n != 1 {
+			t.Errorf("%s accepted %d times: %v", k, n, keys(got))
+		}
+	}
+	checkOrder(t, got)
+}
+
+// TestTakeOverFromDeadCopy: when the serving process dies (its NATS
+// connection drops, with no goodbye), the other takes over after
+// PinnedTTL and delivers what came meanwhile, in order.
+func TestTakeOverFromDeadCopy(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	doomedNC := natstest.Connect(t, e.srv, nats.NoReconnect())
+	doomed := startOn(t, doomedNC, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1))
+	other := start(t, e, rc, cfg)
+	if v := doomed.metric("greendot_webhook_attempts_total"); v != 1 {
+		t.Fatalf("the first process made %v attempts, want 1: it serves", v)
+	}
+	doomedNC.Close()
+	died := time.Now()
+	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	a3 := e.put(t, "alice", presence.Offline, 0, 500)
+	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
+	if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
+		t.Errorf("the other process delivered %v events, want the 3 written after the first died", v)
+	}
+	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
+		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
+	}
+}
+
+// TestReceiverDown: an endpoint that is not listening at all is retried
+// (network failures) until it listens again.
+func TestReceiverDown(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	// Take the receiver's address, and stop listening on it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rc.URL = "http://" + addr + "/hooks/presence"
+	r := start(t, e, rc, fast())
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_failures_total", "reason", "network"); v < 2 {
+			return fmt.Errorf("network failures = %v, want retries", v)
+		}
+		return nil
+	})
+	// It listens again, on the same address.
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(rc.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	defer srv.Close()
+	got := rc.waitAccepted(t, at("alice", a1))
+	if len(got) != 1 {
+		t.Errorf("accepted %v, want alice once", keys(got))
+	}
+}
