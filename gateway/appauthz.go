@@ -13,19 +13,8 @@ import (
 	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/gateway/internal/callout"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 )
-
-// The headers with which the gateway signs its questions to the app, and
-// the app signs its calls of POST /api/authz/invalidate: the timestamp
-// (unix seconds) and "v1=" with the hex HMAC-SHA256, keyed with the shared
-// secret, of the timestamp, a dot and the body.
-const (
-	SignatureTimestampHeader = callout.TimestampHeader
-	SignatureHeader          = callout.SignatureHeader
-)
-
-// SignatureMaxSkew is how far from now a signed timestamp may be.
-const SignatureMaxSkew = callout.MaxSkew
 
 // InvalidatePath is where the app POSTs an invalidation, signed, for the
 // gateway to publish on InvalidateSubject.
@@ -97,8 +86,8 @@ func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "bad_request", "body over 4 KiB")
 		return
 	}
-	if err := callout.Verify(s.cfg.AppSecret, r.Header, body, time.Now()); err != nil {
-		writeError(w, http.StatusUnauthorized, "unauthorized", "signature: "+err.Error())
+	if err := signature.Verify(s.cfg.AppSecret, r.Header.Get(signature.Header), body, time.Now(), 0); err != nil {
+		writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 		return
 	}
 	inv, err := parseInvalidation(body)

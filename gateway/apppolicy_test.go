@@ -2,17 +2,12 @@ package gateway_test
 
 import (
 	"bytes"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -25,30 +20,16 @@ import (
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/signature"
 )
 
 // appSecret is the secret the gateways under test share with the app.
 var appSecret = []byte("greendot app callout tests: a shared secret")
 
 // verifyGreendot checks the signature of a question from a gateway, as
-// docs/integration.md tells an app to.
+// docs/integration.md tells a Go app to.
 func verifyGreendot(secret []byte, r *http.Request, body []byte) error {
-	ts := r.Header.Get("X-Greendot-Timestamp")
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return errors.New("missing or bad timestamp")
-	}
-	if age := time.Since(time.Unix(sec, 0)); age > 5*time.Minute || age < -5*time.Minute {
-		return errors.New("stale timestamp")
-	}
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(ts + "."))
-	mac.Write(body)
-	want := "v1=" + hex.EncodeToString(mac.Sum(nil))
-	if !hmac.Equal([]byte(want), []byte(r.Header.Get("X-Greendot-Signature"))) {
-		return errors.New("bad signature")
-	}
-	return nil
+	return signature.Verify(secret, r.Header.Get(signature.Header), body, time.Now(), 5*time.Minute)
 }
 
 // question is what a gateway asks the app.
@@ -326,12 +307,7 @@ func signedPost(t *testing.T, url string, body []byte, ts time.Time, secret []by
 	if err != nil {
 		t.Fatal(err)
 	}
-	stamp := strconv.FormatInt(ts.Unix(), 10)
-	mac := hmac.New(sha256.New, secret)
-	mac.Write([]byte(stamp + "."))
-	mac.Write(body)
-	req.Header.Set("X-Greendot-Timestamp", stamp)
-	req.Header.Set("X-Greendot-Signature", "v1="+hex.EncodeToString(mac.Sum(nil)))
+	req.Header.Set(signature.Header, signature.Sign(secret, ts, body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -14,9 +14,10 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/version"
+	"github.com/greendot/greendot/pkg/signature"
 )
 
-// Headers of a delivery besides SignatureHeader.
+// Headers of a delivery besides signature.Header.
 const (
 	// AttemptHeader numbers the attempts of one delivery, from 1.
 	AttemptHeader = "Greendot-Attempt"
@@ -99,7 +100,7 @@ func (s *Service) post(body []byte, attempt int) (status int, retryAfter time.Du
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "greendot-webhooks/"+version.String())
 	req.Header.Set(AttemptHeader, strconv.Itoa(attempt))
-	req.Header.Set(SignatureHeader, Sign(s.cfg.Secret, time.Now(), body))
+	req.Header.Set(signature.Header, signature.Sign(s.cfg.Secret, time.Now(), body))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, 0, err

@@ -22,6 +22,7 @@ import (
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -115,7 +116,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Header.Get("Content-Type") != "application/json":
 		rc.t.Errorf("Content-Type %q", r.Header.Get("Content-Type"))
 	}
-	if err := webhook.Verify(secret, r.Header.Get(webhook.SignatureHeader), body, time.Now(), 0); err != nil {
+	if err := signature.Verify(secret, r.Header.Get(signature.Header), body, time.Now(), 0); err != nil {
 		rc.t.Errorf("delivery does not verify: %v", err)
 		w.WriteHeader(http.StatusUnauthorized)
 		return

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -16,6 +13,7 @@ import (
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/signature"
 )
 
 // TestStandaloneAppPolicy runs standalone with --policy app asking an HTTP
@@ -29,10 +27,7 @@ func TestStandaloneAppPolicy(t *testing.T) {
 	var asked, badSigs atomic.Int32
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
-		mac := hmac.New(sha256.New, []byte(secret))
-		mac.Write([]byte(r.Header.Get("X-Greendot-Timestamp") + "."))
-		mac.Write(body)
-		if !hmac.Equal([]byte("v1="+hex.EncodeToString(mac.Sum(nil))), []byte(r.Header.Get("X-Greendot-Signature"))) {
+		if signature.Verify([]byte(secret), r.Header.Get(signature.Header), body, time.Now(), 0) != nil {
 			badSigs.Add(1)
 			w.WriteHeader(http.StatusUnauthorized)
 			return

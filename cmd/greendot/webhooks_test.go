@@ -17,6 +17,7 @@ import (
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -35,7 +36,7 @@ func newHookSink(t *testing.T, secret string) *hookSink {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var b webhook.Batch
-		err := webhook.Verify(s.secret, r.Header.Get(webhook.SignatureHeader), body, time.Now(), 0)
+		err := signature.Verify(s.secret, r.Header.Get(signature.Header), body, time.Now(), 0)
 		if err == nil {
 			err = json.Unmarshal(body, &b)
 		}

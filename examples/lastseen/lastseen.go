@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -127,7 +128,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "body: "+err.Error(), http.StatusRequestEntityTooLarge)
 		return
 	}
-	if err := webhook.Verify(h.Secret, r.Header.Get(webhook.SignatureHeader), body, time.Now(), h.Tolerance); err != nil {
+	if err := signature.Verify(h.Secret, r.Header.Get(signature.Header), body, time.Now(), h.Tolerance); err != nil {
 		log.Warn("delivery refused", "err", err, "remote", r.RemoteAddr)
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return

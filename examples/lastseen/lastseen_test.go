@@ -23,6 +23,7 @@ import (
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -63,7 +64,7 @@ func post(t *testing.T, url string, key []byte, signedAt time.Time, events ...we
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set(webhook.SignatureHeader, webhook.Sign(key, signedAt, body))
+	req.Header.Set(signature.Header, signature.Sign(key, signedAt, body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -4,42 +4,26 @@
 //	{"watcher":"alice","targets":["bob","carol"]}  ->  {"allow":["bob"]}
 //	{"watcher":"alice","list":true}                ->  {"allow":["bob", ...]}
 //
-// HTTP questions are signed with a shared secret (Sign); the gateway checks
-// the app's invalidation calls with the same signature (Verify).
+// HTTP questions are signed with a shared secret (pkg/signature); the
+// gateway checks the app's invalidation calls with the same signature.
 package callout
 
 import (
 	"bytes"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 )
-
-// The headers of a signed HTTP request.
-const (
-	// TimestampHeader holds when the request was signed, in unix
-	// seconds.
-	TimestampHeader = "X-Greendot-Timestamp"
-	// SignatureHeader holds "v1=" and the hex HMAC-SHA256, keyed with the
-	// shared secret, of the timestamp, a dot, and the body.
-	SignatureHeader = "X-Greendot-Signature"
-)
-
-// MaxSkew is how far a signed request's timestamp may be from now.
-const MaxSkew = 5 * time.Minute
 
 // maxAnswer bounds the body of an answer, in bytes.
 const maxAnswer = 1 << 20
@@ -59,35 +43,6 @@ type Answer struct {
 // Observer is told of every question: its transport ("http" or "nats"),
 // how long it took, and its error (nil when answered well).
 type Observer func(transport string, took time.Duration, err error)
-
-// Sign returns the value of SignatureHeader for a body signed at ts (unix
-// seconds).
-func Sign(secret []byte, ts string, body []byte) string {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(ts))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return "v1=" + hex.EncodeToString(m.Sum(nil))
-}
-
-// Verify checks the signature headers of a request with body, as of now.
-func Verify(secret []byte, h http.Header, body []byte, now time.Time) error {
-	ts, sig := h.Get(TimestampHeader), h.Get(SignatureHeader)
-	if ts == "" || sig == "" {
-		return fmt.Errorf("missing %s or %s", TimestampHeader, SignatureHeader)
-	}
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return fmt.Errorf("%s %q: want unix seconds", TimestampHeader, ts)
-	}
-	if d := now.Sub(time.Unix(sec, 0)); d > MaxSkew || d < -MaxSkew {
-		return fmt.Errorf("%s is %v from now: at most %v", TimestampHeader, d.Round(time.Second), MaxSkew)
-	}
-	if !hmac.Equal([]byte(sig), []byte(Sign(secret, ts, body))) {
-		return errors.New("bad signature")
-	}
-	return nil
-}
 
 // parse reads an answer: a JSON object whose "allow" is a list of valid
 // user ids. For a question about targets, only those are kept; a list is
@@ -218,10 +173,8 @@ func (h *httpAsker) once(ctx context.Context, body []byte) ([]byte, bool, error)
 	if err != nil {
 		return nil, false, fmt.Errorf("request: %w", err)
 	}
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(TimestampHeader, ts)
-	req.Header.Set(SignatureHeader, Sign(h.secret, ts, body))
+	req.Header.Set(signature.Header, signature.Sign(h.secret, time.Now(), body))
 	resp, err := h.hc.Do(req)
 	if err != nil {
 		return nil, ctx.Err() == nil, fmt.Errorf("POST %s: %w", h.url, err)

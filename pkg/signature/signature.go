@@ -1,4 +1,9 @@
-package webhook
+// Package signature signs the HTTP requests greendot sends to an app (its
+// webhooks, and its questions under the app authorization policy) and the
+// ones the app sends back (invalidations), and checks them: one header,
+// "Greendot-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256>", keyed with a
+// shared secret, over the timestamp, a full stop and the body.
+package signature
 
 import (
 	"crypto/hmac"
@@ -11,9 +16,9 @@ import (
 	"time"
 )
 
-// SignatureHeader is the request header that carries a delivery's
-// signature: "t=<unix seconds>,v1=<hex HMAC-SHA256>".
-const SignatureHeader = "Greendot-Signature"
+// Header is the request header that carries a signature:
+// "t=<unix seconds>,v1=<hex HMAC-SHA256>".
+const Header = "Greendot-Signature"
 
 // DefaultTolerance is how far from the receiver's clock a signature's
 // timestamp may be, unless Verify is told otherwise.
@@ -22,16 +27,16 @@ const DefaultTolerance = 5 * time.Minute
 // Errors of Verify. Each error Verify returns wraps one of them.
 var (
 	// ErrNoSignature means the header is empty.
-	ErrNoSignature = errors.New("webhook: no signature")
+	ErrNoSignature = errors.New("signature: no signature")
 	// ErrMalformedSignature means the header is not t=<unix>,v1=<hex>.
-	ErrMalformedSignature = errors.New("webhook: malformed signature header")
+	ErrMalformedSignature = errors.New("signature: malformed signature header")
 	// ErrSignatureMismatch means no v1 of the header is the body's
 	// signature with the secret: the body was changed, or signed with
 	// another secret.
-	ErrSignatureMismatch = errors.New("webhook: signature does not match")
+	ErrSignatureMismatch = errors.New("signature: signature does not match")
 	// ErrStaleSignature means the timestamp is further from now than the
-	// tolerance: a replay of an old delivery, or a clock far off.
-	ErrStaleSignature = errors.New("webhook: signature timestamp outside the tolerance")
+	// tolerance: a replay of an old request, or a clock far off.
+	ErrStaleSignature = errors.New("signature: signature timestamp outside the tolerance")
 )
 
 // Signature returns the hex HMAC-SHA256, with secret as the key, of the
@@ -45,17 +50,17 @@ func Signature(secret []byte, t int64, body []byte) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// Sign returns the value of SignatureHeader for body sent at now.
+// Sign returns the value of Header for body sent at now.
 func Sign(secret []byte, now time.Time, body []byte) string {
 	t := now.Unix()
 	return "t=" + strconv.FormatInt(t, 10) + ",v1=" + Signature(secret, t, body)
 }
 
-// Verify checks a delivery: header is its SignatureHeader, body its
-// request body exactly as received, now the receiver's clock. It returns
+// Verify checks a request: header is its Header, body its request body
+// exactly as received, now the receiver's clock. It returns
 // nil when one of the header's v1 values is the signature of body with
 // secret and its timestamp is within tolerance of now (zero means
-// DefaultTolerance), so that a delivery recorded and sent again later is
+// DefaultTolerance), so that a request recorded and sent again later is
 // refused. The comparison takes constant time.
 func Verify(secret []byte, header string, body []byte, now time.Time, tolerance time.Duration) error {
 	if header == "" {
