@@ -2,6 +2,9 @@ package faulttest
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +13,9 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,11 +26,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/webhook"
 )
 
 // The roles of nats.conf and the passwords the tests give them.
@@ -32,6 +40,7 @@ var rolePasswords = map[string]string{
 	"gateway":  "gateway-test-password",
 	"reaper":   "reaper-test-password",
 	"fanout":   "fanout-test-password",
+	"webhooks": "webhooks-test-password",
 	"operator": "operator-test-password",
 	"sys":      "sys-test-password",
 }
@@ -57,6 +66,7 @@ func confEnv(name, dir string, port, clusterPort int, routePorts []int) map[stri
 		"NATS_GATEWAY_PASSWORD":  rolePasswords["gateway"],
 		"NATS_REAPER_PASSWORD":   rolePasswords["reaper"],
 		"NATS_FANOUT_PASSWORD":   rolePasswords["fanout"],
+		"NATS_WEBHOOKS_PASSWORD": rolePasswords["webhooks"],
 		"NATS_OPERATOR_PASSWORD": rolePasswords["operator"],
 		"NATS_SYS_PASSWORD":      rolePasswords["sys"],
 	}
@@ -165,11 +175,27 @@ func TestPermissions(t *testing.T) {
 	defer cancel()
 
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 5 * time.Second, replicas: 3}
+	// The operator creates the feed the webhooks read, as `greendot
+	// buckets --feed` does.
+	waitFor(t, 60*time.Second, "create "+presence.FeedStream, func() error {
+		short, done := context.WithTimeout(ctx, 10*time.Second)
+		defer done()
+		_, err := presence.EnsureFeed(short, store.JetStream(), presence.BucketOptions{Replicas: tm.replicas}, 0)
+		return err
+	})
 	url := cl.urlsAs
 	startReaper(t, url("reaper"), "reaper", tm)
 	startFanout(t, url("fanout"), "fanout", tm)
+	hooks := startHookSink(t)
+	startWebhooks(t, url("webhooks"), hooks.URL, tm)
 	gw := startGateway(t, url("gateway"), "gwmutual", tm)
 	everyone := startGatewayWith(t, url("gateway"), "gweveryone", tm, func(c *gateway.Config) { c.Policy = gateway.PolicyEveryone })
+	// Under --policy app, asking the app on NATS, which answers as the
+	// operator.
+	app := serveAppAuthz(t, op, appSubject, [2]string{"erin", "bob"})
+	appGW := startGatewayWith(t, url("gateway"), "gwapp", tm, func(c *gateway.Config) {
+		c.Policy, c.AppSubject, c.AppSecret, c.AppTimeout = gateway.PolicyApp, appSubject, appSecret, 5*time.Second
+	})
 
 	mutual(t, store, []string{"alice"}, []string{"bob", "dave"})
 	if err := store.SetSettings(ctx, "bob", presence.Settings{LastSeen: presence.Everyone}); err != nil {
@@ -183,10 +209,28 @@ func TestPermissions(t *testing.T) {
 	dialClient(t, "dave", []string{everyone.WS}, tm.heartbeat, false)
 	expectViews(t, 10*time.Second, "alice sees bob and dave online", []*liveClient{alice}, truth{"bob": presence.Online, "dave": presence.Online})
 
+	erin := dialClient(t, "erin", []string{appGW.WS}, tm.heartbeat, false)
+	erin.subscribe("bob")
+	expectViews(t, 10*time.Second, "erin, allowed by the app, sees bob online", []*liveClient{erin}, truth{"bob": presence.Online})
+
 	if err := bob.setStatus(presence.Busy, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	expectViews(t, 10*time.Second, "busy bob", []*liveClient{alice, carol}, truth{"bob": presence.Busy})
+	expectViews(t, 10*time.Second, "busy bob", []*liveClient{alice, carol, erin}, truth{"bob": presence.Busy})
+	// The webhooks process tells the app's backend.
+	hooks.await(t, "bob", presence.Busy)
+
+	// The app invalidates its answers about bob through a gateway's HTTP
+	// API: the gateway publishes it, every app gateway hears it and asks
+	// the app again about erin's subscription.
+	asked := app.questions()
+	postInvalidate(t, appGW.HTTP, `{"target":"bob"}`)
+	waitFor(t, 10*time.Second, "the app asked again after the invalidation", func() error {
+		if n := app.questions(); n <= asked {
+			return fmt.Errorf("%d questions, as before", n)
+		}
+		return nil
+	})
 
 	// The HTTP API reads statuses and the graph.
 	for _, path := range []string{"/api/presence/users/bob?user=alice", "/api/presence/friends?user=alice"} {
@@ -195,10 +239,10 @@ func TestPermissions(t *testing.T) {
 	httpGet(t, everyone.HTTP, "/api/presence/online?user=carol")
 
 	// Admin endpoints and micro discovery, as an operator calls them.
-	if inst, err := adminclient.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 2 {
+	if inst, err := adminclient.Instances(ctx, op, admin.GatewayService, 5*time.Second); err != nil || len(inst) != 3 {
 		t.Errorf("gateway instances: %v, %v", inst, err)
 	}
-	for _, svc := range []string{admin.ReaperService, admin.FanoutService} {
+	for _, svc := range []string{admin.ReaperService, admin.FanoutService, admin.WebhooksService} {
 		if inst, err := adminclient.Instances(ctx, op, svc, 5*time.Second); err != nil || len(inst) != 1 {
 			t.Errorf("%s instances: %v, %v", svc, inst, err)
 		}
@@ -212,7 +256,7 @@ func TestPermissions(t *testing.T) {
 	if _, err := adminclient.Sweep(ctx, op); err != nil {
 		t.Errorf("sweep: %v", err)
 	}
-	if replies, err := adminclient.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 2 {
+	if replies, err := adminclient.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 3 {
 		t.Errorf("kick dave: %v, %v", replies, err)
 	}
 
@@ -357,6 +401,54 @@ func TestPermissions(t *testing.T) {
 		viol.await(t, "Publish Violation", "fanout", subj)
 	})
 
+	t.Run("webhooks cannot write a bucket or touch a stream", func(t *testing.T) {
+		nc := connectAs(t, cl, "webhooks")
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv, err := js.KeyValue(ctx, presence.StatusBucket)
+		if err != nil {
+			t.Fatalf("webhooks cannot look the status bucket up: %v", err)
+		}
+		short, done := context.WithTimeout(ctx, 2*time.Second)
+		defer done()
+		if _, err := kv.Put(short, "bob", []byte(`{"status":"offline"}`)); err == nil {
+			t.Error("webhooks wrote a status record")
+		}
+		viol.await(t, "user:webhooks", "Publish Violation", presence.KeySubject(presence.StatusBucket, "bob"))
+		for _, subj := range []string{
+			presence.KeySubject(presence.GraphBucket, presence.FollowKey("mallory", "bob")),
+			presence.KeySubject(presence.ConnsBucket, presence.ConnKey("bob", "forged")),
+			presence.KeySubject(presence.LeasesBucket, presence.LeaseKey("gw", "forged")),
+			"presence.event.bob",
+			"$JS.API.STREAM.PURGE." + presence.FeedStream,
+			"$JS.API.STREAM.DELETE." + presence.FeedStream,
+			"$JS.API.STREAM.UPDATE." + presence.FeedStream,
+			"$JS.API.STREAM.CREATE.mine",
+			"$JS.API.CONSUMER.DELETE." + presence.FeedStream + "." + presence.WebhooksConsumer,
+			"$JS.API.CONSUMER.CREATE." + presence.StreamName(presence.StatusBucket) + "." + presence.FanoutConsumer + ".>",
+		} {
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "user:webhooks", "Publish Violation", `"`+subj+`"`)
+		}
+		for _, subj := range []string{">", "presence.event.*", greendotAuthzSubjects} {
+			if _, err := nc.SubscribeSync(subj); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			viol.await(t, "Subscription Violation", "webhooks", subj)
+		}
+	})
+
+	t.Run("only app subjects under greendot.authz.app for the gateway", func(t *testing.T) {
+		nc := connectAs(t, cl, "gateway")
+		for _, subj := range []string{"app.authz", "greendot.authz.other"} {
+			_ = nc.Publish(subj, []byte("{}"))
+			viol.await(t, "user:gateway", "Publish Violation", `"`+subj+`"`)
+		}
+	})
+
 	t.Run("system account answers nats server commands", func(t *testing.T) {
 		nc := connectAs(t, cl, "sys")
 		msg, err := nc.Request("$SYS.REQ.SERVER.PING", nil, 5*time.Second)
@@ -378,6 +470,174 @@ func TestPermissions(t *testing.T) {
 		}
 		httpGet(t, "http://"+mon.String(), "/healthz")
 	})
+}
+
+// appSubject is the subject the app policy asks on in these tests: under
+// greendot.authz.app., as the gateway role requires.
+const appSubject = "greendot.authz.app.decide"
+
+// greendotAuthzSubjects matches every subject of the app policy.
+const greendotAuthzSubjects = "greendot.authz.>"
+
+// appSecret is the secret a gateway under the app policy shares with the
+// app: it verifies the app's invalidations POSTed to it.
+var appSecret = []byte("faulttest app secret: 0123456789abcdef")
+
+// appAuthz is the app's side of the app policy on NATS: a micro service
+// allowing the pairs it was given, and counting the questions.
+type appAuthz struct {
+	mu      sync.Mutex
+	allowed map[[2]string]bool
+	asked   int
+}
+
+func (a *appAuthz) questions() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.asked
+}
+
+// serveAppAuthz answers the questions of subject over nc, as
+// docs/integration.md shows, until the test ends.
+func serveAppAuthz(tb testing.TB, nc *nats.Conn, subject string, pairs ...[2]string) *appAuthz {
+	tb.Helper()
+	a := &appAuthz{allowed: map[[2]string]bool{}}
+	for _, p := range pairs {
+		a.allowed[p] = true
+	}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:    "authz",
+		Version: "1.0.0",
+		Endpoint: &micro.EndpointConfig{
+			Subject: subject,
+			Handler: micro.HandlerFunc(func(req micro.Request) {
+				var q struct {
+					Watcher string   `json:"watcher"`
+					Targets []string `json:"targets"`
+					List    bool     `json:"list"`
+				}
+				if err := json.Unmarshal(req.Data(), &q); err != nil {
+					_ = req.Error("400", "bad question", nil)
+					return
+				}
+				a.mu.Lock()
+				a.asked++
+				allow := []string{}
+				for p, on := range a.allowed {
+					if on && p[0] == q.Watcher && (q.List || slices.Contains(q.Targets, p[1])) {
+						allow = append(allow, p[1])
+					}
+				}
+				a.mu.Unlock()
+				_ = req.RespondJSON(map[string][]string{"allow": allow})
+			}),
+		},
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = svc.Stop() })
+	return a
+}
+
+// postInvalidate POSTs an invalidation to a gateway's HTTP API, signed
+// with appSecret as docs/integration.md says, and fails the test unless
+// it is published.
+func postInvalidate(tb testing.TB, base, body string) {
+	tb.Helper()
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	mac := hmac.New(sha256.New, appSecret)
+	mac.Write([]byte(ts + "." + body))
+	req, err := http.NewRequest(http.MethodPost, base+gateway.InvalidatePath, strings.NewReader(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set(gateway.SignatureTimestampHeader, ts)
+	req.Header.Set(gateway.SignatureHeader, "v1="+hex.EncodeToString(mac.Sum(nil)))
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusAccepted {
+		tb.Fatalf("POST %s: %d %s", gateway.InvalidatePath, resp.StatusCode, data)
+	}
+}
+
+// hookSink is the app's webhook endpoint: it keeps the events of every
+// delivery whose signature verifies.
+type hookSink struct {
+	URL    string
+	mu     sync.Mutex
+	events []webhook.Event
+	bad    []string
+}
+
+// hookSecret signs the deliveries of the webhooks process under test.
+var hookSecret = []byte("faulttest webhook secret 0123456789")
+
+func startHookSink(tb testing.TB) *hookSink {
+	s := &hookSink{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var b webhook.Batch
+		err := webhook.Verify(hookSecret, r.Header.Get(webhook.SignatureHeader), body, time.Now(), 0)
+		if err == nil {
+			err = json.Unmarshal(body, &b)
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err != nil {
+			s.bad = append(s.bad, err.Error())
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		s.events = append(s.events, b.Events...)
+	}))
+	tb.Cleanup(srv.Close)
+	s.URL = srv.URL + "/hooks/presence"
+	return s
+}
+
+// await waits until an event says user has status.
+func (s *hookSink) await(tb testing.TB, user string, status presence.Status) {
+	tb.Helper()
+	waitFor(tb, 30*time.Second, fmt.Sprintf("webhook event %s %s", user, status), func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.bad) > 0 {
+			tb.Fatalf("deliveries refused: %v", s.bad)
+		}
+		for _, ev := range s.events {
+			if ev.UserID == user && ev.Status == status {
+				return nil
+			}
+		}
+		return fmt.Errorf("events: %+v", s.events)
+	})
+}
+
+// startWebhooks runs a webhooks process in the test process, delivering
+// to url, until the test ends, and waits until it is ready.
+func startWebhooks(tb testing.TB, urls, url string, t timings) *system.Proc {
+	tb.Helper()
+	p, err := system.StartWebhooks(conn("webhooks", urls), webhook.Config{
+		Logger:    testLogger("webhooks"),
+		Buckets:   presence.BucketOptions{Replicas: t.replicas},
+		URL:       url,
+		Secret:    hookSecret,
+		BatchWait: 10 * time.Millisecond,
+		PinnedTTL: 3 * time.Second,
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stopAtEnd(tb, p)
+	if err := p.AwaitReady(context.Background(), 60*time.Second); err != nil {
+		tb.Fatal(err)
+	}
+	return p
 }
 
 // freePort returns a loopback TCP port that was free a moment ago. It is

@@ -23,8 +23,8 @@ type Config struct {
 	// Secret is the key of every delivery's HMAC-SHA256 signature; at
 	// least MinSecretLen bytes.
 	Secret []byte
-	// Consumer is the name of the durable consumer on presence_status's
-	// stream, shared by every process serving this endpoint: where it
+	// Consumer is the name of the durable consumer on the stream
+	// presence_feed, shared by every process serving this endpoint: where it
 	// stopped is where the next one resumes. Each endpoint needs a name of
 	// its own.
 	Consumer string

@@ -3,7 +3,13 @@
 //
 // A Service consumes every revision of presence_status through a durable
 // consumer of its own (Config.Consumer), so a process that stops resumes
-// where it stopped. A revision that changes what a backend sees of the
+// where it stopped. It reads them from the stream presence_feed
+// (presence.FeedStream), which sources presence_status and keeps every
+// revision for its max age (72h by default), where the bucket keeps only
+// the last 10 per user: a receiver that is down for less than the max age
+// loses no transition. The stream must exist (`greendot buckets --feed`);
+// Run refuses to start without it. An event's Rev is still the
+// presence_status revision. A revision that changes what a backend sees of the
 // user (status, devices or last_seen) becomes an Event; events are POSTed
 // in batches (a JSON Batch) of up to BatchSize, sent once the first has
 // waited BatchWait. Each POST is signed: the Greendot-Signature header is

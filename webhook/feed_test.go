@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/pkg/presence"
 )
 
 // The recipe of docs/integration.md for a backend that reads the feed
@@ -17,7 +20,7 @@ import (
 
 // feedConsumer is what
 //
-//	nats consumer add KV_presence_status app-backend --pull \
+//	nats consumer add presence_feed app-backend --pull \
 //	  --filter '$KV.presence_status.>' --deliver subject --ack explicit \
 //	  --max-pending 1 --max-deliver=-1 --wait 30s --replay instant --defaults
 //
@@ -45,13 +48,20 @@ type transition struct {
 
 // decodeFeed is the documentation's snippet.
 func decodeFeed(msg jetstream.Msg) (transition, error) {
-	meta, err := msg.Metadata()
+	// The revision in presence_status, which the feed keeps in this
+	// header: "KV_presence_status <revision> ...". (The message's own
+	// sequence is the feed's.)
+	src := strings.Fields(msg.Headers().Get("Nats-Stream-Source"))
+	if len(src) < 2 || src[0] != "KV_presence_status" {
+		return transition{}, fmt.Errorf("not a presence_status revision: %q", src)
+	}
+	rev, err := strconv.ParseUint(src[1], 10, 64)
 	if err != nil {
 		return transition{}, err
 	}
 	t := transition{
 		User: strings.TrimPrefix(msg.Subject(), "$KV.presence_status."),
-		Rev:  meta.Sequence.Stream, // the revision: only grows, per user too
+		Rev:  rev, // only grows, per user too
 	}
 	switch msg.Headers().Get("KV-Operation") {
 	case "DEL", "PURGE": // removed by an operator: offline
@@ -73,7 +83,8 @@ func decodeFeed(msg jetstream.Msg) (transition, error) {
 
 // TestFeedRecipe follows the recipe: every revision arrives in order,
 // deletions included, and a consumer that stopped resumes after the last
-// message it acknowledged.
+// message it acknowledged, with every revision written meanwhile, more of
+// one user's than presence_status keeps.
 func TestFeedRecipe(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
@@ -82,7 +93,7 @@ func TestFeedRecipe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, "KV_presence_status", feedConsumer)
+	cons, err := js.CreateOrUpdateConsumer(ctx, "presence_feed", feedConsumer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,12 +125,19 @@ func TestFeedRecipe(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The backend stops here, and comes back with the same durable name.
-	cons, err = js.Consumer(ctx, "KV_presence_status", "app-backend")
+	// The backend stops here. Meanwhile alice changes more often than
+	// presence_status keeps; the backend comes back with the same durable
+	// name and gets every revision.
+	statuses := []presence.Status{presence.Away, presence.Online}
+	var more []uint64
+	for i := range presence.StatusHistory + 5 {
+		more = append(more, e.put(t, "alice", statuses[i%2], 1, 400))
+	}
+	cons, err = js.Consumer(ctx, "presence_feed", "app-backend")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
+	for range 2 + len(more) {
 		msg, tr := next(cons)
 		got = append(got, fmt.Sprintf("%s %s/%s %d %d @%d", tr.User, tr.Status, tr.Public, tr.Devices, tr.LastSeen, tr.Rev))
 		if err := msg.DoubleAck(ctx); err != nil {
@@ -132,6 +150,9 @@ func TestFeedRecipe(t *testing.T) {
 		fmt.Sprintf("bob invisible/offline 1 50 @%d", b1),
 		fmt.Sprintf("carol offline/offline 0 0 @%d", b1+1),
 		fmt.Sprintf("alice offline/offline 0 300 @%d", a3),
+	}
+	for i, rev := range more {
+		want = append(want, fmt.Sprintf("alice %s/%s 1 400 @%d", statuses[i%2], statuses[i%2].Public(), rev))
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("feed:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -49,6 +49,9 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := presence.EnsureFeed(ctx, store.JetStream(), presence.BucketOptions{}, 0); err != nil {
+		t.Fatal(err)
+	}
 	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
 	if err != nil {
 		t.Fatal(err)

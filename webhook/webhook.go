@@ -3,6 +3,8 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -26,8 +28,8 @@ import (
 const PriorityGroup = "webhooks"
 
 // Service is a webhooks process: it consumes the revisions of
-// presence_status through a durable consumer and POSTs the transitions
-// they make to one endpoint.
+// presence_status, as the stream presence_feed keeps them, through a
+// durable consumer and POSTs the transitions they make to one endpoint.
 type Service struct {
 	nc       *nats.Conn
 	cfg      Config
@@ -109,6 +111,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		Logger:  s.log,
 		Buckets: cfg.Buckets,
 		Bucket:  presence.StatusBucket,
+		Stream:  presence.FeedStream,
 		Consumer: jetstream.ConsumerConfig{
 			Durable:       cfg.Consumer,
 			Description:   "greendot webhooks: status transitions POSTed to " + cfg.redactedURL(),
@@ -154,10 +157,15 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 // is canceled; then it abandons the delivery under way, hands back the
 // revisions it holds, in order, so that another process (or the next
 // start) delivers them, and returns nil. It returns an error only when the
-// process cannot start.
+// process cannot start; one that wraps presence.ErrFeedNotFound when the
+// stream presence_feed does not exist.
 func (s *Service) Run(ctx context.Context) error {
 	defer s.stop()
-	return s.consumer.Run(ctx)
+	err := s.consumer.Run(ctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("webhooks: %w", presence.ErrFeedNotFound)
+	}
+	return err
 }
 
 // Registry returns the registry holding the process's metrics, which
@@ -201,7 +209,14 @@ func (s *Service) decode(msg jetstream.Msg) *item {
 		s.log.Error("ignoring revision without metadata", "subject", msg.Subject(), "err", err)
 		return nil
 	}
-	rev := meta.Sequence.Stream
+	// The revision is presence_status's sequence, which the feed keeps in
+	// the header of the message it sourced.
+	rev, ok := presence.FeedRevision(msg.Headers())
+	if !ok {
+		s.metrics.skipped.WithLabelValues("undecodable").Inc()
+		s.log.Error("ignoring feed message without its presence_status revision", "subject", msg.Subject(), "seq", meta.Sequence.Stream)
+		return nil
+	}
 	var rec *presence.Record
 	if presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut {
 		rec = new(presence.Record)
@@ -338,7 +353,7 @@ func (s *Service) unpin() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	stream, err := (*js).Stream(ctx, presence.StreamName(presence.StatusBucket))
+	stream, err := (*js).Stream(ctx, presence.FeedStream)
 	if err == nil {
 		err = stream.UnpinConsumer(ctx, s.cfg.Consumer, PriorityGroup)
 	}

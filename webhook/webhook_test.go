@@ -1,12 +1,15 @@
 package webhook_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -477,5 +480,88 @@ func TestReceiverDown(t *testing.T) {
 	got := rc.waitAccepted(t, at("alice", a1))
 	if len(got) != 1 {
 		t.Errorf("accepted %v, want alice once", keys(got))
+	}
+}
+
+// TestOutageLosesNothing: while the receiver answers 503, one user makes
+// three times as many transitions as presence_status keeps per user
+// (presence.StatusHistory); once it answers again, every transition
+// arrives, in order, none lost, because the process reads presence_feed.
+func TestOutageLosesNothing(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	var down atomic.Bool
+	down.Store(true)
+	rc.setRespond(func(_ int, w http.ResponseWriter, _ *http.Request) int {
+		if down.Load() {
+			w.Header().Set("Retry-After", "1")
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	// Two revisions handed out at a time: the others wait in the stream
+	// while the first batch is retried.
+	cfg.BatchSize = 2
+	r := start(t, e, rc, cfg)
+
+	// Three times what the bucket keeps: more than the process holds in
+	// memory, so that revisions leave the bucket before it reads them.
+	const changes = 3 * presence.StatusHistory
+	cycle := []presence.Status{presence.Online, presence.Away, presence.Busy}
+	var want []string
+	for i := range changes {
+		want = append(want, at("alice", e.put(t, "alice", cycle[i%len(cycle)], 1, 100)))
+	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_failures_total", "reason", "http_5xx"); v < 2 {
+			return fmt.Errorf("5xx failures = %v, want the outage retried", v)
+		}
+		return nil
+	})
+	// The bucket has let the oldest revisions go.
+	hist, err := e.kv.History(context.Background(), presence.StatusKey("alice"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != presence.StatusHistory {
+		t.Fatalf("presence_status keeps %d revisions of alice, want %d", len(hist), presence.StatusHistory)
+	}
+
+	down.Store(false)
+	got := rc.waitAccepted(t, want...)
+	checkOrder(t, got)
+	var revs []string
+	for _, ev := range got {
+		if k := key(ev); !slices.Contains(revs, k) {
+			revs = append(revs, k)
+		}
+	}
+	if !slices.Equal(revs, want) {
+		t.Errorf("accepted %v, want %v in this order", revs, want)
+	}
+	for i, ev := range got {
+		if ev.Status != cycle[slices.Index(want, key(ev))%len(cycle)] {
+			t.Errorf("event %d %s is %s", i, key(ev), ev.Status)
+		}
+	}
+}
+
+// TestNoFeed: without presence_feed the process refuses to start, and
+// says which command creates it.
+func TestNoFeed(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	cfg := fast()
+	cfg.URL, cfg.Secret = "http://127.0.0.1:1/hooks", secret
+	svc, err := webhook.New(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	err = svc.Run(ctx)
+	if !errors.Is(err, presence.ErrFeedNotFound) || !strings.Contains(err.Error(), "greendot buckets --feed") {
+		t.Errorf("Run without presence_feed: %v, want %v", err, presence.ErrFeedNotFound)
 	}
 }

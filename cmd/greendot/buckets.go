@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -20,8 +21,15 @@ func bucketsCommand() *cli.Command {
 		Description: "Every process creates the buckets it needs when they are missing, if its NATS user may create\n" +
 			"streams. With the users of nats.conf only the operator may: run this once per deployment as the\n" +
 			"operator, with the --replicas every process is given, before the processes start, and again after\n" +
-			"changing --replicas. It is idempotent.",
-		Flags:        concat(natsFlags(), logFlags()),
+			"changing --replicas. It is idempotent.\n\n" +
+			"With --feed it also creates the stream presence_feed, which the webhooks processes consume: it\n" +
+			"sources presence_status and keeps every revision for --feed-max-age, however many a user makes\n" +
+			"(the bucket keeps 10 per user), so that a receiver outage shorter than that loses no transition.\n" +
+			"It costs one more JetStream write per status change: create it only if webhooks run.",
+		Flags: concat(natsFlags(), ownEnv("buckets",
+			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume, or bring it up to date"),
+			durationFlag(catProcess, "feed-max-age", presence.DefaultFeedMaxAge, "how long presence_feed keeps a revision (with --feed): the longest receiver outage that loses nothing"),
+		), logFlags()),
 		OnUsageError: usageError,
 		Action:       runBuckets,
 	}
@@ -39,9 +47,22 @@ func runBuckets(c *cli.Context) error {
 	defer closeNATS(nc)
 	ctx, cancel := context.WithTimeout(c.Context, graphTimeout)
 	defer cancel()
+	feed := c.Bool("feed")
+	if c.IsSet("feed-max-age") && !feed {
+		return errors.New("--feed-max-age needs --feed")
+	}
+	maxAge := c.Duration("feed-max-age")
+	if _, err := presence.FeedConfig(buckets, maxAge); err != nil {
+		return fmt.Errorf("--feed-max-age: %w", err)
+	}
 	store, err := presence.Open(ctx, nc, buckets)
 	if err != nil {
 		return err
+	}
+	if feed {
+		if _, err := presence.EnsureFeed(ctx, store.JetStream(), buckets, maxAge); err != nil {
+			return err
+		}
 	}
 	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "bucket\treplicas\thistory\tstorage\tkeys\tbytes")
@@ -61,5 +82,29 @@ func runBuckets(c *cli.Context) error {
 		}
 		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%d\t%d\n", name, replicas, st.History(), storage, st.Values(), st.Bytes())
 	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	// The feed, when it exists: its max age, and how far its source is
+	// behind presence_status.
+	st, err := presence.Feed(ctx, store.JetStream())
+	if errors.Is(err, presence.ErrFeedNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("stream %q: %w", presence.FeedStream, err)
+	}
+	w = tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "\nstream\treplicas\tmax age\tstorage\tmessages\tbytes\tsource lag")
+	lag := "?"
+	if len(info.Sources) == 1 {
+		lag = fmt.Sprint(info.Sources[0].Lag)
+	}
+	fmt.Fprintf(w, "%s\t%d\t%v\t%s\t%d\t%d\t%s\n", presence.FeedStream, info.Config.Replicas, info.Config.MaxAge,
+		strings.ToLower(info.Config.Storage.String()), info.State.Msgs, info.State.Bytes, lag)
 	return w.Flush()
 }

@@ -27,4 +27,24 @@ func TestBucketsCommand(t *testing.T) {
 	if code, _, stderr := runOnce(t, "buckets", "--nats-url", url, "--replicas", "9"); code != 1 || !strings.Contains(stderr, "--replicas 9") {
 		t.Errorf("--replicas 9: exit %d, stderr %q", code, stderr)
 	}
+	for _, bad := range [][]string{{"--feed-max-age", "1h"}, {"--feed", "--feed-max-age", "1s"}, {"--feed", "--feed-max-age", "-1h"}} {
+		if code, _, stderr := runOnce(t, append([]string{"buckets", "--nats-url", url}, bad...)...); code != 1 || !strings.Contains(stderr, "--feed-max-age") {
+			t.Errorf("%v: exit %d, stderr %q", bad, code, stderr)
+		}
+	}
+	// With --feed, the stream presence_feed too, with its max age; then
+	// without --feed, it is still shown, as it is.
+	for _, args := range [][]string{{"--feed", "--feed-max-age", "1h"}, {"--feed", "--feed-max-age", "1h"}, nil} {
+		code, stdout, stderr := runOnce(t, append([]string{"buckets", "--nats-url", url}, args...)...)
+		if code != 0 {
+			t.Fatalf("buckets %v: exit %d; stderr:\n%s", args, code, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if len(lines) != 7 || !strings.HasPrefix(lines[5], "stream ") {
+			t.Fatalf("buckets %v output:\n%s", args, stdout)
+		}
+		if f := strings.Fields(lines[6]); len(f) != 7 || f[0] != "presence_feed" || f[1] != "1" || f[2] != "1h0m0s" || f[3] != "file" {
+			t.Errorf("buckets %v: line %q, want presence_feed with 1 replica, kept 1h, on file storage", args, lines[6])
+		}
+	}
 }

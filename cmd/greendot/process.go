@@ -82,10 +82,11 @@ func webhooksCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "webhooks",
 		Usage: "run a webhooks process: users' presence transitions POSTed to the app's backend",
-		Description: "It consumes presence_status through a durable NATS consumer (--consumer) and POSTs JSON batches of\n" +
-			"events to --url, signed with HMAC-SHA256 (header Greendot-Signature: t=<unix>,v1=<hex>), retried with\n" +
-			"backoff, in order per user. Run two or more on one consumer for availability: one serves at a time.\n" +
-			"Run one consumer per endpoint.",
+		Description: "It consumes the revisions of presence_status, as the stream presence_feed keeps them, through a\n" +
+			"durable NATS consumer (--consumer) and POSTs JSON batches of events to --url, signed with HMAC-SHA256\n" +
+			"(header Greendot-Signature: t=<unix>,v1=<hex>), retried with backoff, in order per user. Create the\n" +
+			"stream first with `greendot buckets --feed`: without it the process does not start. Run two or more\n" +
+			"on one consumer for availability: one serves at a time. Run one consumer per endpoint.",
 		Flags:        concat(webhooksFlags(), natsFlags(), logFlags()),
 		OnUsageError: usageError,
 		Action: func(c *cli.Context) error {

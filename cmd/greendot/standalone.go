@@ -35,7 +35,8 @@ func standaloneCommand() *cli.Command {
 			"each use their own connection to it. Dev auth (?user=<id>) is on while --listen is a loopback\n" +
 			"address, and then the demo page is served at / (its endpoints write the graph for any ?user=).\n" +
 			"The browser client is at /greendot.js. With --webhook-url, a webhooks process POSTs every\n" +
-			"presence transition to the app's backend. On SIGINT or SIGTERM the gateway drains, then the\n" +
+			"presence transition to the app's backend, read from the stream presence_feed, created then\n" +
+			"(kept 72h). On SIGINT or SIGTERM the gateway drains, then the\n" +
 			"reaper, fanout and webhooks process stop, then the NATS server.",
 		Flags: concat(
 			[]cli.Flag{
@@ -140,8 +141,9 @@ func runStandalone(c *cli.Context) error {
 func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, wcfg *webhook.Config, demo bool) error {
 	// The buckets exist before the services start, so that none of them
 	// creates a bucket while another creates its consumer on it. The demo
-	// writes the graph through this store.
-	store, err := openBuckets(c.Context, sys)
+	// writes the graph through this store. The webhooks read presence_feed,
+	// created with the buckets.
+	store, err := openBuckets(c.Context, sys, wcfg != nil)
 	if err != nil {
 		_ = ln.Close()
 		return err
@@ -202,17 +204,25 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	return nil
 }
 
-// openBuckets creates greendot's buckets in the embedded server, or brings
-// their configuration up to date, over a connection of the system's, and
-// returns a store over them.
-func openBuckets(ctx context.Context, sys *system.System) (*presence.Store, error) {
+// openBuckets creates greendot's buckets in the embedded server, and with
+// feed the stream presence_feed (kept for presence.DefaultFeedMaxAge), or
+// brings their configuration up to date, over a connection of the
+// system's, and returns a store over them.
+func openBuckets(ctx context.Context, sys *system.System, feed bool) (*presence.Store, error) {
 	nc, err := sys.Connect("buckets")
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
-	return presence.Open(ctx, nc, presence.BucketOptions{})
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil || !feed {
+		return store, err
+	}
+	if _, err := presence.EnsureFeed(ctx, store.JetStream(), presence.BucketOptions{}, 0); err != nil {
+		return nil, err
+	}
+	return store, nil
 }
 
 // readyLine is the one line standalone mode prints when it serves.

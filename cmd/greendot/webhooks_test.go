@@ -86,6 +86,15 @@ func TestWebhooksProcess(t *testing.T) {
 	}
 	sink := newHookSink(t, secret)
 	metrics, gwAddr := freeAddr(t), freeAddr(t)
+	// Without presence_feed the process refuses to start, and says how to
+	// create it.
+	if code, _, stderr := runOnce(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL+"/hooks", "--secret-file", secretFile); code != 1 ||
+		!strings.Contains(stderr, "presence_feed") || !strings.Contains(stderr, "greendot buckets --feed") {
+		t.Errorf("webhooks without presence_feed: exit %d, stderr %q", code, stderr)
+	}
+	if code, _, stderr := runOnce(t, "buckets", "--nats-url", natsURL, "--feed"); code != 0 {
+		t.Fatalf("buckets --feed: exit %d; stderr:\n%s", code, stderr)
+	}
 	hooks := start(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL+"/hooks", "--secret-file", secretFile,
 		"--batch-wait", "10ms", "--metrics-listen", metrics)
 	reaper := start(t, "reaper", "--nats-url", natsURL)

@@ -74,15 +74,18 @@ wait_http() {
 # secrets creates the run directory's passwords once, and loads them.
 secrets() {
 	local f=$run/secrets.env role
-	if [[ ! -f $f ]]; then
-		(
-			umask 077
-			for role in ROUTE GATEWAY REAPER FANOUT OPERATOR SYS; do
+	(
+		umask 077
+		touch "$f"
+		# Every role's password, and the roles added since the file was
+		# written.
+		for role in ROUTE GATEWAY REAPER FANOUT WEBHOOKS OPERATOR SYS; do
+			if ! grep -q "^NATS_${role}_PASSWORD=" "$f"; then
 				# A leading letter: nats.conf must not read it as a number.
-				echo "NATS_${role}_PASSWORD=p$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
-			done >"$f"
-		)
-	fi
+				echo "NATS_${role}_PASSWORD=p$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')" >>"$f"
+			fi
+		done
+	)
 	set -a
 	# shellcheck disable=SC1090
 	. "$f"

@@ -303,6 +303,8 @@ func (r *runner) nats(words []string) (output, error) {
 		return r.micro(words[1:])
 	case "consumer":
 		return r.consumer(words[1:])
+	case "stream":
+		return r.stream(words[1:])
 	}
 	return output{}, fmt.Errorf("nats %s is not run by this test", words[0])
 }
@@ -651,7 +653,7 @@ func (r *runner) consumer(words []string) (output, error) {
 	ok := stream == presence.StreamName(presence.LeasesBucket) && name == presence.ReaperConsumer ||
 		stream == presence.StreamName(presence.ConnsBucket) && name == presence.ReaperConsumer ||
 		stream == presence.StreamName(presence.StatusBucket) && name == presence.FanoutConsumer ||
-		stream == presence.StreamName(presence.StatusBucket) && name == presence.WebhooksConsumer
+		stream == presence.FeedStream && name == presence.WebhooksConsumer
 	if !ok {
 		return output{}, fmt.Errorf("%s %s is not a greendot stream and consumer", stream, name)
 	}
@@ -662,6 +664,29 @@ func (r *runner) consumer(words []string) (output, error) {
 	info, err := c.Info(r.ctx)
 	if err != nil {
 		return output{}, err
+	}
+	data, _ := json.Marshal(info)
+	var out output
+	out.addJSON(data)
+	return out, nil
+}
+
+// stream runs nats stream info presence_feed: the one stream of greendot
+// that is not a bucket's.
+func (r *runner) stream(words []string) (output, error) {
+	if len(words) != 2 || words[0] != "info" || words[1] != presence.FeedStream {
+		return output{}, fmt.Errorf("nats stream info %s", presence.FeedStream)
+	}
+	st, err := r.js.Stream(r.ctx, words[1])
+	if err != nil {
+		return output{}, err
+	}
+	info, err := st.Info(r.ctx)
+	if err != nil {
+		return output{}, err
+	}
+	if len(info.Sources) != 1 || info.Sources[0].Name != presence.StreamName(presence.StatusBucket) {
+		return output{}, fmt.Errorf("%s sources %+v, want %s", words[1], info.Sources, presence.StreamName(presence.StatusBucket))
 	}
 	data, _ := json.Marshal(info)
 	var out output

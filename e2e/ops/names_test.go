@@ -33,13 +33,13 @@ func TestOperationsPageNames(t *testing.T) {
 		if b == protocol.TypePresenceBatch || b == protocol.TypePresenceInit {
 			continue // frames of the client protocol
 		}
-		if !slices.Contains(buckets, b) {
-			t.Errorf("bucket %s: not one of %v", b, buckets)
+		if !slices.Contains(buckets, b) && b != presence.FeedStream {
+			t.Errorf("bucket %s: not one of %v, nor the stream %s", b, buckets, presence.FeedStream)
 		}
 	}
-	for _, b := range buckets {
+	for _, b := range append(slices.Clone(buckets), presence.FeedStream) {
 		if !strings.Contains(text, "`"+b+"`") {
-			t.Errorf("bucket %s is not documented", b)
+			t.Errorf("bucket or stream %s is not documented", b)
 		}
 	}
 	for _, s := range find(`\bKV_[a-z_]+`) {
@@ -77,7 +77,7 @@ func TestOperationsPageNames(t *testing.T) {
 			t.Errorf("micro service %s is not documented", s)
 		}
 	}
-	for _, c := range []string{presence.ReaperConsumer, presence.FanoutConsumer} {
+	for _, c := range []string{presence.ReaperConsumer, presence.FanoutConsumer, presence.WebhooksConsumer} {
 		if !strings.Contains(text, "consumer `"+c+"`") {
 			t.Errorf("consumer %s is not documented", c)
 		}

@@ -71,6 +71,11 @@ func startScene(t *testing.T) *scene {
 	// The app's backend, which hears every transition.
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
 	t.Cleanup(backend.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := presence.EnsureFeed(ctx, sys.Store.JetStream(), presence.BucketOptions{}, 0); err != nil {
+		t.Fatal(err)
+	}
 	runService(t, srv, "ops webhooks", func(nc *nats.Conn) (svc, error) {
 		return webhook.New(nc, webhook.Config{Logger: systest.Logger(), URL: backend.URL, Secret: []byte("ops-page-secret-0123")})
 	})

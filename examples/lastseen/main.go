@@ -10,8 +10,9 @@
 //	DATABASE_URL=postgres://app@localhost/app LASTSEEN_WEBHOOK_SECRET=... \
 //	    go run ./examples/lastseen -listen 127.0.0.1:8090
 //
-// and point greendot at it:
+// and point greendot at it, once the stream the webhooks read exists:
 //
+//	greendot buckets --feed
 //	greendot webhooks --url http://127.0.0.1:8090/hooks/presence --secret-file secret
 package main
 

@@ -35,8 +35,13 @@ type Config struct {
 	Buckets presence.BucketOptions
 	// Bucket is the KV bucket whose stream is consumed.
 	Bucket string
-	// Consumer configures the durable consumer on the bucket's stream. It
-	// is created, or updated to this configuration, at every start.
+	// Stream, if set, is the stream consumed instead of Bucket's: one
+	// that sources it (presence.FeedStream). Run does not create it; its
+	// absence fails the start with an error that wraps
+	// jetstream.ErrStreamNotFound.
+	Stream string
+	// Consumer configures the durable consumer on the stream. It is
+	// created, or updated to this configuration, at every start.
 	Consumer jetstream.ConsumerConfig
 	// PullMaxMessages bounds the messages the client holds ahead of
 	// Handle; zero means the nats.go default.
@@ -83,6 +88,8 @@ type Config struct {
 type Stream struct {
 	// Bucket is the KV bucket whose stream is consumed.
 	Bucket string
+	// stream, if set, is the stream consumed instead of Bucket's.
+	stream string
 	// Consumer configures the durable consumer on the bucket's stream.
 	Consumer jetstream.ConsumerConfig
 	// PullMaxMessages bounds the messages the client holds ahead of
@@ -92,6 +99,14 @@ type Stream struct {
 	PullOptions []jetstream.PullConsumeOpt
 	// Handle takes one message of the stream, as Config.Handle does.
 	Handle func(msg jetstream.Msg)
+}
+
+// streamName returns the name of the stream consumed.
+func (st Stream) streamName() string {
+	if st.stream != "" {
+		return st.stream
+	}
+	return presence.StreamName(st.Bucket)
 }
 
 // Consumer runs the life of a process built around a durable consumer.
@@ -166,11 +181,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.cfg.Opened(store)
 	}
 	streams := append([]Stream{{
-		Bucket: c.cfg.Bucket, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, PullOptions: c.cfg.PullOptions, Handle: c.cfg.Handle,
+		Bucket: c.cfg.Bucket, stream: c.cfg.Stream, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, PullOptions: c.cfg.PullOptions, Handle: c.cfg.Handle,
 	}}, c.cfg.More...)
 	conses := make([]jetstream.Consumer, len(streams))
 	for i, st := range streams {
-		stream := presence.StreamName(st.Bucket)
+		stream := st.streamName()
 		cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, st.Consumer)
 		if err != nil {
 			return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", st.Consumer.Durable, stream, err))
@@ -220,11 +235,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			drain()
 			stopWork()
 			work.Wait()
-			return fmt.Errorf("consume %s on %s: %w", st.Consumer.Durable, presence.StreamName(st.Bucket), err)
+			return fmt.Errorf("consume %s on %s: %w", st.Consumer.Durable, st.streamName(), err)
 		}
 		ccs = append(ccs, cc)
 	}
-	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket)
+	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket, "stream", streams[0].streamName())
 
 	loopCtx, stopLoops := context.WithCancel(ctx)
 	defer stopLoops()

@@ -201,13 +201,19 @@ func (s *System) StartFanout() {
 	s.replace(&s.fanout, p)
 }
 
-// StartWebhooks starts a webhooks process with cfg (a quiet logger unless
-// it has one), which the system stops with the others or which its Stop
-// stops earlier.
+// StartWebhooks creates the stream presence_feed, as an operator does, if
+// it is missing, and starts a webhooks process with cfg (a quiet logger
+// unless it has one), which the system stops with the others or which its
+// Stop stops earlier.
 func (s *System) StartWebhooks(cfg webhook.Config) *system.Proc {
 	s.tb.Helper()
 	if cfg.Logger == nil {
 		cfg.Logger = Logger()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := presence.EnsureFeed(ctx, s.Store.JetStream(), cfg.Buckets, 0); err != nil {
+		s.tb.Fatalf("create %s: %v", presence.FeedStream, err)
 	}
 	p, err := s.sys.StartWebhooks("webhooks", cfg)
 	if err != nil {

@@ -25,6 +25,14 @@ const (
 	GraphBucket = "presence_graph"
 )
 
+// FeedStream is the optional stream the webhooks processes consume: it
+// sources StatusBucket's stream, keeping each revision on its subject
+// ("$KV.presence_status.<user>") for FeedOptions.MaxAge, however many a
+// user makes, where StatusBucket keeps StatusHistory per user. Its
+// messages carry their StatusBucket revision in the Nats-Stream-Source
+// header (FeedRevision).
+const FeedStream = "presence_feed"
+
 // Durable consumer names, on the streams behind the buckets ("KV_" + bucket).
 const (
 	// ReaperConsumer is the durable consumer on ConnsBucket's stream that all
@@ -33,8 +41,8 @@ const (
 	// FanoutConsumer is the durable consumer on StatusBucket's stream that all
 	// fanout instances share.
 	FanoutConsumer = "fanout"
-	// WebhooksConsumer is the default durable consumer on StatusBucket's
-	// stream of the webhooks processes that serve one endpoint; each
+	// WebhooksConsumer is the default durable consumer on FeedStream of
+	// the webhooks processes that serve one endpoint; each
 	// endpoint has a consumer of its own.
 	WebhooksConsumer = "webhooks"
 )
