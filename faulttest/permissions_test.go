@@ -2,9 +2,6 @@ package faulttest
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +12,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -32,6 +28,7 @@ import (
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -545,15 +542,11 @@ func serveAppAuthz(tb testing.TB, nc *nats.Conn, subject string, pairs ...[2]str
 // it is published.
 func postInvalidate(tb testing.TB, base, body string) {
 	tb.Helper()
-	ts := strconv.FormatInt(time.Now().Unix(), 10)
-	mac := hmac.New(sha256.New, appSecret)
-	mac.Write([]byte(ts + "." + body))
 	req, err := http.NewRequest(http.MethodPost, base+gateway.InvalidatePath, strings.NewReader(body))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	req.Header.Set(gateway.SignatureTimestampHeader, ts)
-	req.Header.Set(gateway.SignatureHeader, "v1="+hex.EncodeToString(mac.Sum(nil)))
+	req.Header.Set(signature.Header, signature.Sign(appSecret, time.Now(), []byte(body)))
 	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
 	if err != nil {
 		tb.Fatal(err)
@@ -582,7 +575,7 @@ func startHookSink(tb testing.TB) *hookSink {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var b webhook.Batch
-		err := webhook.Verify(hookSecret, r.Header.Get(webhook.SignatureHeader), body, time.Now(), 0)
+		err := signature.Verify(hookSecret, r.Header.Get(signature.Header), body, time.Now(), 0)
 		if err == nil {
 			err = json.Unmarshal(body, &b)
 		}
