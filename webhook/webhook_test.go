@@ -421,6 +421,9 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
+	// A revision handed to the dead process just before its death comes
+	// back after the ack wait.
+	cfg.AckWait = 3 * time.Second
 	doomedNC := natstest.Connect(t, e.srv, nats.NoReconnect())
 	doomed := startOn(t, doomedNC, rc, cfg)
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
@@ -434,10 +437,13 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 	a2 := e.put(t, "alice", presence.Away, 1, 100)
 	b1 := e.put(t, "bob", presence.Online, 1, 100)
 	a3 := e.put(t, "alice", presence.Offline, 0, 500)
+	// Every revision arrives. The order holds unless the server handed
+	// the dead process a revision before it noticed the death: that one
+	// comes after the ack wait, maybe after newer ones, and a receiver
+	// dropping by revision ignores it (docs/integration.md).
 	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
-	checkOrder(t, got)
 	if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
-		t.Errorf("the other process delivered %v events, want the 3 written after the first died", v)
+		t.Errorf("the other process delivered %v events, want the 3 written after the first died (%v)", v, keys(got))
 	}
 	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
 		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
