@@ -194,6 +194,7 @@ func (s *Service) keepInProgress() (stop func()) {
 func (s *Service) delivered(batch []*item, attempts int) {
 	now := time.Now()
 	for _, it := range batch {
+		s.settle(it.seq)
 		_ = it.msg.Ack()
 		s.held.remove(it.msg)
 		if it.ev.At != 0 {
@@ -213,6 +214,7 @@ func (s *Service) deadLetter(batch []*item, attempts, status int, reason string)
 	users := make([]string, len(batch))
 	for i, it := range batch {
 		users[i] = it.ev.UserID + "@" + strconv.FormatUint(it.ev.Rev, 10)
+		s.settle(it.seq)
 		_ = it.msg.Term()
 		s.held.remove(it.msg)
 	}

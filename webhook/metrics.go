@@ -49,5 +49,8 @@ func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
 	f.GaugeFunc("greendot_webhook_cached_users",
 		"Users whose last sent state this process remembers, to skip revisions that change nothing.",
 		func() float64 { return float64(s.cached.Load()) })
+	f.GaugeFunc("greendot_webhook_held_revisions",
+		"Revisions held back because revisions before them are pending with another process (one that died): they go once those come again or are acknowledged.",
+		func() float64 { return float64(s.order.held.Load()) })
 	return m
 }

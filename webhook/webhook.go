@@ -39,8 +39,11 @@ type Service struct {
 	limiter  *rate.Limiter
 	js       atomic.Pointer[jetstream.JetStream]
 
+	// order holds back revisions received ahead of some that a process
+	// which died held, and passes them on in the order of the stream.
+	order order
 	// last holds, per user, the newest revision handled and what it said.
-	// It is touched only by handle, which runs on one goroutine.
+	// It is touched only under order.mu.
 	last   map[string]sent
 	cached atomic.Int64
 
@@ -69,6 +72,7 @@ type sent struct {
 // item is one revision to deliver.
 type item struct {
 	msg jetstream.Msg
+	seq uint64 // in presence_feed
 	ev  Event
 }
 
@@ -97,6 +101,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		},
 		limiter:  rate.NewLimiter(rate.Limit(cfg.RateLimit), 1),
 		held:     held{msgs: make(map[jetstream.Msg]struct{})},
+		order:    newOrder(),
 		last:     make(map[string]sent),
 		in:       make(chan *item, cfg.BatchSize),
 		quitting: quitting,
@@ -143,7 +148,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		},
 		Work:   s.work,
 		Handle: s.handle,
-		Loops:  []func(context.Context){s.watchStop},
+		Loops:  []func(context.Context){s.watchStop, s.hold},
 	})
 	if err != nil {
 		stop()
@@ -181,32 +186,28 @@ func (s *Service) watchStop(ctx context.Context) {
 
 var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
 
-// handle takes one revision: a transition is handed to work; anything
-// else is acknowledged at once.
+// handle takes one revision, in the order of the stream (see take): a
+// transition is handed to work; anything else is acknowledged.
 func (s *Service) handle(msg jetstream.Msg) {
 	s.metrics.revisions.Inc()
-	it := s.decode(msg)
-	if it == nil {
-		_ = msg.Ack()
-		return
-	}
-	s.held.add(msg)
-	s.in <- it
-}
-
-// decode returns the revision's event, or nil when there is nothing to
-// deliver: not a user's key, undecodable, or no transition.
-func (s *Service) decode(msg jetstream.Msg) *item {
-	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
-	if !presence.ValidUserID(userID) {
-		s.metrics.skipped.WithLabelValues("invalid_key").Inc()
-		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
-		return nil
-	}
 	meta, err := msg.Metadata()
 	if err != nil {
 		s.metrics.skipped.WithLabelValues("undecodable").Inc()
 		s.log.Error("ignoring revision without metadata", "subject", msg.Subject(), "err", err)
+		_ = msg.Ack()
+		return
+	}
+	s.take(msg, meta)
+}
+
+// decode returns the revision's event, or nil when there is nothing to
+// deliver: not a user's key, undecodable, or no transition. It is called
+// with order.mu held, in the order of the stream.
+func (s *Service) decode(msg jetstream.Msg, meta *jetstream.MsgMetadata) *item {
+	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
+	if !presence.ValidUserID(userID) {
+		s.metrics.skipped.WithLabelValues("invalid_key").Inc()
+		s.log.Warn("ignoring status key that is not a user id", "subject", msg.Subject())
 		return nil
 	}
 	// The revision is presence_status's sequence, which the feed keeps in
@@ -244,7 +245,7 @@ func (s *Service) decode(msg jetstream.Msg) *item {
 		s.last[userID] = sent{rev: rev, state: ev.state()}
 	}
 	s.cached.Store(int64(len(s.last)))
-	return &item{msg: msg, ev: ev}
+	return &item{msg: msg, seq: meta.Sequence.Stream, ev: ev}
 }
 
 // work gathers the events handle takes into batches and delivers them, one
@@ -311,6 +312,7 @@ func (s *Service) collect() []*item {
 // their order.
 func (s *Service) handBack(batch []*item) {
 	for _, it := range batch {
+		s.settle(it.seq)
 		_ = it.msg.Nak()
 		s.held.remove(it.msg)
 	}

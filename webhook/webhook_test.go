@@ -415,14 +415,25 @@ func TestLongRetryKeepsRevisions(t *testing.T) {
 }
 
 // TestTakeOverFromDeadCopy: when the serving process dies (its NATS
-// connection drops, with no goodbye), the other takes over after
-// PinnedTTL and delivers what came meanwhile, in order.
+// connection drops, with no goodbye) while it holds a revision, the other
+// takes over after PinnedTTL and waits for that revision, which comes back
+// after the ack wait, before it sends what came meanwhile: every revision
+// arrives, in order.
 func TestTakeOverFromDeadCopy(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
+	// The first process's second POST hangs until it is abandoned: the
+	// process dies holding the revision it carries.
+	posting := make(chan struct{})
+	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
+		if n == 2 {
+			close(posting)
+			<-r.Context().Done()
+			return 0
+		}
+		return http.StatusOK
+	})
 	cfg := fast()
-	// A revision handed to the dead process just before its death comes
-	// back after the ack wait.
 	cfg.AckWait = 3 * time.Second
 	doomedNC := natstest.Connect(t, e.srv, nats.NoReconnect())
 	doomed := startOn(t, doomedNC, rc, cfg)
@@ -432,22 +443,32 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 	if v := doomed.metric("greendot_webhook_attempts_total"); v != 1 {
 		t.Fatalf("the first process made %v attempts, want 1: it serves", v)
 	}
+	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	select {
+	case <-posting:
+	case <-time.After(wait):
+		t.Fatal("the first process did not send alice's second revision")
+	}
 	doomedNC.Close()
 	died := time.Now()
-	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	// Its POST is abandoned, and nothing of it reaches NATS.
+	doomed.stop(t)
 	b1 := e.put(t, "bob", presence.Online, 1, 100)
 	a3 := e.put(t, "alice", presence.Offline, 0, 500)
-	// Every revision arrives. The order holds unless the server handed
-	// the dead process a revision before it noticed the death: that one
-	// comes after the ack wait, maybe after newer ones, and a receiver
-	// dropping by revision ignores it (docs/integration.md).
-	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
+	got := rc.waitAccepted(t, at("alice", a1), at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
 	if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
-		t.Errorf("the other process delivered %v events, want the 3 written after the first died (%v)", v, keys(got))
+		t.Errorf("the other process delivered %v events, want the 3 after alice@%d (%v)", v, a1, keys(got))
 	}
 	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
 		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
 	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := other.metric("greendot_webhook_held_revisions"); v != 0 {
+			return fmt.Errorf("%v revisions still held back", v)
+		}
+		return nil
+	})
 }
 
 // TestReceiverDown: an endpoint that is not listening at all is retried
