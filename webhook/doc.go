@@ -29,7 +29,10 @@
 // the one before it was delivered or given up, and a user's events arrive
 // in the order of their revisions. Several processes may run for
 // availability: one serves, and another takes over when it stops pulling
-// (at once when it stops cleanly, after PinnedTTL when it dies).
+// (at once when it stops cleanly, after PinnedTTL when it dies). What a
+// process that died held comes back only after AckWait: the one that took
+// over holds the newer revisions back until then (it sees them pending in
+// the consumer's info), and sends it first.
 // Delivery is at least once: a batch whose 2xx was lost is sent again,
 // and every event carries its revision, so a receiver drops what is not
 // newer than what it has.

@@ -422,8 +422,75 @@ func TestLongRetryKeepsRevisions(t *testing.T) {
 func TestTakeOverFromDeadCopy(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
-	// The first process's second POST hangs until it is abandoned: the
-	// process dies holding the revision it carries.
+	cfg := fast()
+	// The other process takes over well before the dead one's revision
+	// comes again.
+	cfg.AckWait = 2 * cfg.PinnedTTL
+	// The dead process's revision and the two written after its death
+	// reach MaxAckPending: the first comes again all the same.
+	cfg.BatchSize = 3
+	other, a1, a2, died := dieHolding(t, e, rc, cfg)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	a3 := e.put(t, "alice", presence.Offline, 0, 500)
+	got := rc.waitAccepted(t, at("alice", a1), at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
+	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
+		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
+	}
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
+			return fmt.Errorf("the other process delivered %v events, want the 3 after alice@%d", v, a1)
+		}
+		if v := other.metric("greendot_webhook_held_revisions"); v != 0 {
+			return fmt.Errorf("%v revisions still held back", v)
+		}
+		return nil
+	})
+}
+
+// TestStopWhileHoldingBack: a process that took over from a dead one and
+// holds newer revisions back stops before the dead one's revision comes
+// again; it hands them back, and the next process delivers them all in
+// order.
+func TestStopWhileHoldingBack(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	// Long enough to see the revisions held back before alice's comes
+	// again.
+	cfg.AckWait = 8 * time.Second
+	other, a1, a2, _ := dieHolding(t, e, rc, cfg)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	a3 := e.put(t, "alice", presence.Offline, 0, 500)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := other.metric("greendot_webhook_held_revisions"); v != 2 {
+			return fmt.Errorf("%v revisions held back, want bob's and alice's newest", v)
+		}
+		return nil
+	})
+	other.stop(t)
+	if _, got := rc.snapshot(); !slices.Equal(keys(got), []string{at("alice", a1)}) {
+		t.Fatalf("accepted %v before alice@%d came again, want only alice@%d", keys(got), a2, a1)
+	}
+	third := start(t, e, rc, cfg)
+	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
+	checkOrder(t, got)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := third.metric("greendot_webhook_events_delivered_total"); v != 3 {
+			return fmt.Errorf("the third process delivered %v events, want 3", v)
+		}
+		return nil
+	})
+}
+
+// dieHolding starts a process that serves, has it deliver a first
+// revision of alice, then kills its NATS connection while it POSTs her
+// second, so that it dies holding it; a second process, started before,
+// is to take over. It returns the second process, alice's two revisions
+// and when the first died.
+func dieHolding(t *testing.T, e *env, rc *receiver, cfg webhook.Config) (other *running, a1, a2 uint64, died time.Time) {
+	t.Helper()
+	// The first process's second POST hangs until it is abandoned.
 	posting := make(chan struct{})
 	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
 		if n == 2 {
@@ -433,42 +500,25 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 		}
 		return http.StatusOK
 	})
-	cfg := fast()
-	cfg.AckWait = 3 * time.Second
 	doomedNC := natstest.Connect(t, e.srv, nats.NoReconnect())
 	doomed := startOn(t, doomedNC, rc, cfg)
-	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	a1 = e.put(t, "alice", presence.Online, 1, 100)
 	rc.waitAccepted(t, at("alice", a1))
-	other := start(t, e, rc, cfg)
+	other = start(t, e, rc, cfg)
 	if v := doomed.metric("greendot_webhook_attempts_total"); v != 1 {
 		t.Fatalf("the first process made %v attempts, want 1: it serves", v)
 	}
-	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	a2 = e.put(t, "alice", presence.Away, 1, 100)
 	select {
 	case <-posting:
 	case <-time.After(wait):
 		t.Fatal("the first process did not send alice's second revision")
 	}
 	doomedNC.Close()
-	died := time.Now()
+	died = time.Now()
 	// Its POST is abandoned, and nothing of it reaches NATS.
 	doomed.stop(t)
-	b1 := e.put(t, "bob", presence.Online, 1, 100)
-	a3 := e.put(t, "alice", presence.Offline, 0, 500)
-	got := rc.waitAccepted(t, at("alice", a1), at("alice", a2), at("bob", b1), at("alice", a3))
-	checkOrder(t, got)
-	if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
-		t.Errorf("the other process delivered %v events, want the 3 after alice@%d (%v)", v, a1, keys(got))
-	}
-	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
-		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
-	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := other.metric("greendot_webhook_held_revisions"); v != 0 {
-			return fmt.Errorf("%v revisions still held back", v)
-		}
-		return nil
-	})
+	return other, a1, a2, died
 }
 
 // TestReceiverDown: an endpoint that is not listening at all is retried
