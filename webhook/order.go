@@ -36,8 +36,9 @@ type order struct {
 	mu sync.Mutex
 	// next is the stream sequence expected next; zero before the first.
 	next uint64
-	// queue holds the revisions held back, by stream sequence.
-	queue []jetstream.Msg
+	// queue holds the revisions held back, and seqs their stream
+	// sequences, in increasing order.
+	queue []heldBack
 	seqs  []uint64
 	// stopping is set once the process stops: revisions are no longer
 	// held back, work hands them back.
@@ -56,6 +57,12 @@ type order struct {
 	// settled counts the acknowledgements, terminations and hand-backs
 	// sent.
 	settled uint64
+}
+
+// heldBack is a revision held back.
+type heldBack struct {
+	msg  jetstream.Msg
+	meta *jetstream.MsgMetadata
 }
 
 func newOrder() order {
@@ -102,10 +109,10 @@ func (s *Service) take(msg jetstream.Msg, meta *jetstream.MsgMetadata) {
 	i, found := slices.BinarySearch(o.seqs, seq)
 	if found {
 		// Handed out again while held back: keep the newer delivery.
-		o.queue[i] = msg
+		o.queue[i] = heldBack{msg, meta}
 	} else {
 		o.seqs = slices.Insert(o.seqs, i, seq)
-		o.queue = slices.Insert(o.queue, i, msg)
+		o.queue = slices.Insert(o.queue, i, heldBack{msg, meta})
 	}
 	o.held.Store(int64(len(o.queue)))
 	o.poke()
@@ -142,9 +149,9 @@ func (s *Service) hold(ctx context.Context) {
 		case <-ctx.Done():
 			o.mu.Lock()
 			o.stopping = true
-			for i, m := range o.queue {
+			for i, h := range o.queue {
 				s.settle(o.seqs[i])
-				_ = m.Nak()
+				_ = h.msg.Nak()
 			}
 			o.queue, o.seqs = nil, nil
 			o.held.Store(0)
@@ -152,8 +159,8 @@ func (s *Service) hold(ctx context.Context) {
 			return
 		case <-keep.C:
 			o.mu.Lock()
-			for _, m := range o.queue {
-				_ = m.InProgress()
+			for _, h := range o.queue {
+				_ = h.msg.InProgress()
 			}
 			o.mu.Unlock()
 			continue
@@ -199,20 +206,20 @@ func (s *Service) release(ctx context.Context) bool {
 	o.acct.Unlock()
 	// The server counts as pending every revision this process had
 	// received and not settled when it was asked, but those settled since:
-	// if it counts no more, no other process holds one.
+	// if it counts no more, no other process held one then. A revision
+	// handed out since is left for the next reading.
 	alone := uint64(info.NumAckPending)+during <= mine
 
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for len(o.queue) > 0 {
-		if !alone && o.seqs[0] > info.AckFloor.Stream+1 {
+		seq := o.seqs[0]
+		if seq > info.AckFloor.Stream+1 && !(alone && seq <= info.Delivered.Stream) {
 			break
 		}
-		msg := o.queue[0]
+		h := o.queue[0]
 		o.queue, o.seqs = o.queue[1:], o.seqs[1:]
-		if meta, err := msg.Metadata(); err == nil {
-			s.pass(msg, meta)
-		}
+		s.pass(h.msg, h.meta)
 	}
 	o.held.Store(int64(len(o.queue)))
 	if len(o.queue) > 0 {
