@@ -48,6 +48,22 @@ func connect(t *testing.T, g *systest.Gateway, user string, cfg client.Config) *
 	return &events{t: t, c: c, name: user}
 }
 
+// bobWatchesAlice starts a system where alice and bob follow each other,
+// connects both with cfg, and returns once bob sees alice online.
+func bobWatchesAlice(t *testing.T, cfg client.Config) (*systest.System, *events, *events) {
+	t.Helper()
+	sys := systest.Start(t, systest.Options{})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", cfg)
+	bob := connect(t, g, "bob", cfg)
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+	return sys, alice, bob
+}
+
 // events reads a client's events and remembers them.
 type events struct {
 	t    *testing.T
@@ -166,15 +182,7 @@ func TestConnectReceivesHello(t *testing.T) {
 // of the gateway's TTLs doing nothing: its own heartbeats must keep it
 // connected and its user online.
 func TestHeartbeatsKeepTheConnectionOnline(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	sys.Mutual("alice", "bob")
-	g := sys.Gateway()
-	alice := connect(t, g, "alice", client.Config{})
-	bob := connect(t, g, "bob", client.Config{})
-	if err := bob.c.Subscribe("alice"); err != nil {
-		t.Fatal(err)
-	}
-	bob.awaitStatus("alice", presence.Online)
+	sys, alice, bob := bobWatchesAlice(t, client.Config{})
 	connID := alice.c.Hello().ConnID
 
 	// Five TTLs' worth of heartbeats, at the interval the gateway asked.
@@ -255,15 +263,7 @@ func TestDeniedSubscriptionIsDropped(t *testing.T) {
 }
 
 func TestSetStatusSeenByWatcher(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	sys.Mutual("alice", "bob")
-	g := sys.Gateway()
-	alice := connect(t, g, "alice", client.Config{})
-	bob := connect(t, g, "bob", client.Config{})
-	if err := bob.c.Subscribe("alice"); err != nil {
-		t.Fatal(err)
-	}
-	bob.awaitStatus("alice", presence.Online)
+	_, alice, bob := bobWatchesAlice(t, client.Config{})
 	if err := alice.c.SetStatus(presence.Busy); err != nil {
 		t.Fatal(err)
 	}
@@ -289,14 +289,8 @@ func TestSetStatusSeenByWatcher(t *testing.T) {
 // only the re-send makes it busy again), bob's subscription is restored,
 // and changes flow again.
 func TestReconnectAfterGatewayRestart(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	sys.Mutual("alice", "bob")
+	sys, alice, bob := bobWatchesAlice(t, fast)
 	g := sys.Gateway()
-	alice := connect(t, g, "alice", fast)
-	bob := connect(t, g, "bob", fast)
-	if err := bob.c.Subscribe("alice"); err != nil {
-		t.Fatal(err)
-	}
 	if err := alice.c.SetStatus(presence.Busy); err != nil {
 		t.Fatal(err)
 	}
@@ -559,15 +553,7 @@ func TestKeepActiveNeverAway(t *testing.T) {
 }
 
 func TestIdleAndActivity(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	sys.Mutual("alice", "bob")
-	g := sys.Gateway()
-	bob := connect(t, g, "bob", client.Config{})
-	alice := connect(t, g, "alice", client.Config{})
-	if err := bob.c.Subscribe("alice"); err != nil {
-		t.Fatal(err)
-	}
-	bob.awaitStatus("alice", presence.Online)
+	_, alice, bob := bobWatchesAlice(t, client.Config{})
 	if err := alice.c.Idle(); err != nil {
 		t.Fatal(err)
 	}
