@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -166,8 +167,8 @@ func (c *Consumer) Ready(ctx context.Context) error {
 	return store.Ready(ctx)
 }
 
-// Run opens the buckets, creates the consumer, prepares, becomes ready,
-// starts the admin service and consumes until ctx is canceled; then it
+// Run opens the buckets, creates the consumer, prepares, starts the admin
+// service, becomes ready and consumes until ctx is canceled; then it
 // stops being ready, stops the admin service, stops the loops, drains the
 // consumer, lets the work finish, and returns nil. It returns an error
 // only when the process cannot start; a start canceled by ctx is not an
@@ -198,12 +199,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 
-	c.ready.Store(store)
 	ops, err := admin.Start(c.nc, c.cfg.Admin)
 	if err != nil {
-		c.ready.Store(nil)
 		return err
 	}
+	// The service's subscriptions reach the server before the process
+	// says it is ready: whoever waits for Ready may call it at once.
+	flushCtx, cancelFlush := context.WithTimeout(ctx, flushTimeout)
+	err = c.nc.FlushWithContext(flushCtx)
+	cancelFlush()
+	if err != nil {
+		c.stopAdmin(ops)
+		return startErr(ctx, fmt.Errorf("flush the admin service's subscriptions: %w", err))
+	}
+	c.ready.Store(store)
 
 	// The work runs on a context of its own: on shutdown it finishes what
 	// the consumer handed it before the drain.
@@ -265,6 +274,10 @@ func (c *Consumer) stopAdmin(ops *admin.Server) {
 		c.log.Error("stop admin service", "err", err)
 	}
 }
+
+// flushTimeout bounds the wait for the server to have the admin
+// service's subscriptions.
+const flushTimeout = 10 * time.Second
 
 // startErr returns err, the reason a start failed, or nil when ctx was
 // canceled: a process asked to stop while it starts has not failed.
