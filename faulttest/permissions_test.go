@@ -10,7 +10,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
@@ -183,7 +183,7 @@ func TestPermissions(t *testing.T) {
 	url := cl.urlsAs
 	startReaper(t, url("reaper"), "reaper", tm)
 	startFanout(t, url("fanout"), "fanout", tm)
-	hooks := startHookSink(t)
+	hooks := systest.NewHookSink(t, hookSecret)
 	startWebhooks(t, url("webhooks"), hooks.URL, tm)
 	gw := startGateway(t, url("gateway"), "gwmutual", tm)
 	everyone := startGatewayWith(t, url("gateway"), "gweveryone", tm, func(c *gateway.Config) { c.Policy = gateway.PolicyEveryone })
@@ -215,7 +215,7 @@ func TestPermissions(t *testing.T) {
 	}
 	expectViews(t, 10*time.Second, "busy bob", []*liveClient{alice, carol, erin}, truth{"bob": presence.Busy})
 	// The webhooks process tells the app's backend.
-	hooks.await(t, "bob", presence.Busy)
+	hooks.Await(t, "bob", presence.Busy)
 
 	// The app invalidates its answers about bob through a gateway's HTTP
 	// API: the gateway publishes it, every app gateway hears it and asks
@@ -558,58 +558,8 @@ func postInvalidate(tb testing.TB, base, body string) {
 	}
 }
 
-// hookSink is the app's webhook endpoint: it keeps the events of every
-// delivery whose signature verifies.
-type hookSink struct {
-	URL    string
-	mu     sync.Mutex
-	events []webhook.Event
-	bad    []string
-}
-
 // hookSecret signs the deliveries of the webhooks process under test.
 var hookSecret = []byte("faulttest webhook secret 0123456789")
-
-func startHookSink(tb testing.TB) *hookSink {
-	s := &hookSink{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var b webhook.Batch
-		err := signature.Verify(hookSecret, r.Header.Get(signature.Header), body, time.Now(), 0)
-		if err == nil {
-			err = json.Unmarshal(body, &b)
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err != nil {
-			s.bad = append(s.bad, err.Error())
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		s.events = append(s.events, b.Events...)
-	}))
-	tb.Cleanup(srv.Close)
-	s.URL = srv.URL + "/hooks/presence"
-	return s
-}
-
-// await waits until an event says user has status.
-func (s *hookSink) await(tb testing.TB, user string, status presence.Status) {
-	tb.Helper()
-	waitFor(tb, 30*time.Second, fmt.Sprintf("webhook event %s %s", user, status), func() error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if len(s.bad) > 0 {
-			tb.Fatalf("deliveries refused: %v", s.bad)
-		}
-		for _, ev := range s.events {
-			if ev.UserID == user && ev.Status == status {
-				return nil
-			}
-		}
-		return fmt.Errorf("events: %+v", s.events)
-	})
-}
 
 // startWebhooks runs a webhooks process in the test process, delivering
 // to url, until the test ends, and waits until it is ready.

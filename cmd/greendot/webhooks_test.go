@@ -1,15 +1,10 @@
 package main
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,60 +12,7 @@ import (
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
-	"github.com/greendot/greendot/pkg/signature"
-	"github.com/greendot/greendot/webhook"
 )
-
-// hookSink is an HTTP endpoint that keeps the events of every delivery
-// whose signature verifies with secret.
-type hookSink struct {
-	secret []byte
-	URL    string
-	mu     sync.Mutex
-	events []webhook.Event
-	bad    []string
-}
-
-func newHookSink(t *testing.T, secret string) *hookSink {
-	s := &hookSink{secret: []byte(secret)}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var b webhook.Batch
-		err := signature.Verify(s.secret, r.Header.Get(signature.Header), body, time.Now(), 0)
-		if err == nil {
-			err = json.Unmarshal(body, &b)
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if err != nil {
-			s.bad = append(s.bad, err.Error())
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		s.events = append(s.events, b.Events...)
-	}))
-	t.Cleanup(srv.Close)
-	s.URL = srv.URL
-	return s
-}
-
-// await waits for an event of user with status.
-func (s *hookSink) await(t *testing.T, user string, status presence.Status) {
-	t.Helper()
-	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if len(s.bad) > 0 {
-			t.Fatalf("deliveries refused: %v", s.bad)
-		}
-		for _, ev := range s.events {
-			if ev.UserID == user && ev.Status == status {
-				return nil
-			}
-		}
-		return fmt.Errorf("no %s %s among %+v", user, status, s.events)
-	})
-}
 
 // TestWebhooksProcess runs greendot webhooks as its own command beside a
 // reaper, fanout and gateway, with the secret in a file, and checks that a
@@ -84,18 +26,18 @@ func TestWebhooksProcess(t *testing.T) {
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sink := newHookSink(t, secret)
+	sink := systest.NewHookSink(t, []byte(secret))
 	metrics, gwAddr := freeAddr(t), freeAddr(t)
 	// Without presence_feed the process refuses to start, and says how to
 	// create it.
-	if code, _, stderr := runOnce(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL+"/hooks", "--secret-file", secretFile); code != 1 ||
+	if code, _, stderr := runOnce(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL, "--secret-file", secretFile); code != 1 ||
 		!strings.Contains(stderr, "presence_feed") || !strings.Contains(stderr, "greendot buckets --feed") {
 		t.Errorf("webhooks without presence_feed: exit %d, stderr %q", code, stderr)
 	}
 	if code, _, stderr := runOnce(t, "buckets", "--nats-url", natsURL, "--feed"); code != 0 {
 		t.Fatalf("buckets --feed: exit %d; stderr:\n%s", code, stderr)
 	}
-	hooks := start(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL+"/hooks", "--secret-file", secretFile,
+	hooks := start(t, "webhooks", "--nats-url", natsURL, "--url", sink.URL, "--secret-file", secretFile,
 		"--batch-wait", "10ms", "--metrics-listen", metrics)
 	reaper := start(t, "reaper", "--nats-url", natsURL)
 	gw := start(t, append([]string{"gateway", "--nats-url", natsURL, "--listen", gwAddr, "--dev-auth"}, fast...)...)
@@ -108,16 +50,16 @@ func TestWebhooksProcess(t *testing.T) {
 
 	alice := dial(t, "ws://"+gwAddr+"/ws?user=alice", client.Options{})
 	stop := systest.KeepAlive(alice, 300*time.Millisecond)
-	sink.await(t, "alice", presence.Online)
+	sink.Await(t, "alice", presence.Online)
 	if err := alice.SetStatus("busy"); err != nil {
 		t.Fatal(err)
 	}
-	sink.await(t, "alice", presence.Busy)
+	sink.Await(t, "alice", presence.Busy)
 	stop()
 	if err := alice.Close(); err != nil {
 		t.Fatal(err)
 	}
-	sink.await(t, "alice", presence.Offline)
+	sink.Await(t, "alice", presence.Offline)
 
 	if code, body := httpGet(t, "http://"+metrics+"/metrics"); code != http.StatusOK || !strings.Contains(body, "greendot_webhook_events_delivered_total") {
 		t.Errorf("GET /metrics = %d, without greendot_webhook_events_delivered_total", code)
@@ -133,19 +75,19 @@ func TestWebhooksProcess(t *testing.T) {
 // webhooks process inside, configured from the environment too.
 func TestStandaloneWebhooks(t *testing.T) {
 	secret := "standalone's signing secret"
-	sink := newHookSink(t, secret)
+	sink := systest.NewHookSink(t, []byte(secret))
 	t.Setenv("GREENDOT_WEBHOOK_SECRET", secret)
 	p := start(t, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "",
 		"--webhook-url", sink.URL, "--webhook-batch-wait", "10ms")
 	m := p.awaitOutput(t, devReadyRE)
 	bob := dial(t, "ws://"+m[1]+"/ws?user=bob", client.Options{})
 	defer systest.KeepAlive(bob, 300*time.Millisecond)()
-	sink.await(t, "bob", presence.Online)
+	sink.Await(t, "bob", presence.Online)
 	if err := bob.SetStatus("invisible"); err != nil {
 		t.Fatal(err)
 	}
 	// The app's backend knows by default.
-	sink.await(t, "bob", presence.Invisible)
+	sink.Await(t, "bob", presence.Invisible)
 	if code := p.stop(t); code != 0 {
 		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, p.stderr)
 	}
