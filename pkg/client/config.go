@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -90,21 +91,11 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.Backoff, err = cfg.Backoff.withDefaults(); err != nil {
 		return cfg, err
 	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 10 * time.Second
-	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = DefaultWriteTimeout
-	}
-	if cfg.DrainJitter == 0 {
-		cfg.DrainJitter = DefaultDrainJitter
-	}
-	if cfg.StableAfter == 0 {
-		cfg.StableAfter = DefaultStableAfter
-	}
-	if cfg.EventBuffer == 0 {
-		cfg.EventBuffer = DefaultEventBuffer
-	}
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, 10*time.Second)
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, DefaultWriteTimeout)
+	cfg.DrainJitter = cmp.Or(cfg.DrainJitter, DefaultDrainJitter)
+	cfg.StableAfter = cmp.Or(cfg.StableAfter, DefaultStableAfter)
+	cfg.EventBuffer = cmp.Or(cfg.EventBuffer, DefaultEventBuffer)
 	return cfg, nil
 }
 
