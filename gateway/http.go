@@ -88,7 +88,7 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 	return func(w http.ResponseWriter, r *http.Request) {
 		// The source address is limited before anything is verified, so
 		// a flood of bad tokens costs little; the identity after.
-		if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r), "this address") {
+		if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r)) {
 			return
 		}
 		cr, err := credentialsFromHTTP(r)
@@ -107,7 +107,7 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 			writeError(w, httpStatus(err), errorCode(err), err.Error())
 			return
 		}
-		if !s.allowAPI(w, s.apiByUser, "identity", id.userID, "user "+id.userID) {
+		if !s.allowAPI(w, s.apiByUser, "identity", id.userID) {
 			return
 		}
 		if !s.ready.Load() {
@@ -123,11 +123,16 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 
 // allowAPI takes a token of key's bucket in l, or answers 429 with
 // Retry-After (whole seconds, at least 1) and reports false. by names the
-// limit in the metrics, who in the message.
-func (s *Service) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key, who string) bool {
+// limit, "identity" (key is a user id) or "address", in the metrics and
+// the message.
+func (s *Service) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key string) bool {
 	ok, wait := l.Allow(key, time.Now())
 	if ok {
 		return true
+	}
+	who := "this address"
+	if by == "identity" {
+		who = "user " + key
 	}
 	s.metrics.apiLimited.WithLabelValues(by).Inc()
 	secs := max(1, int((wait+time.Second-1)/time.Second))
