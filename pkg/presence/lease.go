@@ -3,7 +3,6 @@ package presence
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -171,41 +170,34 @@ func (s *Store) LeaseConns(ctx context.Context, gatewayID, epoch string) ([]Leas
 // with their records. Like a scan, it may miss a key written while it
 // runs.
 func (s *Store) UserLeaseConns(ctx context.Context, userID string) (map[LeaseConn]ConnRecord, error) {
-	w, err := s.conns.Watch(ctx, UserConnsFilter(userID), jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("watch connections of %q: %w", userID, err)
-	}
-	defer func() { _ = w.Stop() }()
 	out := make(map[LeaseConn]ConnRecord)
-	for e := range w.Updates() {
-		if e == nil {
-			return out, nil
-		}
+	err := list(ctx, s.conns, []string{UserConnsFilter(userID)}, func(e jetstream.KeyValueEntry) error {
 		gw, epoch, u, c, ok := ParseLeaseConnKey(e.Key())
-		if !ok {
-			continue
-		}
 		var rec ConnRecord
-		if json.Unmarshal(e.Value(), &rec) == nil {
+		if ok && json.Unmarshal(e.Value(), &rec) == nil {
 			out[LeaseConn{gw, epoch, u, c}] = rec
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connections of %q: %w", userID, err)
 	}
-	return out, ctx.Err()
+	return out, nil
 }
 
 func (s *Store) listLeaseConns(ctx context.Context, filter string) ([]LeaseConn, error) {
-	lister, err := s.conns.ListKeysFiltered(ctx, filter)
-	if errors.Is(err, jetstream.ErrNoKeysFound) {
-		return nil, nil
-	}
+	seen := make(map[LeaseConn]bool)
+	var out []LeaseConn
+	err := list(ctx, s.conns, []string{filter}, func(e jetstream.KeyValueEntry) error {
+		gw, epoch, u, c, ok := ParseLeaseConnKey(e.Key())
+		if k := (LeaseConn{gw, epoch, u, c}); ok && !seen[k] {
+			seen[k] = true
+			out = append(out, k)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list connections %s: %w", filter, err)
-	}
-	var out []LeaseConn
-	for key := range lister.Keys() {
-		if gw, epoch, u, c, ok := ParseLeaseConnKey(key); ok {
-			out = append(out, LeaseConn{gw, epoch, u, c})
-		}
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -484,32 +485,35 @@ func (s *Store) Follows(ctx context.Context, a, b string) (bool, error) {
 
 // Following returns everyone a follows.
 func (s *Store) Following(ctx context.Context, a string) ([]string, error) {
-	lister, err := s.graph.ListKeysFiltered(ctx, FollowingFilter(a))
+	out, err := s.follows(ctx, FollowingFilter(a), func(_, b string) string { return b })
 	if err != nil {
 		return nil, fmt.Errorf("list follows of %s: %w", a, err)
-	}
-	var out []string
-	for key := range lister.Keys() {
-		if _, b, ok := ParseFollowKey(key); ok {
-			out = append(out, b)
-		}
 	}
 	return out, nil
 }
 
 // Followers returns everyone who follows b.
 func (s *Store) Followers(ctx context.Context, b string) ([]string, error) {
-	lister, err := s.graph.ListKeysFiltered(ctx, FollowersFilter(b))
+	out, err := s.follows(ctx, FollowersFilter(b), func(a, _ string) string { return a })
 	if err != nil {
 		return nil, fmt.Errorf("list followers of %s: %w", b, err)
 	}
-	var out []string
-	for key := range lister.Keys() {
-		if a, _, ok := ParseFollowKey(key); ok {
-			out = append(out, a)
-		}
-	}
 	return out, nil
+}
+
+// follows lists the follow keys that match filter, and returns pick's
+// choice of each key's two users, once each.
+func (s *Store) follows(ctx context.Context, filter string, pick func(a, b string) string) ([]string, error) {
+	seen := make(map[string]bool)
+	var out []string
+	err := list(ctx, s.graph, []string{filter}, func(e jetstream.KeyValueEntry) error {
+		if a, b, ok := ParseFollowKey(e.Key()); ok && !seen[e.Key()] {
+			seen[e.Key()] = true
+			out = append(out, pick(a, b))
+		}
+		return nil
+	})
+	return out, err
 }
 
 // Follow records that a follows b.
@@ -625,26 +629,19 @@ func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, re
 // UserConns returns the live connection keys of one user. Like a scan, it
 // may miss a key written while it runs.
 func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRecord, error) {
-	w, err := s.conns.Watch(ctx, ConnKeyFilter(userID), jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("watch connections of %q: %w", userID, err)
-	}
-	defer func() { _ = w.Stop() }()
 	out := make(map[string]ConnRecord)
-	for e := range w.Updates() {
-		if e == nil {
-			return out, nil
-		}
+	err := list(ctx, s.conns, []string{ConnKeyFilter(userID)}, func(e jetstream.KeyValueEntry) error {
 		_, connID, ok := SplitConnKey(e.Key())
-		if !ok {
-			continue
-		}
 		var rec ConnRecord
-		if json.Unmarshal(e.Value(), &rec) == nil {
+		if ok && json.Unmarshal(e.Value(), &rec) == nil {
 			out[connID] = rec
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connections of %q: %w", userID, err)
 	}
-	return out, ctx.Err()
+	return out, nil
 }
 
 // scan calls fn with the newest value of every live key of a bucket, as a
@@ -660,25 +657,60 @@ func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRe
 // in a revision newer than others'. Callers use a scan to find candidates,
 // and read each key they act on from the stream leader (Status, Conn).
 func scan(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	return list(ctx, kv, []string{">"}, fn)
+}
+
+// listStall is how long a listing waits, at first, for the next entry of
+// its watcher before it starts again.
+const listStall = 2 * time.Second
+
+// list calls fn with the newest value of every live key of a bucket that
+// matches one of filters, as scan does.
+//
+// A watcher ends its first listing after as many messages as the server
+// counted pending when it started; when some of them are removed before it
+// gets them (a lease's keys purged by a reaper, a key's TTL), it waits for
+// them forever. nats.go's jetstream KV has no guard against that. So a
+// listing that hears nothing from its watcher for listStall starts again
+// with a new one, waiting twice as long each time (a watcher merely slow on
+// a loaded machine is not cut short): fn may then see a key a second time.
+func list(ctx context.Context, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
+	for stall := listStall; ; stall = min(2*stall, time.Minute) {
+		done, err := listOnce(ctx, kv, filters, stall, fn)
+		if done || err != nil {
+			return err
+		}
+	}
+}
+
+// listOnce runs one listing of list. It reports false, and no error, when
+// its watcher stalled.
+func listOnce(ctx context.Context, kv jetstream.KeyValue, filters []string, stall time.Duration, fn func(jetstream.KeyValueEntry) error) (bool, error) {
+	// WatchFiltered writes the subjects into the slice it is given.
+	w, err := kv.WatchFiltered(ctx, slices.Clone(filters), jetstream.IgnoreDeletes())
 	if err != nil {
-		return fmt.Errorf("scan %s: %w", kv.Bucket(), err)
+		return false, fmt.Errorf("list %s %v: %w", kv.Bucket(), filters, err)
 	}
 	defer func() { _ = w.Stop() }()
+	stalled := time.NewTimer(stall)
+	defer stalled.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
+		case <-stalled.C:
+			return false, nil
 		case e, ok := <-w.Updates():
 			if !ok {
-				return fmt.Errorf("scan %s: watcher stopped", kv.Bucket())
+				return false, fmt.Errorf("list %s %v: watcher stopped", kv.Bucket(), filters)
 			}
 			if e == nil {
-				return nil // every key seen
+				return true, nil // every key seen
 			}
 			if err := fn(e); err != nil {
-				return err
+				return false, err
 			}
+			stalled.Reset(stall)
 		}
 	}
 }
