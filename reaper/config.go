@@ -34,15 +34,28 @@ type Config struct {
 	// before it is delivered to another instance (a reaper working on one
 	// says it is in progress); zero means 30s.
 	AckWait time.Duration
+	// RejoinHold is how long, after the reaper's NATS connection came back
+	// from being lost, the ends of leases wait before they are applied:
+	// gateways that lost NATS with it (a NATS server restarted) register
+	// their connections again under new leases first, so an outage longer
+	// than the lease TTL does not show their users offline. A gateway that
+	// died meanwhile has its users shown offline that much later. Zero
+	// means 10s; NoRejoinHold applies them at once.
+	RejoinHold time.Duration
 }
+
+// NoRejoinHold, as Config.RejoinHold, applies the ends of leases at once
+// after a reconnect.
+const NoRejoinHold time.Duration = -1
 
 // DefaultConfig returns the configuration every zero field of a Config
 // stands for (a nil Logger discards). The command line's flags take their
 // defaults from it.
 func DefaultConfig() Config {
 	return Config{
-		Workers: 32,
-		AckWait: 30 * time.Second,
+		Workers:    32,
+		AckWait:    30 * time.Second,
+		RejoinHold: 10 * time.Second,
 	}
 }
 
@@ -53,6 +66,7 @@ func (c Config) withDefaults() Config {
 	}
 	c.Workers = cmp.Or(c.Workers, d.Workers)
 	c.AckWait = cmp.Or(c.AckWait, d.AckWait)
+	c.RejoinHold = max(cmp.Or(c.RejoinHold, d.RejoinHold), 0)
 	return c
 }
 
@@ -65,6 +79,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: sweep interval %v: want at least 100ms", ErrInvalidConfig, c.SweepInterval)
 	case c.AckWait < 0:
 		return fmt.Errorf("%w: ack wait %v", ErrInvalidConfig, c.AckWait)
+	case c.RejoinHold < 0 && c.RejoinHold != NoRejoinHold:
+		return fmt.Errorf("%w: rejoin hold %v", ErrInvalidConfig, c.RejoinHold)
 	}
 	if err := c.Buckets.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

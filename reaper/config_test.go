@@ -12,7 +12,7 @@ import (
 func TestDefaults(t *testing.T) {
 	got := Config{}.withDefaults()
 	want := DefaultConfig()
-	if got.Workers != want.Workers || got.SweepInterval != want.SweepInterval || got.AckWait != want.AckWait {
+	if got.Workers != want.Workers || got.SweepInterval != want.SweepInterval || got.AckWait != want.AckWait || got.RejoinHold != want.RejoinHold {
 		t.Errorf("zero config with defaults = %+v, want %+v", got, want)
 	}
 	if got.Logger == nil {
@@ -21,9 +21,12 @@ func TestDefaults(t *testing.T) {
 	if err := want.Validate(); err != nil {
 		t.Errorf("DefaultConfig().Validate() = %v", err)
 	}
-	set := Config{Workers: 3, SweepInterval: time.Second, AckWait: time.Minute}.withDefaults()
-	if set.Workers != 3 || set.SweepInterval != time.Second || set.AckWait != time.Minute {
+	set := Config{Workers: 3, SweepInterval: time.Second, AckWait: time.Minute, RejoinHold: time.Second}.withDefaults()
+	if set.Workers != 3 || set.SweepInterval != time.Second || set.AckWait != time.Minute || set.RejoinHold != time.Second {
 		t.Errorf("set fields changed by withDefaults: %+v", set)
+	}
+	if none := (Config{RejoinHold: NoRejoinHold}).withDefaults(); none.RejoinHold != 0 {
+		t.Errorf("NoRejoinHold with defaults = %v, want 0 (no hold)", none.RejoinHold)
 	}
 }
 
@@ -36,6 +39,7 @@ func TestValidate(t *testing.T) {
 		{"sweep too often", Config{SweepInterval: 10 * time.Millisecond}},
 		{"negative sweep interval", Config{SweepInterval: -time.Second}},
 		{"negative ack wait", Config{AckWait: -time.Second}},
+		{"negative rejoin hold", Config{RejoinHold: -time.Second}},
 		{"too many replicas", Config{Buckets: presence.BucketOptions{Replicas: 7}}},
 	}
 	for _, tt := range tests {

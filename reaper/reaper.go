@@ -38,6 +38,14 @@ type Service struct {
 	queue atomic.Int64
 	// sweepMu keeps sweeps (periodic and on request) one at a time.
 	sweepMu sync.Mutex
+	rejoin  rejoin
+}
+
+// rejoin tells when the reaper's NATS connection last came back.
+type rejoin struct {
+	mu         sync.Mutex
+	reconnects uint64
+	at         time.Time // zero before the first reconnect
 }
 
 // task is a piece of work for one user, run by the worker that owns the
@@ -90,8 +98,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	for i := range s.workers {
 		s.workers[i] = make(chan task, 256)
 	}
+	s.rejoin.reconnects = nc.Stats().Reconnects
 	s.metrics = newReaperMetrics(s.reg, s)
-	var loops []func(context.Context)
+	loops := []func(context.Context){s.watchReconnects}
 	if cfg.SweepInterval > 0 {
 		loops = append(loops, s.sweepLoop)
 	}
@@ -168,6 +177,14 @@ func (s *Service) handleLease(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
+	if wait := s.rejoinWait(); wait > 0 {
+		// NATS was away from this reaper, so perhaps from the lease's
+		// gateway too: it is registering its connections again under a
+		// new lease, and this end then finds none of them.
+		s.log.Info("lease ended while NATS was away: applying its end later", "lease", presence.LeaseKey(gw, epoch), "in", wait.Round(time.Millisecond).String())
+		_ = msg.NakWithDelay(wait)
+		return
+	}
 	s.metrics.markers.WithLabelValues("lease_" + markerReason(msg.Headers())).Inc()
 	start := time.Now()
 	n, err := s.endLease(msg, gw, epoch)
@@ -183,6 +200,39 @@ func (s *Service) handleLease(msg jetstream.Msg) {
 	}
 	s.log.Info("lease ended", "lease", presence.LeaseKey(gw, epoch), "conns", n, "took", time.Since(start).Round(time.Millisecond).String())
 	_ = msg.Ack()
+}
+
+// watchReconnects notes each time the NATS connection comes back, as
+// soon as nats.go says so.
+func (s *Service) watchReconnects(ctx context.Context) {
+	ch := s.nc.StatusChanged(nats.CONNECTED)
+	defer s.nc.RemoveStatusListener(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			s.rejoinWait()
+		}
+	}
+}
+
+// rejoinWait returns how long the end of a lease must still wait, as
+// Config.RejoinHold says, after the NATS connection came back. It reads
+// the connection's reconnect count, which is current before any message
+// arrives on the new connection, so a lease end delivered right after a
+// reconnect waits even if the notice of it has not been read yet.
+func (s *Service) rejoinWait() time.Duration {
+	n := s.nc.Stats().Reconnects
+	s.rejoin.mu.Lock()
+	defer s.rejoin.mu.Unlock()
+	if n != s.rejoin.reconnects {
+		s.rejoin.reconnects, s.rejoin.at = n, time.Now()
+	}
+	if s.rejoin.at.IsZero() || s.cfg.RejoinHold <= 0 {
+		return 0
+	}
+	return time.Until(s.rejoin.at.Add(s.cfg.RejoinHold))
 }
 
 // endLease takes every connection held under a lease out of its user's

@@ -327,11 +327,15 @@ func reaperConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptio
 	if err := positive(c, "ack-wait"); err != nil {
 		return reaper.Config{}, err
 	}
-	if err := notNegative(c, "sweep-interval"); err != nil {
+	if err := notNegative(c, "sweep-interval", "rejoin-hold"); err != nil {
 		return reaper.Config{}, err
 	}
 	if err := atLeast(c, 1, "workers"); err != nil {
 		return reaper.Config{}, err
+	}
+	hold := c.Duration("rejoin-hold")
+	if hold == 0 {
+		hold = reaper.NoRejoinHold
 	}
 	cfg := reaper.Config{
 		Logger:        log,
@@ -339,6 +343,7 @@ func reaperConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptio
 		Workers:       c.Int("workers"),
 		SweepInterval: c.Duration("sweep-interval"),
 		AckWait:       c.Duration("ack-wait"),
+		RejoinHold:    hold,
 	}
 	return cfg, cfg.Validate()
 }

@@ -184,6 +184,7 @@ func reaperFlags() []cli.Flag {
 		intFlag(catProcess, "workers", d.Workers, "users reconciled at once"),
 		sweepFlag(),
 		durationFlag(catProcess, "ack-wait", d.AckWait, "how long the end of a gateway's lease may stay unacknowledged before it is handed to another reaper"),
+		durationFlag(catProcess, "rejoin-hold", d.RejoinHold, "how long after the reaper's NATS connection comes back the ends of leases wait, so that gateways that lost NATS too register their connections again first; 0 for none"),
 		metricsFlag(),
 	)
 }
