@@ -1,6 +1,9 @@
 package gateway
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // PendingUpdates returns how many presence changes wait to be written to
 // one connection of a user, and false when the gateway holds no such
@@ -41,3 +44,8 @@ func (s *Service) MayWatch(watcher, target string) (bool, error) {
 
 // MaxQueued is how many requests of one connection may wait for NATS.
 const MaxQueued = maxQueued
+
+// DropIdleCaches drops the writers' copies of records as the gateway does
+// once a user has not been written for a while, as if that while had
+// passed. It returns how many it dropped.
+func (s *Service) DropIdleCaches() int { return s.keys.dropCaches(time.Now().Add(cacheKeep)) }

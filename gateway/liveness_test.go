@@ -97,3 +97,51 @@ func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
 		t.Errorf("alice's record: %+v, %v; want online", rec, err)
 	}
 }
+
+// TestWriteAfterCacheDropped: a user's writer drops its copy of the record
+// once the user has not been written for a while. The next write reads
+// the record first, so what another writer did meanwhile (another
+// gateway of the same user, here the operator) is kept, and the change is
+// written and seen.
+func TestWriteAfterCacheDropped(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "watcher")
+	a := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(a, systest.Heartbeat)()
+	w := sys.Dial(gw, "watcher")
+	defer systest.KeepAlive(w, systest.Heartbeat)()
+	view := systest.NewView(t, w)
+	if err := w.Subscribe("w", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	view.Await("alice", presence.Online)
+
+	if n := gw.DropIdleCaches(); n != 2 {
+		t.Errorf("dropped %d copies, want 2 (alice's and the watcher's)", n)
+	}
+	if n := gw.DropIdleCaches(); n != 0 {
+		t.Errorf("dropped %d copies the second time, want none", n)
+	}
+	// Another writer adds a connection of alice's behind the gateway's
+	// back.
+	ctx := context.Background()
+	_, _, _, err := sys.Store.UpdateStatus(ctx, "alice", func(r *presence.Record) error {
+		r.SetConn("elsewhere", presence.ConnInfo{Gateway: "gw-other", Lease: "E1", Since: time.Now().UnixMilli()})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetStatus(string(presence.Busy)); err != nil {
+		t.Fatal(err)
+	}
+	view.Await("alice", presence.Busy)
+	rec, err := sys.StatusOf("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Status != presence.Busy || len(rec.Conns) != 2 {
+		t.Errorf("alice's record %+v: want busy with both connections", rec)
+	}
+}

@@ -98,9 +98,18 @@ type userState struct {
 	waiters      []waiter
 	running      bool
 	// cache is the writer's copy of the record; only the running writer
-	// touches it.
+	// touches it, and dropCaches while no writer runs.
 	cache presence.Cached
+	// wrote is when the writer last stopped (unix ns).
+	wrote int64
 }
+
+// cacheKeep is how long a user's writer keeps its copy of the record after
+// its last write. Most users, once connected, are not written again for
+// minutes (until they go idle or close): their copy, a third of what a
+// connection costs the gateway, is dropped, and their next write reads the
+// record first.
+const cacheKeep = 30 * time.Second
 
 type goneConn struct {
 	key      presence.LeaseConn
@@ -303,6 +312,7 @@ func (r *registrar) write(us *userState) {
 		us.mu.Lock()
 		if us.written == us.gen {
 			us.running = false
+			us.wrote = nowNano()
 			us.mu.Unlock()
 			r.forget(us)
 			return
@@ -565,13 +575,17 @@ func (r *registrar) end(c *conn, lastSeen int64) {
 func (r *registrar) run(ctx context.Context, reg *registry) {
 	t := time.NewTicker(min(r.lease.every, 250*time.Millisecond))
 	defer t.Stop()
-	lastRefresh := time.Time{}
+	lastRefresh, lastDrop := time.Time{}, time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
 			r.endGraces(now)
+			if now.Sub(lastDrop) >= cacheKeep/2 {
+				lastDrop = now
+				r.dropCaches(now)
+			}
 			if now.Sub(lastRefresh) < r.lease.every {
 				continue
 			}
@@ -610,6 +624,24 @@ func (r *registrar) endGraces(now time.Time) {
 	for _, c := range due {
 		r.end(c, 0)
 	}
+}
+
+// dropCaches drops the copy of the record of every user whose writer has
+// not written for cacheKeep by now, and returns how many it dropped.
+func (r *registrar) dropCaches(now time.Time) int {
+	before := now.Add(-cacheKeep).UnixNano()
+	n := 0
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, us := range r.users {
+		us.mu.Lock()
+		if !us.running && us.cache.Valid && us.wrote < before {
+			us.cache = presence.Cached{}
+			n++
+		}
+		us.mu.Unlock()
+	}
+	return n
 }
 
 // closing returns how many clean closes live out their grace.
