@@ -154,13 +154,19 @@ func (c *conn) Flush(buf []byte) ([]byte, bool) {
 		return buf, false // busy with a reply or a slow write
 	}
 	defer c.sock.Unlock()
+	return c.flushLocked(buf), true
+}
+
+// flushLocked writes what waits for the socket, whose lock the caller
+// holds; buf is scratch space, returned for reuse.
+func (c *conn) flushLocked(buf []byte) []byte {
 	updates, self, oldest := c.box.Take(nowNano())
 	m := c.env.metrics
 	if self.Pending {
 		buf = protocol.AppendSelf(buf[:0], self.Status, self.Devices)
 		if err := c.sock.WriteTextLocked(buf); err != nil {
 			c.writeFailed(err)
-			return buf, true
+			return buf
 		}
 		m.sentSelf.Inc()
 	}
@@ -168,14 +174,14 @@ func (c *conn) Flush(buf []byte) ([]byte, bool) {
 		buf = protocol.AppendBatch(buf[:0], updates)
 		if err := c.sock.WriteTextLocked(buf); err != nil {
 			c.writeFailed(err)
-			return buf, true
+			return buf
 		}
 		m.sentBatch.Inc()
 		if oldest != 0 {
 			m.propagation.Observe(float64(nowNano()/1e6-oldest) / 1e3)
 		}
 	}
-	return buf, true
+	return buf
 }
 
 // writeFailed counts a failed write and ends the connection, whose frame

@@ -203,7 +203,12 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
 	}
-	c.deliverSelf(statusRev, status, devices)
+	// The user's own state goes right after hello, before any answer to
+	// what the client sends once it has hello: written here, under the
+	// same hold, not left to the scheduler. (A box handed to the
+	// scheduler meanwhile, by another device's change, is taken here
+	// too, and the scheduler then finds it empty.)
+	c.box.AddSelf(statusRev, status, devices)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,
 		UserID:              c.userID,
@@ -213,8 +218,11 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		Status:              status,
 	}
 	err := s.sendLocked(c, protocol.TypeHello, &hello)
+	if err == nil {
+		c.flushLocked(nil)
+	}
 	c.sock.Unlock()
-	if err != nil {
+	if err != nil || c.closed.Load() {
 		return
 	}
 	if s.log.Enabled(context.Background(), levelDebug) {
