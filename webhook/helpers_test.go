@@ -74,6 +74,35 @@ func (e *env) put(t *testing.T, user string, status presence.Status, devices int
 	return rev
 }
 
+// awaitFed waits until presence_feed holds n revisions of a user: NATS
+// copies them from the status bucket's stream a moment after each write,
+// and the bucket keeps only the last presence.StatusHistory, so a test
+// that writes more than that in a burst waits for each copy.
+func (e *env) awaitFed(t *testing.T, user string, n uint64) {
+	t.Helper()
+	subject := presence.KeySubject(presence.StatusBucket, presence.StatusKey(user))
+	natstest.CheckFor(t, wait, 2*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		st, err := jetstream.New(e.nc)
+		if err != nil {
+			return err
+		}
+		feed, err := st.Stream(ctx, presence.FeedStream)
+		if err != nil {
+			return err
+		}
+		info, err := feed.Info(ctx, jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			return err
+		}
+		if got := info.State.Subjects[subject]; got < n {
+			return fmt.Errorf("presence_feed holds %d revisions of %s, want %d", got, user, n)
+		}
+		return nil
+	})
+}
+
 // request is one POST a receiver got.
 type request struct {
 	at      time.Time

@@ -589,6 +589,7 @@ func TestOutageLosesNothing(t *testing.T) {
 	var want []string
 	for i := range changes {
 		want = append(want, at("alice", e.put(t, "alice", cycle[i%len(cycle)], 1, 100)))
+		e.awaitFed(t, "alice", uint64(i+1))
 	}
 	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
 		if v := r.metric("greendot_webhook_failures_total", "reason", "http_5xx"); v < 2 {
