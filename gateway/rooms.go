@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 
@@ -167,14 +168,7 @@ func (r *room) list(ctx context.Context) error {
 		}
 		return err
 	}
-	fresh := make(map[string]*roomMember, len(entries))
-	for _, e := range entries {
-		if f := fresh[e.Member.ConnID]; f != nil && f.rev > e.Rev {
-			continue // a key of the lease before, not yet removed
-		}
-		fresh[e.Member.ConnID] = &roomMember{userID: e.Member.UserID, gateway: e.Member.Gateway,
-			epoch: e.Member.Epoch, meta: e.Value.Meta, since: e.Value.Since, rev: e.Rev}
-	}
+	fresh := membersOf(entries)
 	for id, m := range r.members {
 		if f, ok := fresh[id]; !ok {
 			r.removeLocked(id, m)
@@ -191,6 +185,21 @@ func (r *room) list(ctx context.Context) error {
 		r.applyLocked(&buffered[i])
 	}
 	return nil
+}
+
+// membersOf returns the members a listing of a room's keys shows, by
+// connection id: of a connection with keys under two leases (the one
+// before not yet removed by the reaper), the newest.
+func membersOf(entries []presence.RoomEntry) map[string]*roomMember {
+	out := make(map[string]*roomMember, len(entries))
+	for _, e := range entries {
+		if f := out[e.Member.ConnID]; f != nil && f.rev > e.Rev {
+			continue
+		}
+		out[e.Member.ConnID] = &roomMember{userID: e.Member.UserID, gateway: e.Member.Gateway,
+			epoch: e.Member.Epoch, meta: e.Value.Meta, since: e.Value.Since, rev: e.Rev}
+	}
+	return out
 }
 
 // onEvent takes one event of the room from NATS.
@@ -436,4 +445,29 @@ func (h *roomHub) relist(ctx context.Context) {
 			h.log.Warn("list room again", "room", r.id, "err", err)
 		}
 	}
+}
+
+// roomSnapshot is a room as a listing of its keys shows it: the HTTP
+// API's answer, which needs no table of its own.
+type roomSnapshot struct {
+	Room      string                `json:"room"`
+	Members   []protocol.RoomMember `json:"members"`
+	Count     int                   `json:"count"`
+	Truncated bool                  `json:"truncated"`
+}
+
+// snapshotOf returns a room's members from a listing of its keys, at most
+// maxUsers users (the first by user id, as room_state shows them).
+func snapshotOf(roomID string, entries []presence.RoomEntry, maxUsers int) *roomSnapshot {
+	r := &room{id: roomID, members: membersOf(entries), users: make(map[string]int)}
+	for _, m := range r.members {
+		r.users[m.userID]++
+	}
+	users := slices.Sorted(maps.Keys(r.users))
+	out := &roomSnapshot{Room: roomID, Count: len(users)}
+	if len(users) > maxUsers {
+		users, out.Truncated = users[:maxUsers], true
+	}
+	out.Members = r.membersLocked(users)
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -546,4 +547,74 @@ func TestRoomMembersOfADeadGateway(t *testing.T) {
 		t.Errorf("the dead gateway's member left after %v, over %v", took, limit)
 	}
 	natsCheckRoom(t, sys, "doc:9", []string{alice.Hello.ConnID, bob.Hello.ConnID})
+}
+
+// roomAPI calls GET /api/rooms/{room} on g with the given query and
+// headers, and decodes the answer into out.
+func roomAPI(t *testing.T, g *systest.Gateway, room, query string, h http.Header, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, g.HTTP+"/api/rooms/"+room+query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(req.Header, h)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("GET /api/rooms/%s: %d: %v", room, resp.StatusCode, err)
+	}
+	return resp.StatusCode
+}
+
+// roomAnswer is the body of GET /api/rooms/{room}, or of its errors.
+type roomAnswer struct {
+	Room      string                `json:"room"`
+	Members   []protocol.RoomMember `json:"members"`
+	Count     int                   `json:"count"`
+	Truncated bool                  `json:"truncated"`
+	Error     string                `json:"error"`
+}
+
+// TestRoomHTTP: GET /api/rooms/{room} lists a room's members as
+// room_state does (the first users by id, with the true count), to
+// whoever may join it.
+func TestRoomHTTP(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{RoomMembersMax: 2}})
+	gw := sys.Gateway()
+	for _, u := range []string{"bob", "alice", "alice", "carol"} {
+		joinRoom(t, dialKept(t, sys, gw, u), "j", "doc:1", `{"u":"`+u+`"}`)
+	}
+	var got roomAnswer
+	natstest.CheckFor(t, systest.EventTimeout, 50*time.Millisecond, func() error {
+		if code := roomAPI(t, gw, "doc:1", "?user=dave", nil, &got); code != http.StatusOK {
+			return fmt.Errorf("status %d: %+v", code, got)
+		}
+		if got.Count != 3 || !got.Truncated || len(got.Members) != 2 || got.Members[0].UserID != "alice" ||
+			len(got.Members[0].Conns) != 2 || got.Members[1].UserID != "bob" || string(got.Members[1].Conns[0].Meta) != `{"u":"bob"}` {
+			return fmt.Errorf("answer %+v: want alice (2 connections) and bob of 3 users, truncated", got)
+		}
+		return nil
+	})
+	if code := roomAPI(t, gw, "doc:2", "?user=dave", nil, &got); code != http.StatusOK || got.Count != 0 || len(got.Members) != 0 || got.Members == nil {
+		t.Errorf("an empty room: %d %+v", code, got)
+	}
+	if code := roomAPI(t, gw, "doc.1", "?user=dave", nil, &got); code != http.StatusBadRequest || got.Error != protocol.ReasonInvalidRoom {
+		t.Errorf("a bad room id: %d %+v", code, got)
+	}
+
+	// With tokens, the rooms claim decides.
+	tsys := secStart(t, systest.Options{})
+	tgw := tsys.Gateway()
+	for room, want := range map[string]int{"doc:1": http.StatusOK, "game:1": http.StatusForbidden} {
+		got = roomAnswer{}
+		if code := roomAPI(t, tgw, room, "", bearer(roomToken(t, "alice", []string{"doc:*"})), &got); code != want {
+			t.Errorf("%s with rooms [doc:*]: %d %+v, want %d", room, code, got, want)
+		}
+	}
+	if code := roomAPI(t, tgw, "doc:1", "", bearer(roomToken(t, "alice", nil)), &got); code != http.StatusForbidden || got.Error != protocol.ReasonNotAllowed {
+		t.Errorf("a token without rooms: %d %+v", code, got)
+	}
 }
