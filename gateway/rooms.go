@@ -40,10 +40,12 @@ type room struct {
 	hub *roomHub
 	// refs counts the local connections that joined it, or are joining
 	// (guarded by hub.mu); sub and ready are set up by the first.
-	refs  int
-	sub   *nats.Subscription
-	ready chan struct{}
-	err   error // why the first listing failed; set before ready closes
+	refs int
+	sub  *nats.Subscription
+	// sigSub carries the room's signals.
+	sigSub *nats.Subscription
+	ready  chan struct{}
+	err    error // why the first listing failed; set before ready closes
 
 	mu sync.Mutex
 	// listing is set while the room's keys are listed: events wait in
@@ -77,7 +79,13 @@ type roomView struct {
 	joins  map[string]*roomMember // by connection id
 	leaves map[string]string      // connection id to user id
 	dirty  bool                   // something to say, if only the count
+	// signals wait for the next room_signal frame: the newest of each
+	// connection and signal type.
+	signals map[signalKey]*presence.RoomSignal
 }
+
+// signalKey is a connection's signal of one type.
+type signalKey struct{ conn, signal string }
 
 func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
 	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room)}
@@ -124,8 +132,10 @@ func (h *roomHub) release(r *room) {
 	if h.rooms[r.id] == r {
 		delete(h.rooms, r.id)
 	}
-	if r.sub != nil {
-		_ = r.sub.Unsubscribe()
+	for _, sub := range []*nats.Subscription{r.sub, r.sigSub} {
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
 	}
 }
 
@@ -141,8 +151,13 @@ func (r *room) open(ctx context.Context) error {
 		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	sigSub, err := r.hub.nc.Subscribe(presence.RoomSignalSubject(r.id), r.onSignal)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+	}
 	r.hub.mu.Lock()
-	r.sub = sub
+	r.sub, r.sigSub = sub, sigSub
 	r.hub.mu.Unlock()
 	if err := r.hub.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("subscribe to room %q: %w", r.id, err)

@@ -240,7 +240,7 @@ func TestRoomCloseReloadAndSilentDeath(t *testing.T) {
 // and the socket stays open.
 func TestRoomRefusals(t *testing.T) {
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
-		MaxRoomsPerConn: 2, RoomMetaMax: 32, RoomUpdateRate: 1, RoomUpdateBurst: 2,
+		MaxRoomsPerConn: 2, RoomMetaMax: 32, RoomUpdateRate: 0.01, RoomUpdateBurst: 2,
 	}})
 	c := dialKept(t, sys, sys.Gateway(), "alice")
 	await := func(what, id string, typ string) protocol.ServerMessage {
@@ -616,5 +616,97 @@ func TestRoomHTTP(t *testing.T) {
 	}
 	if code := roomAPI(t, tgw, "doc:1", "", bearer(roomToken(t, "alice", nil)), &got); code != http.StatusForbidden || got.Error != protocol.ReasonNotAllowed {
 		t.Errorf("a token without rooms: %d %+v", code, got)
+	}
+}
+
+// awaitSignals reads c's frames until a room_signal of room, and returns
+// its signals; every room_signal on the way must pass check.
+func awaitSignals(t *testing.T, c *client.Conn, room string, check func(protocol.RoomSignalEntry)) []protocol.RoomSignalEntry {
+	t.Helper()
+	m := systest.Await(t, c, systest.EventTimeout, "room_signal of "+room, func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeRoomSignal && m.Room == room
+	})
+	for _, s := range m.Signals {
+		check(s)
+	}
+	return m.Signals
+}
+
+// TestRoomSignals: typing and signals reach the other connections in the
+// room, on every gateway, with their expiry; never the connection that
+// sent them, never from an invisible user; bad ones are answered.
+func TestRoomSignals(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{SignalRate: 0.01, SignalBurst: 3}})
+	gw1 := sys.Gateway()
+	gw2 := sys.StartGateway(gateway.Config{SignalRate: 0.01, SignalBurst: 3})
+	alice := dialKept(t, sys, gw1, "alice")
+	joinRoom(t, alice, "j", "doc:1", "")
+	bob := dialKept(t, sys, gw2, "bob")
+	joinRoom(t, bob, "j", "doc:1", "")
+	carol := dialKept(t, sys, gw1, "carol")
+	if err := carol.SetStatus("invisible"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitSelf(t, carol, presence.Invisible, 1)
+	joinRoom(t, carol, "j", "doc:1", "")
+
+	// carol's typing goes nowhere: the error that follows it says it was
+	// handled.
+	sendRoom(t, carol, protocol.TypeTyping, "", "doc:1", "")
+	if err := carol.Send(protocol.ClientMessage{Type: protocol.TypeSignal, ID: "bad", Room: "doc:1", Signal: "Bad!"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := systest.Await(t, carol, systest.EventTimeout, "error", isType(protocol.TypeError)); m.ID != "bad" || m.Code != protocol.CodeBadRequest || !strings.Contains(m.Message, `"signal"`) {
+		t.Errorf("a bad signal type: %+v", m)
+	}
+
+	sendRoom(t, bob, protocol.TypeTyping, "", "doc:1", "")
+	notCarol := func(s protocol.RoomSignalEntry) {
+		if s.UserID == "carol" {
+			t.Errorf("a signal of invisible carol: %+v", s)
+		}
+	}
+	got := awaitSignals(t, alice, "doc:1", notCarol)
+	if len(got) != 1 || got[0].UserID != "bob" || got[0].ConnID != bob.Hello.ConnID || got[0].Signal != "typing" || got[0].ExpiresMS != 3000 || got[0].Data != nil {
+		t.Errorf("alice got %+v, want bob typing for 3000 ms", got)
+	}
+	awaitSignals(t, carol, "doc:1", func(s protocol.RoomSignalEntry) {}) // invisible carol still gets them
+
+	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeSignal, Room: "doc:1", Signal: "cursor", Data: json.RawMessage(`{"x": 1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// bob gets alice's signal and never his own typing.
+	got = awaitSignals(t, bob, "doc:1", func(s protocol.RoomSignalEntry) {
+		if s.ConnID == bob.Hello.ConnID {
+			t.Errorf("bob's own signal came back to him: %+v", s)
+		}
+		notCarol(s)
+	})
+	if len(got) != 1 || got[0].Signal != "cursor" || string(got[0].Data) != `{"x":1}` || got[0].UserID != "alice" {
+		t.Errorf("bob got %+v, want alice's cursor", got)
+	}
+
+	for _, tc := range []struct {
+		name string
+		m    protocol.ClientMessage
+		want string
+	}{
+		{"not joined", protocol.ClientMessage{Type: protocol.TypeTyping, Room: "doc:2"}, "not in room"},
+		{"data too big", protocol.ClientMessage{Type: protocol.TypeSignal, Room: "doc:1", Signal: "x", Data: json.RawMessage(`"` + strings.Repeat("d", 300) + `"`)}, "at most 256"},
+	} {
+		tc.m.ID = tc.name
+		if err := alice.Send(tc.m); err != nil {
+			t.Fatal(err)
+		}
+		m := systest.Await(t, alice, systest.EventTimeout, tc.name, func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeError && m.ID == tc.name })
+		if m.Code != protocol.CodeBadRequest || !strings.Contains(m.Message, tc.want) {
+			t.Errorf("%s: %+v, want bad_request saying %q", tc.name, m, tc.want)
+		}
+	}
+	// The burst of 3 is spent (alice sent 3): one more is rate limited.
+	sendRoom(t, alice, protocol.TypeTyping, "over", "doc:1", "")
+	m := systest.Await(t, alice, systest.EventTimeout, "rate limited", func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeError && m.ID == "over" })
+	if m.Code != protocol.CodeRateLimited || !strings.Contains(m.Message, "--signal-rate") {
+		t.Errorf("a fourth signal: %+v", m)
 	}
 }
