@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -49,3 +50,26 @@ const MaxQueued = maxQueued
 // once a user has not been written for a while, as if that while had
 // passed. It returns how many it dropped.
 func (s *Service) DropIdleCaches() int { return s.keys.dropCaches(time.Now().Add(cacheKeep)) }
+
+// RoomConns returns the connections in the member table the gateway keeps
+// of a room, sorted; nil when it keeps none (no local member).
+func (s *Service) RoomConns(roomID string) []string {
+	s.rooms.mu.Lock()
+	r := s.rooms.rooms[roomID]
+	s.rooms.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.members))
+	for id := range r.members {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// NATSClientID returns the server's id of the gateway's NATS connection,
+// for a test that cuts it.
+func (s *Service) NATSClientID() (uint64, error) { return s.nc.GetClientID() }

@@ -58,6 +58,12 @@ type registrar struct {
 	// grace holds the clean closes living out the offline grace.
 	grace deadlines[*conn]
 
+	// onEnd is told of each connection that ended for good (its room
+	// keys go), and onNewLease of each new lease taken after one was lost
+	// (room keys are written again under it). Set before start.
+	onEnd      func(c *conn)
+	onNewLease func()
+
 	// reregistering is set while connections are registered again under
 	// a new lease.
 	reregistering atomic.Bool
@@ -72,9 +78,9 @@ type registrar struct {
 // fields are guarded by the userState's mutex.
 type connKey struct {
 	lease    string // the epoch its key was created under
+	closedAt int64  // unix ms of a clean close; 0 while open
 	idle     bool
-	closedAt int64 // unix ms of a clean close; 0 while open
-	ended    bool  // taken out of the user's state
+	ended    bool // taken out of the user's state
 }
 
 // userState is what the registrar keeps of a user with connections here,
@@ -567,6 +573,9 @@ func (r *registrar) end(c *conn, lastSeen int64) {
 		}
 	}
 	r.changedLocked(us)
+	if r.onEnd != nil {
+		r.onEnd(c)
+	}
 }
 
 // run keeps the lease and ends the clean closes whose grace is over,
@@ -659,6 +668,9 @@ func (r *registrar) reregister(ctx context.Context, reg *registry) {
 	epoch, err := r.lease.take(ctx)
 	if err != nil {
 		return
+	}
+	if r.onNewLease != nil {
+		r.onNewLease()
 	}
 	r.mu.Lock()
 	closing := r.grace.all()

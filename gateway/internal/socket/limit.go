@@ -7,10 +7,10 @@ import "time"
 // bucket. A Limiter is not safe for concurrent use: the goroutine reading
 // the connection owns it.
 type Limiter struct {
-	tokens  float32
 	tokenAt int64 // unix ns of the last refill; 0 before the first message
-	strikes int32 // refusals in the current strike window
 	strikeW int64 // unix ns when the strike window started
+	tokens  float32
+	strikes int32 // refusals in the current strike window
 }
 
 // Allow takes a token at now (unix ns) from a bucket that holds at most
