@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -27,6 +28,26 @@ func leaseOf(t *testing.T, sys *systest.System, gatewayID string) (string, prese
 	return "", presence.LeaseRecord{}
 }
 
+// aliceWatched starts a system with one gateway, and alice and a watcher
+// who watches her, both heartbeating until the test ends; alice is seen
+// online.
+func aliceWatched(t *testing.T) (*systest.System, *systest.Gateway, *client.Conn, *client.Conn, *systest.View) {
+	t.Helper()
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "watcher")
+	a := sys.Dial(gw, "alice")
+	t.Cleanup(systest.KeepAlive(a, systest.Heartbeat))
+	w := sys.Dial(gw, "watcher")
+	t.Cleanup(systest.KeepAlive(w, systest.Heartbeat))
+	view := systest.NewView(t, w)
+	if err := w.Subscribe("w", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	view.Await("alice", presence.Online)
+	return sys, gw, a, w, view
+}
+
 // TestLeaseWrittenBehindTheGatewaysBack: a lease refresh whose
 // acknowledgement the gateway never got (a timeout while NATS was slow)
 // may still have been stored, leaving the lease at a revision the gateway
@@ -34,18 +55,7 @@ func leaseOf(t *testing.T, sys *systest.System, gatewayID string) (string, prese
 // the lease; taking it for lost would register every connection again, and
 // left to expire it would show every user offline.
 func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	gw := sys.Gateway()
-	sys.Mutual("alice", "watcher")
-	a := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(a, systest.Heartbeat)()
-	w := sys.Dial(gw, "watcher")
-	defer systest.KeepAlive(w, systest.Heartbeat)()
-	view := systest.NewView(t, w)
-	if err := w.Subscribe("w", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	view.Await("alice", presence.Online)
+	sys, gw, _, w, _ := aliceWatched(t)
 
 	// The lost write: the lease written again on its current revision, as
 	// the gateway's own refresh would have been.
@@ -104,18 +114,7 @@ func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
 // gateway of the same user, here the operator) is kept, and the change is
 // written and seen.
 func TestWriteAfterCacheDropped(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	gw := sys.Gateway()
-	sys.Mutual("alice", "watcher")
-	a := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(a, systest.Heartbeat)()
-	w := sys.Dial(gw, "watcher")
-	defer systest.KeepAlive(w, systest.Heartbeat)()
-	view := systest.NewView(t, w)
-	if err := w.Subscribe("w", "alice"); err != nil {
-		t.Fatal(err)
-	}
-	view.Await("alice", presence.Online)
+	sys, gw, a, _, view := aliceWatched(t)
 
 	if n := gw.DropIdleCaches(); n != 2 {
 		t.Errorf("dropped %d copies, want 2 (alice's and the watcher's)", n)

@@ -23,6 +23,7 @@ import (
 	"github.com/greendot/greendot/gateway/internal/outbox"
 	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -485,14 +486,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 // been missed meanwhile, so every watched user's state is read again. (The
 // lease tells whether the connections are still registered.)
 func (s *Service) watchNATS(ctx context.Context) {
-	ch := s.nc.StatusChanged(nats.CONNECTED)
-	defer s.nc.RemoveStatusListener(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-		}
+	natsconn.OnReconnect(ctx, s.nc, func() {
 		s.log.Info("nats connection back: resyncing watched users and rooms")
 		s.resync(ctx)
 		s.rooms.relist(ctx)
@@ -501,7 +495,7 @@ func (s *Service) watchNATS(ctx context.Context) {
 				s.log.Warn("resync global presence", "err", err)
 			}
 		}
-	}
+	})
 }
 
 // resync reads the state of every watched user and delivers what is newer

@@ -18,6 +18,7 @@ import (
 
 	"github.com/greendot/greendot/internal/durable"
 	"github.com/greendot/greendot/pkg/metrics"
+	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -206,16 +207,7 @@ func (s *Service) handleLease(msg jetstream.Msg) {
 // watchReconnects notes each time the NATS connection comes back, as
 // soon as nats.go says so.
 func (s *Service) watchReconnects(ctx context.Context) {
-	ch := s.nc.StatusChanged(nats.CONNECTED)
-	defer s.nc.RemoveStatusListener(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-			s.rejoinWait()
-		}
-	}
+	natsconn.OnReconnect(ctx, s.nc, func() { s.rejoinWait() })
 }
 
 // rejoinWait returns how long the end of a lease must still wait, as

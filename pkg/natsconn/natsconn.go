@@ -3,6 +3,7 @@
 package natsconn
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -119,4 +120,19 @@ func (o Options) natsOptions() ([]nats.Option, error) {
 		opts = append(opts, nats.ClientCert(o.CertFile, o.KeyFile))
 	}
 	return append(opts, o.Extra...), nil
+}
+
+// OnReconnect calls fn each time nc's connection to NATS comes back after
+// being lost, one call at a time, until ctx is canceled.
+func OnReconnect(ctx context.Context, nc *nats.Conn, fn func()) {
+	ch := nc.StatusChanged(nats.CONNECTED)
+	defer nc.RemoveStatusListener(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			fn()
+		}
+	}
 }
