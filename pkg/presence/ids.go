@@ -1,5 +1,7 @@
 package presence
 
+import "strings"
+
 // MaxUserIDLen is the longest user id accepted.
 const MaxUserIDLen = 64
 
@@ -64,4 +66,24 @@ func ValidRoomID(s string) bool {
 		}
 	}
 	return true
+}
+
+// ValidRoomPattern reports whether s names rooms in a token's rooms claim:
+// a room id, or a prefix of one ending in '*' ("doc:*"; "*" alone names
+// every room).
+func ValidRoomPattern(s string) bool {
+	prefix, wild := strings.CutSuffix(s, "*")
+	if !wild {
+		return ValidRoomID(s)
+	}
+	return prefix == "" || ValidRoomID(prefix) || prefix == LeaseEndedRoom
+}
+
+// RoomPatternMatches reports whether a room pattern (ValidRoomPattern)
+// names roomID.
+func RoomPatternMatches(pattern, roomID string) bool {
+	if prefix, wild := strings.CutSuffix(pattern, "*"); wild {
+		return strings.HasPrefix(roomID, prefix)
+	}
+	return pattern == roomID
 }
