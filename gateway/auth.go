@@ -49,6 +49,8 @@ type identity struct {
 	expires time.Time
 	// watch is the token's watch claim, under PolicyToken.
 	watch *authz.WatchList
+	// rooms are the rooms it may join.
+	rooms *roomGrant
 }
 
 // parseQuery fills the query parts of cr from a request URI's raw query.
@@ -118,7 +120,11 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 		if !presence.ValidUserID(userID) {
 			return id, fmt.Errorf("%w: token subject is not a valid user id", ErrUnauthorized)
 		}
-		id.userID, id.expires, id.watch = userID, exp, watch
+		rooms, err := s.verifyRooms(token)
+		if err != nil {
+			return id, err
+		}
+		id.userID, id.expires, id.watch, id.rooms = userID, exp, watch, rooms
 	case cr.user != "":
 		if !s.cfg.DevAuth {
 			return id, fmt.Errorf("%w: ?user= needs dev auth, which is off; send a token", ErrUnauthorized)
@@ -126,7 +132,7 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 		if !presence.ValidUserID(cr.user) {
 			return id, fmt.Errorf("%w: user id must be 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadRequest, presence.MaxUserIDLen)
 		}
-		id.userID = cr.user
+		id.userID, id.rooms = cr.user, allRooms
 	default:
 		if s.cfg.DevAuth {
 			return id, fmt.Errorf("%w: missing identity: send a token, or ?user=<id> (dev auth)", ErrUnauthorized)
@@ -173,6 +179,22 @@ func (s *Service) verify(token string) (string, time.Time, *authz.WatchList, err
 			ErrUnauthorized, len(watch), s.watchLimit())
 	}
 	return userID, exp, authz.NewWatchList(watch), nil
+}
+
+// verifyRooms reads the rooms claim of a token that verified: the rooms
+// it allows (none with a TokenVerifier that reads no rooms claim). A
+// claim that is not a list of room ids and prefixes refuses the token.
+// It wraps ErrUnauthorized.
+func (s *Service) verifyRooms(token string) (*roomGrant, error) {
+	rv, ok := s.cfg.Tokens.(RoomsVerifier)
+	if !ok {
+		return newRoomGrant(nil), nil
+	}
+	_, _, rooms, err := rv.VerifyRooms(token)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnauthorized, err)
+	}
+	return newRoomGrant(rooms), nil
 }
 
 // watchLimit says what a token's watch claim may hold, and what to do

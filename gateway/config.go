@@ -136,6 +136,20 @@ type Config struct {
 	// OnlineLimit bounds the users listed by global presence; zero means
 	// 1000.
 	OnlineLimit int
+	// RoomMetaMax bounds the meta of a connection in a room, a JSON
+	// object, in bytes (compacted); zero means 1024.
+	RoomMetaMax int
+	// MaxRoomsPerConn bounds the rooms one connection may be in; zero
+	// means 10.
+	MaxRoomsPerConn int
+	// RoomMembersMax bounds the users a room_state lists; zero means
+	// 100. Beyond it the state is truncated.
+	RoomMembersMax int
+	// RoomUpdateRate is how many room_update messages per second a socket
+	// may send on average, and RoomUpdateBurst how many at once; zero
+	// means 10 and 20.
+	RoomUpdateRate  float64
+	RoomUpdateBurst int
 	// MaxConns bounds the connections of this gateway (503 when full); zero
 	// means no bound.
 	MaxConns int
@@ -216,6 +230,11 @@ const (
 	DefaultTokenMaxWatch     = 1000
 	DefaultAppTimeout        = 2 * time.Second
 	DefaultAppCacheTTL       = time.Minute
+	DefaultRoomMetaMax       = 1024
+	DefaultMaxRoomsPerConn   = 10
+	DefaultRoomMembersMax    = 100
+	DefaultRoomUpdateRate    = 10
+	DefaultRoomUpdateBurst   = 20
 )
 
 // MinAppSecretLen is the shortest AppSecret accepted, in bytes.
@@ -244,6 +263,11 @@ func DefaultConfig() Config {
 		MaxQueryIDs:         DefaultMaxQueryIDs,
 		OnlineLimit:         DefaultOnlineLimit,
 		MaxConnsPerUser:     DefaultMaxConnsPerUser,
+		RoomMetaMax:         DefaultRoomMetaMax,
+		MaxRoomsPerConn:     DefaultMaxRoomsPerConn,
+		RoomMembersMax:      DefaultRoomMembersMax,
+		RoomUpdateRate:      DefaultRoomUpdateRate,
+		RoomUpdateBurst:     DefaultRoomUpdateBurst,
 		MaxRegistering:      DefaultMaxRegistering,
 		RateLimit:           20,
 		RateBurst:           40,
@@ -293,6 +317,11 @@ func (c Config) withDefaults() Config {
 	c.MaxQueryIDs = cmp.Or(c.MaxQueryIDs, d.MaxQueryIDs)
 	c.OnlineLimit = cmp.Or(c.OnlineLimit, d.OnlineLimit)
 	c.MaxConnsPerUser = cmp.Or(c.MaxConnsPerUser, d.MaxConnsPerUser)
+	c.RoomMetaMax = cmp.Or(c.RoomMetaMax, d.RoomMetaMax)
+	c.MaxRoomsPerConn = cmp.Or(c.MaxRoomsPerConn, d.MaxRoomsPerConn)
+	c.RoomMembersMax = cmp.Or(c.RoomMembersMax, d.RoomMembersMax)
+	c.RoomUpdateRate = cmp.Or(c.RoomUpdateRate, d.RoomUpdateRate)
+	c.RoomUpdateBurst = cmp.Or(c.RoomUpdateBurst, d.RoomUpdateBurst)
 	c.MaxRegistering = cmp.Or(c.MaxRegistering, d.MaxRegistering)
 	c.RateLimit = cmp.Or(c.RateLimit, d.RateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, d.RateBurst)
@@ -342,6 +371,8 @@ func (c Config) Validate() error {
 		return bad("max message size %d: want 256 to 1048576 bytes", c.MaxMessageSize)
 	case c.MaxSubscriptions < 0 || c.MaxSubscribeIDs < 0 || c.MaxQueryIDs < 0 || c.OnlineLimit < 0:
 		return bad("limits must not be negative")
+	case c.RoomMetaMax < 0 || c.MaxRoomsPerConn < 0 || c.RoomMembersMax < 0 || c.RoomUpdateRate < 0 || c.RoomUpdateBurst < 0:
+		return bad("room limits must not be negative")
 	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")
 	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0,

@@ -58,8 +58,12 @@ type conn struct {
 	// idle mirrors key.idle, to be read without the user's lock.
 	idle atomic.Bool
 
-	// limiter is owned by the goroutine reading the socket.
-	limiter socket.Limiter
+	// limiter and roomLimiter (room_update) are owned by the goroutine
+	// reading the socket.
+	limiter, roomLimiter socket.Limiter
+	// roomGrant says which rooms it may join; rooms are those it joined.
+	roomGrant atomic.Pointer[roomGrant]
+	rooms     connRooms
 	// reqs are its messages waiting for NATS.
 	reqs requests
 }
@@ -68,9 +72,11 @@ type conn struct {
 // where its frames go when decoded, who writes its changes, and how it
 // ends.
 type connEnv struct {
-	handler   frameHandler
-	scheduler *outbox.Scheduler
-	metrics   *gatewayMetrics
+	handler frameHandler
+	// flushRooms writes the connection's room frames (Service.flushRooms).
+	flushRooms func(c *conn) error
+	scheduler  *outbox.Scheduler
+	metrics    *gatewayMetrics
 	// end closes a connection (Service.end).
 	end func(c *conn, kind endKind, code ws.StatusCode, reason string)
 }
@@ -174,6 +180,9 @@ func (c *conn) Flush(buf []byte) ([]byte, bool) {
 		if oldest != 0 {
 			m.propagation.Observe(float64(nowNano()/1e6-oldest) / 1e3)
 		}
+	}
+	if c.box.TakeRooms(nowNano()) {
+		_ = c.env.flushRooms(c)
 	}
 	return buf, true
 }

@@ -37,6 +37,7 @@ func (s *Service) dispatch(ctx context.Context) {
 			}
 			for _, c := range s.registry.userConns(ev.UserID) {
 				c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
+				s.roomStatus(c, ev.Rev, ev.Status)
 			}
 			continue
 		}

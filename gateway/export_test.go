@@ -1,6 +1,9 @@
 package gateway
 
-import "context"
+import (
+	"context"
+	"slices"
+)
 
 // PendingUpdates returns how many presence changes wait to be written to
 // one connection of a user, and false when the gateway holds no such
@@ -41,3 +44,26 @@ func (s *Service) MayWatch(watcher, target string) (bool, error) {
 
 // MaxQueued is how many requests of one connection may wait for NATS.
 const MaxQueued = maxQueued
+
+// RoomConns returns the connections in the member table the gateway keeps
+// of a room, sorted; nil when it keeps none (no local member).
+func (s *Service) RoomConns(roomID string) []string {
+	s.rooms.mu.Lock()
+	r := s.rooms.rooms[roomID]
+	s.rooms.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]string, 0, len(r.members))
+	for id := range r.members {
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// NATSClientID returns the server's id of the gateway's NATS connection,
+// for a test that cuts it.
+func (s *Service) NATSClientID() (uint64, error) { return s.nc.GetClientID() }

@@ -175,6 +175,7 @@ func (s *Service) newConn(id identity) *conn {
 		c.expires.Store(id.expires.UnixNano())
 	}
 	c.watch.Store(id.watch)
+	c.roomGrant.Store(id.rooms)
 	return c
 }
 
@@ -204,6 +205,7 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		return
 	}
 	c.deliverSelf(statusRev, status, devices)
+	s.roomStatus(c, statusRev, status)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,
 		UserID:              c.userID,

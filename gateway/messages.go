@@ -60,6 +60,12 @@ func (s *Service) message(c *conn, payload []byte) bool {
 		s.setStatus(c, &m)
 	case protocol.TypeSubscribe:
 		s.queueSubscribe(c, &m)
+	case protocol.TypeJoin:
+		s.joinMessage(c, &m)
+	case protocol.TypeRoomUpdate:
+		s.roomUpdateMessage(c, &m, now)
+	case protocol.TypeLeave:
+		s.leaveMessage(c, &m)
 	case protocol.TypeUnsubscribe:
 		if c.queued() {
 			s.queueSubscribe(c, &m)
@@ -176,6 +182,10 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		return
 	}
 	userID, exp, watch, err := s.verify(m.Token)
+	var rooms *roomGrant
+	if err == nil {
+		rooms, err = s.verifyRooms(m.Token)
+	}
 	if err != nil {
 		fail("invalid token: " + strings.TrimPrefix(err.Error(), ErrUnauthorized.Error()+": "))
 		return
@@ -185,6 +195,13 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		return
 	}
 	c.expires.Store(exp.UnixNano())
+	// The new rooms claim replaces the old one: the rooms it no longer
+	// allows are left, with room_denied frames, in order with the
+	// connection's other room requests.
+	c.roomGrant.Store(rooms)
+	if !s.enqueue(c, func(context.Context) { s.revokeRooms(c) }) {
+		s.workers.Go(func() { s.revokeRooms(c) })
+	}
 	if s.cfg.Policy == PolicyToken {
 		// The new watch claim replaces the old one: the subscriptions it
 		// no longer allows end, with denied frames.

@@ -37,6 +37,7 @@ type gatewayMetrics struct {
 	leaseRefreshes  prometheus.Counter
 	leasesLost      prometheus.Counter
 	reregistered    prometheus.Counter
+	roomFrames      *prometheus.CounterVec // by type: room_state, room_diff, room_denied
 
 	// The app policy: questions to the app, by transport (http, nats),
 	// those that failed, their latency, look-ups of the cache of its
@@ -107,6 +108,18 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	cache := f.CounterVec("greendot_gateway_authz_cache_lookups_total",
 		"Look-ups of the app's cached answers, by result: hit, or miss (the app is asked).", "result")
 	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
+	m.roomFrames = f.CounterVec("greendot_gateway_room_frames_total",
+		"Room frames written to sockets, by type: room_state, room_diff, room_denied.", "type")
+	f.GaugeFunc("greendot_gateway_rooms",
+		"Rooms with a member connected to this gateway (a member table and a NATS subscription each).", func() float64 {
+			if s.rooms == nil {
+				return 0
+			}
+			return float64(s.rooms.len())
+		})
+	f.GaugeFunc("greendot_gateway_room_memberships",
+		"Rooms joined by this gateway's connections, one per connection and room.",
+		func() float64 { return float64(s.roomMemberships.Load()) })
 	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
 	m.sentSelf = m.msgsOut.WithLabelValues(protocol.TypeSelf)
 	m.sentBatch = m.msgsOut.WithLabelValues(protocol.TypePresenceBatch)

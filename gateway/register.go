@@ -58,6 +58,12 @@ type registrar struct {
 	// grace holds the clean closes living out the offline grace.
 	grace deadlines[*conn]
 
+	// onEnd is told of each connection that ended for good (its room
+	// keys go), and onNewLease of each new lease taken after one was lost
+	// (room keys are written again under it). Set before start.
+	onEnd      func(c *conn)
+	onNewLease func()
+
 	// reregistering is set while connections are registered again under
 	// a new lease.
 	reregistering atomic.Bool
@@ -557,6 +563,9 @@ func (r *registrar) end(c *conn, lastSeen int64) {
 		}
 	}
 	r.changedLocked(us)
+	if r.onEnd != nil {
+		r.onEnd(c)
+	}
 }
 
 // run keeps the lease and ends the clean closes whose grace is over,
@@ -627,6 +636,9 @@ func (r *registrar) reregister(ctx context.Context, reg *registry) {
 	epoch, err := r.lease.take(ctx)
 	if err != nil {
 		return
+	}
+	if r.onNewLease != nil {
+		r.onNewLease()
 	}
 	r.mu.Lock()
 	closing := r.grace.all()

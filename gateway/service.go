@@ -67,6 +67,7 @@ type Service struct {
 	keys    *registrar
 	authz   *authz.Authorizer
 	online  *onlineIndex
+	rooms   *roomHub
 	poller  *netpoll.Poller
 	readSem chan struct{}
 	regSem  chan struct{} // upgrades being registered (MaxRegistering)
@@ -76,6 +77,10 @@ type Service struct {
 	// readLoops are the sockets' reading goroutines where there is no
 	// poller; workers the goroutines handling their requests.
 	readLoops, workers sync.WaitGroup
+
+	// roomMemberships counts the rooms joined by this gateway's
+	// connections, for the metrics.
+	roomMemberships atomic.Int64
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -111,7 +116,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
-	s.env = &connEnv{handler: s, scheduler: s.scheduler, metrics: s.metrics, end: s.end}
+	s.env = &connEnv{handler: s, flushRooms: s.flushRooms, scheduler: s.scheduler, metrics: s.metrics, end: s.end}
 	return s, nil
 }
 
@@ -282,6 +287,8 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
 		return err
 	}
+	s.keys.onEnd, s.keys.onNewLease = s.endRooms, s.kickAllRooms
+	s.rooms = newRoomHub(s.nc, store, s.log, s.metrics)
 	if err := s.keys.start(ctx); err != nil {
 		return err
 	}
@@ -333,6 +340,11 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 		}
 		g.onStop(func() { _ = sub.Unsubscribe() })
 	}
+	roomSub, err := s.nc.Subscribe(presence.RoomLeaseEndedSubject, s.rooms.onLeaseEnded)
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", presence.RoomLeaseEndedSubject, err)
+	}
+	g.onStop(func() { _ = roomSub.Unsubscribe() })
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
 	g.Go(func(ctx context.Context) { s.keys.run(ctx, s.registry) })
@@ -452,6 +464,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 		s.online.unsubscribe(c)
 	}
 	s.hub.RemoveWatcher(c)
+	s.hideRooms(c)
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
 	if s.log.Enabled(context.Background(), levelDebug) {
@@ -480,8 +493,9 @@ func (s *Service) watchNATS(ctx context.Context) {
 			return
 		case <-ch:
 		}
-		s.log.Info("nats connection back: resyncing watched users")
+		s.log.Info("nats connection back: resyncing watched users and rooms")
 		s.resync(ctx)
+		s.rooms.relist(ctx)
 		if s.online != nil {
 			if err := s.online.sync(ctx, s.store); err != nil && ctx.Err() == nil {
 				s.log.Warn("resync global presence", "err", err)

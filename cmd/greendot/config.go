@@ -125,14 +125,16 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
-		"max-conns-per-user", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		"max-conns-per-user", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 0, "max-conns"); err != nil {
 		return cfg, err
 	}
-	if r := c.Float64("rate-limit"); r <= 0 {
-		return cfg, fmt.Errorf("--rate-limit %v: want a positive number of messages per second", r)
+	for _, name := range []string{"rate-limit", "room-update-rate"} {
+		if r := c.Float64(name); r <= 0 {
+			return cfg, fmt.Errorf("--%s %v: want a positive number of messages per second", name, r)
+		}
 	}
 	for _, name := range []string{"api-rate-limit", "api-address-rate-limit"} {
 		if r := c.Float64(name); r <= 0 {
@@ -173,6 +175,11 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.OnlineLimit = c.Int("online-limit")
 	cfg.MaxConns = c.Int("max-conns")
 	cfg.MaxConnsPerUser = c.Int("max-conns-per-user")
+	cfg.RoomMetaMax = c.Int("room-meta-max")
+	cfg.MaxRoomsPerConn = c.Int("max-rooms-per-conn")
+	cfg.RoomMembersMax = c.Int("room-members-max")
+	cfg.RoomUpdateRate = c.Float64("room-update-rate")
+	cfg.RoomUpdateBurst = c.Int("room-update-burst")
 	cfg.MaxRegistering = c.Int("max-registering")
 	cfg.RateLimit = c.Float64("rate-limit")
 	cfg.RateBurst = c.Int("rate-burst")

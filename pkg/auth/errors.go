@@ -44,3 +44,7 @@ var ErrAudience = errors.New("wrong token audience")
 // ErrWatchClaim means a token's watch claim is not a list of valid user
 // ids.
 var ErrWatchClaim = errors.New("token watch claim is not a list of user ids")
+
+// ErrRoomsClaim means a token's rooms claim is not a list of room ids and
+// room id prefixes ending in '*'.
+var ErrRoomsClaim = errors.New("token rooms claim is not a list of room ids or prefixes ending in *")

@@ -157,6 +157,38 @@ func (v *Verifier) VerifyWatch(token string) (userID string, expires time.Time, 
 	return claims.Subject, claims.ExpiresAt.Add(v.leeway), watch, nil
 }
 
+// roomsClaims are the registered claims and the rooms claim.
+type roomsClaims struct {
+	jwt.RegisteredClaims
+	Rooms json.RawMessage `json:"rooms"`
+}
+
+// VerifyRooms is Verify that also returns the token's rooms claim: the
+// rooms its subject may join, each a room id ("doc:42") or a prefix
+// ending in '*' ("doc:*", or "*" for every room). It is nil when the token
+// has no rooms claim (or a null one): such a token allows no room. A claim
+// that is not a list of those fails with ErrRoomsClaim.
+func (v *Verifier) VerifyRooms(token string) (userID string, expires time.Time, rooms []string, err error) {
+	var claims roomsClaims
+	if err := v.parse(token, &claims, &claims.RegisteredClaims); err != nil {
+		return "", time.Time{}, nil, err
+	}
+	if len(claims.Rooms) > 0 && string(claims.Rooms) != "null" {
+		if err := json.Unmarshal(claims.Rooms, &rooms); err != nil {
+			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrRoomsClaim, err)
+		}
+		if rooms == nil {
+			rooms = []string{}
+		}
+		for _, r := range rooms {
+			if !presence.ValidRoomPattern(r) {
+				return "", time.Time{}, nil, fmt.Errorf("%w: %q", ErrRoomsClaim, r)
+			}
+		}
+	}
+	return claims.Subject, claims.ExpiresAt.Add(v.leeway), rooms, nil
+}
+
 // parse checks a token's length, signature and claims into claims, whose
 // registered part is reg.
 func (v *Verifier) parse(token string, claims jwt.Claims, reg *jwt.RegisteredClaims) error {

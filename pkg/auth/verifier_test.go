@@ -377,5 +377,42 @@ func TestVerifyWatch(t *testing.T) {
 	}
 }
 
+func TestVerifyRooms(t *testing.T) {
+	k := genKeys(t)
+	v, err := auth.New(auth.Config{Secret: k.secret, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(rooms any) string {
+		c := jwt.MapClaims{"sub": "alice", "exp": now.Add(time.Hour).Unix()}
+		if rooms != nil {
+			c["rooms"] = rooms
+		}
+		return sign(t, jwt.SigningMethodHS256, k.secret, c)
+	}
+	for _, tc := range []struct {
+		name  string
+		rooms any
+		want  []string
+	}{
+		{"no claim", nil, nil},
+		{"empty list", []string{}, []string{}},
+		{"ids and prefixes", []string{"doc:42", "game:*", "*"}, []string{"doc:42", "game:*", "*"}},
+	} {
+		sub, _, got, err := v.VerifyRooms(token(tc.rooms))
+		if err != nil || sub != "alice" || !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
+			t.Errorf("%s: %q, %v, %v; want alice, %v", tc.name, sub, got, err, tc.want)
+		}
+	}
+	for _, bad := range []any{"doc:42", 3, []any{"doc:42", 1}, []string{"doc.42"}, []string{"doc*x"}, []string{""}} {
+		if _, _, _, err := v.VerifyRooms(token(bad)); !errors.Is(err, auth.ErrRoomsClaim) {
+			t.Errorf("rooms %v: %v, want ErrRoomsClaim", bad, err)
+		}
+	}
+}
+
+// The gateway reads the rooms claim through this interface.
+var _ gateway.RoomsVerifier = (*auth.Verifier)(nil)
+
 // The gateway's token policy reads the watch claim through this interface.
 var _ gateway.WatchVerifier = (*auth.Verifier)(nil)

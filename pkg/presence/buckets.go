@@ -34,7 +34,7 @@ type BucketOptions struct {
 	// Storage is the storage type of new buckets; the zero value is file
 	// storage. An existing bucket keeps the storage it was created with.
 	Storage jetstream.StorageType
-	// MarkerTTL is ConnsBucket's LimitMarkerTTL; zero means
+	// MarkerTTL is the LimitMarkerTTL of ConnsBucket and RoomsBucket; zero means
 	// DefaultMarkerTTL. At least one second.
 	MarkerTTL time.Duration
 }
@@ -86,6 +86,12 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 	case StatusBucket:
 		cfg.Description = "greendot: one record per user: chosen status, live connections, public view"
 		cfg.History = StatusHistory
+	case RoomsBucket:
+		// History 1 and marker TTLs as for ConnsBucket: a member's delete
+		// marker carries the marker TTL, so that keys that come and go
+		// leave nothing behind.
+		cfg.Description = "greendot: one key per connection in a room, <room>.<gateway>.<epoch>.<user>.<conn>, held under its gateway's lease"
+		cfg.LimitMarkerTTL = o.markerTTL()
 	case GraphBucket:
 		cfg.Description = "greendot: follows.<a>.<b> edges and settings.<user> privacy settings"
 	default:

@@ -23,6 +23,13 @@ const (
 	// "follows.<a>.<b>" (a follows b; any value) and "settings.<user>" (a
 	// Settings value).
 	GraphBucket = "presence_graph"
+	// RoomsBucket holds one key per connection in a room,
+	// "<room token>.<gateway>.<epoch>.<user>.<conn>" (RoomMember.Key),
+	// value a RoomValue: written when the connection joins the room or
+	// changes its meta there, deleted when it leaves. Like ConnsBucket's
+	// keys, they have no TTL: the lease they are written under keeps them,
+	// and its end removes them.
+	RoomsBucket = "presence_rooms"
 )
 
 // FeedStream is the optional stream the webhooks processes consume: it
@@ -55,6 +62,15 @@ const (
 	EventWildcard = "presence.event.*"
 	// SelfWildcard matches every gateway's self events.
 	SelfWildcard = "presence.gw.*.self"
+
+	roomPrefix = "presence.room."
+	// RoomWildcard matches every room subject: events, signals and
+	// RoomLeaseEndedSubject.
+	RoomWildcard = "presence.room.>"
+	// RoomLeaseEndedSubject carries a RoomLeaseEnded when a reaper has
+	// ended a lease's room memberships: every gateway drops the members
+	// held under it. It is why LeaseEndedRoom is not a valid room id.
+	RoomLeaseEndedSubject = roomPrefix + LeaseEndedRoom
 
 	followsPrefix  = "follows."
 	settingsPrefix = "settings."
@@ -175,3 +191,60 @@ func EventSubject(userID string) string { return eventPrefix + userID }
 // the users connected to it. One subject per gateway (not per user) keeps a
 // gateway's NATS subscriptions independent of how many users it holds.
 func SelfSubject(gatewayID string) string { return gatewayPrefix + gatewayID + ".self" }
+
+// RoomSubject returns the subject of a room's events (RoomEvent): the
+// writer of a room key publishes one right after the write, and gateways
+// with local members of the room subscribe to it.
+func RoomSubject(roomID string) string { return roomPrefix + RoomToken(roomID) }
+
+// RoomSignalSubject returns the subject of a room's signals (typing and
+// the like), which are never stored.
+func RoomSignalSubject(roomID string) string { return RoomSubject(roomID) + ".signal" }
+
+// RoomToken returns the KV key and subject token of a room: its id with
+// every ':' (which KV keys cannot hold) replaced by '=' (which room ids
+// cannot hold), so that it maps back (RoomIDOf).
+func RoomToken(roomID string) string { return strings.ReplaceAll(roomID, ":", "=") }
+
+// RoomIDOf returns the room id of a token made by RoomToken. It reports
+// false for a token that is not one.
+func RoomIDOf(token string) (string, bool) {
+	id := strings.ReplaceAll(token, "=", ":")
+	return id, ValidRoomID(id)
+}
+
+// RoomMember is one connection in a room, as its key in RoomsBucket
+// names it.
+type RoomMember struct {
+	Room, Gateway, Epoch, UserID, ConnID string
+}
+
+// Key returns the member's RoomsBucket key:
+// "<room token>.<gateway>.<epoch>.<user>.<conn>".
+func (m RoomMember) Key() string {
+	return RoomToken(m.Room) + "." + m.Gateway + "." + m.Epoch + "." + m.UserID + "." + m.ConnID
+}
+
+// ParseRoomKey parses a RoomsBucket key. It reports false for any other
+// key.
+func ParseRoomKey(key string) (RoomMember, bool) {
+	parts := strings.Split(key, ".")
+	if len(parts) != 5 || !ValidToken(parts[1]) || !ValidToken(parts[2]) || !ValidUserID(parts[3]) || !ValidToken(parts[4]) {
+		return RoomMember{}, false
+	}
+	room, ok := RoomIDOf(parts[0])
+	if !ok {
+		return RoomMember{}, false
+	}
+	return RoomMember{Room: room, Gateway: parts[1], Epoch: parts[2], UserID: parts[3], ConnID: parts[4]}, true
+}
+
+// RoomKeysFilter returns the RoomsBucket key filter matching every member
+// of a room.
+func RoomKeysFilter(roomID string) string { return RoomToken(roomID) + ".>" }
+
+// LeaseRoomKeysFilter returns the RoomsBucket key filter matching every
+// room key written under one lease.
+func LeaseRoomKeysFilter(gatewayID, epoch string) string {
+	return "*." + gatewayID + "." + epoch + ".>"
+}

@@ -303,6 +303,13 @@ func TestBucketConfig(t *testing.T) {
 	if status.History != presence.StatusHistory || status.LimitMarkerTTL != 0 || status.Replicas != 3 {
 		t.Errorf("status bucket: history %d, marker TTL %v, replicas %d", status.History, status.LimitMarkerTTL, status.Replicas)
 	}
+	rooms, err := presence.BucketConfig(presence.RoomsBucket, presence.BucketOptions{Replicas: 3, MarkerTTL: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rooms.History != 1 || rooms.LimitMarkerTTL != 2*time.Second || rooms.Replicas != 3 {
+		t.Errorf("rooms bucket: history %d, marker TTL %v, replicas %d", rooms.History, rooms.LimitMarkerTTL, rooms.Replicas)
+	}
 	if _, err := presence.BucketConfig("nope", presence.BucketOptions{}); err == nil {
 		t.Error("an unknown bucket has a configuration")
 	}

@@ -32,6 +32,7 @@ type Store struct {
 	leases jetstream.KeyValue
 	status jetstream.KeyValue
 	graph  jetstream.KeyValue
+	rooms  jetstream.KeyValue
 	opts   BucketOptions
 	now    func() time.Time
 
@@ -48,7 +49,7 @@ func (s *Store) buckets() []struct {
 	return []struct {
 		name string
 		kv   *jetstream.KeyValue
-	}{{ConnsBucket, &s.conns}, {LeasesBucket, &s.leases}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}}
+	}{{ConnsBucket, &s.conns}, {LeasesBucket, &s.leases}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}, {RoomsBucket, &s.rooms}}
 }
 
 // Open ensures greendot's buckets exist with the configuration opts
@@ -120,7 +121,7 @@ func (s *Store) Ready(ctx context.Context) error {
 	if !s.nc.IsConnected() {
 		return errors.New("nats: not connected")
 	}
-	for _, kv := range []jetstream.KeyValue{s.conns, s.leases, s.status, s.graph} {
+	for _, kv := range []jetstream.KeyValue{s.conns, s.leases, s.status, s.graph, s.rooms} {
 		if _, err := s.js.Stream(ctx, StreamName(kv.Bucket())); err != nil {
 			return fmt.Errorf("bucket %q: %w", kv.Bucket(), err)
 		}

@@ -25,13 +25,17 @@ const (
 	TypeSetStatus   = "set_status"
 	TypeSubscribe   = "subscribe"
 	TypeUnsubscribe = "unsubscribe"
+	TypeJoin        = "join"
+	TypeRoomUpdate  = "room_update"
+	TypeLeave       = "leave"
 )
 
 // KnownClientType reports whether t is a client message type of the
 // protocol.
 func KnownClientType(t string) bool {
 	switch t {
-	case TypeHeartbeat, TypeActivity, TypeIdle, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe:
+	case TypeHeartbeat, TypeActivity, TypeIdle, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe,
+		TypeJoin, TypeRoomUpdate, TypeLeave:
 		return true
 	}
 	return false
@@ -45,6 +49,9 @@ const (
 	TypeSelf          = "self"
 	TypeDenied        = "denied"
 	TypeError         = "error"
+	TypeRoomState     = "room_state"
+	TypeRoomDiff      = "room_diff"
+	TypeRoomDenied    = "room_denied"
 )
 
 // Error codes of error frames.
@@ -68,6 +75,10 @@ const (
 	// may watch the target, did not answer in time or answered badly; the
 	// subscription is refused, never allowed by default.
 	ReasonAuthorizationUnavailable = "authorization_unavailable"
+	// ReasonInvalidRoom and ReasonTooManyRooms refuse a join (room_denied);
+	// so does ReasonNotAllowed.
+	ReasonInvalidRoom  = "invalid_room"
+	ReasonTooManyRooms = "too_many_rooms"
 )
 
 // WebSocket close codes the gateway uses.
@@ -91,6 +102,9 @@ type ClientMessage struct {
 	UserIDs []string `json:"user_ids,omitempty"`
 	All     bool     `json:"all,omitempty"`
 	Token   string   `json:"token,omitempty"`
+	// Room and Meta are those of join, room_update and leave.
+	Room string          `json:"room,omitempty"`
+	Meta json.RawMessage `json:"meta,omitempty"`
 }
 
 // heartbeatJSON is a heartbeat message in its usual form.
@@ -151,6 +165,8 @@ func jsonKind(field string) string {
 		return "an array of strings"
 	case "all":
 		return "a boolean"
+	case "meta":
+		return "a JSON object"
 	default:
 		return "a string"
 	}
@@ -204,6 +220,47 @@ type Error struct {
 	Message string `json:"message"`
 }
 
+// RoomConn is one connection of a room member: its meta (a JSON object)
+// and when it joined (unix ms). A leave carries only the conn_id.
+type RoomConn struct {
+	ConnID string          `json:"conn_id"`
+	Meta   json.RawMessage `json:"meta,omitempty"`
+	Since  int64           `json:"since,omitempty"`
+}
+
+// RoomMember is a user in a room, with their connections in it.
+type RoomMember struct {
+	UserID string     `json:"user_id"`
+	Conns  []RoomConn `json:"conns"`
+}
+
+// RoomState answers join with the room's members.
+type RoomState struct {
+	Type      string       `json:"type"`
+	ID        string       `json:"id,omitempty"`
+	Room      string       `json:"room"`
+	Members   []RoomMember `json:"members"`
+	Count     int          `json:"count"`
+	Truncated bool         `json:"truncated"`
+}
+
+// RoomDiff carries a room's changes since the socket's last frame of it.
+type RoomDiff struct {
+	Type   string       `json:"type"`
+	Room   string       `json:"room"`
+	Joins  []RoomMember `json:"joins"`
+	Leaves []RoomMember `json:"leaves"`
+	Count  int          `json:"count"`
+}
+
+// RoomDenied refuses a join, or ends a membership.
+type RoomDenied struct {
+	Type   string `json:"type"`
+	ID     string `json:"id,omitempty"`
+	Room   string `json:"room"`
+	Reason string `json:"reason"`
+}
+
 // ServerMessage is any message the gateway sends, as a client decodes it.
 type ServerMessage struct {
 	Type                string              `json:"type"`
@@ -220,6 +277,12 @@ type ServerMessage struct {
 	Reason              string              `json:"reason,omitempty"`
 	Code                string              `json:"code,omitempty"`
 	Message             string              `json:"message,omitempty"`
+	Room                string              `json:"room,omitempty"`
+	Members             []RoomMember        `json:"members,omitempty"`
+	Count               int                 `json:"count,omitempty"`
+	Truncated           bool                `json:"truncated,omitempty"`
+	Joins               []RoomMember        `json:"joins,omitempty"`
+	Leaves              []RoomMember        `json:"leaves,omitempty"`
 }
 
 // AppendBatch appends the JSON of a presence_batch frame to dst. It writes

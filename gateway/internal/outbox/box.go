@@ -13,6 +13,9 @@ type Box struct {
 	mu      sync.Mutex
 	pending []presence.Presence // the newest change per watched user
 	self    Self
+	// rooms reports that frames of the socket's rooms wait (their
+	// contents are the rooms' own, see AddRooms).
+	rooms bool
 	// oldest is when the oldest pending change was written, in unix ms;
 	// zero when unknown.
 	oldest int64
@@ -71,6 +74,32 @@ func (b *Box) AddSelf(rev uint64, status presence.Status, devices int) bool {
 	return b.queueLocked()
 }
 
+// AddRooms records that frames of the socket's rooms wait: what they
+// hold is kept by whoever called it, and written when TakeRooms says so,
+// on the same schedule as the other changes (and held back by Hold like
+// them). It reports whether the caller must hand the box to the
+// scheduler.
+func (b *Box) AddRooms() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rooms = true
+	return b.queueLocked()
+}
+
+// TakeRooms reports whether frames of the socket's rooms wait, and
+// forgets it, noting now (unix ns) as the time of the write when they do.
+// While the box is held it reports false and forgets nothing.
+func (b *Box) TakeRooms(now int64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.held > 0 || !b.rooms {
+		return false
+	}
+	b.rooms = false
+	b.flushedAt.Store(now)
+	return true
+}
+
 // queueLocked marks the box queued and reports whether it was not yet.
 func (b *Box) queueLocked() bool {
 	if b.queued || b.held > 0 {
@@ -113,7 +142,7 @@ func (b *Box) Release() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.held--
-	if b.held > 0 || len(b.pending) == 0 && !b.self.Pending {
+	if b.held > 0 || len(b.pending) == 0 && !b.self.Pending && !b.rooms {
 		return false
 	}
 	return b.queueLocked()

@@ -80,6 +80,32 @@ func TestBoxHold(t *testing.T) {
 	}
 }
 
+// TestBoxRooms: room frames wait like other changes, and a hold keeps
+// them back until its release.
+func TestBoxRooms(t *testing.T) {
+	var b Box
+	if !b.AddRooms() {
+		t.Fatal("the first room change did not ask to be scheduled")
+	}
+	if b.AddRooms() {
+		t.Fatal("a queued box asked to be scheduled again")
+	}
+	b.Take(1)
+	if !b.TakeRooms(1) || b.TakeRooms(2) {
+		t.Fatal("TakeRooms did not report the rooms once")
+	}
+	b.Hold()
+	if b.AddRooms() || b.TakeRooms(3) {
+		t.Fatal("a held box gave its rooms away")
+	}
+	if !b.Release() {
+		t.Fatal("the release of a box with room changes did not ask to be scheduled")
+	}
+	if !b.TakeRooms(4) || b.FlushedAt() != 4 {
+		t.Errorf("after the release: rooms not taken, or flushed at %d", b.FlushedAt())
+	}
+}
+
 // sock is a Flusher that records when it was written.
 type sock struct {
 	s     *Scheduler

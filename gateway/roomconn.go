@@ -1,0 +1,386 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// connRooms are the rooms a connection joined, and its writer of their
+// keys in presence_rooms. A key is written, under the gateway's lease,
+// while the connection is in the room and its user is not invisible, and
+// deleted otherwise; the writer runs only while the keys differ from
+// that, and publishes each write's event on the room's subject at once.
+type connRooms struct {
+	mu     sync.Mutex
+	joined map[string]*joinedRoom
+	// invisible mirrors the user's status, as of status revision
+	// statusRev: an invisible user's connections have no keys.
+	invisible bool
+	statusRev uint64
+	// ended is set once the connection ended for good (after the offline
+	// grace of a clean close): its keys go.
+	ended   bool
+	running bool
+}
+
+// joinedRoom is one room of a connection, and what its key says.
+type joinedRoom struct {
+	room  *room
+	meta  json.RawMessage
+	since int64
+	gen   uint64 // counts the changes of meta
+	left  bool   // the client left: the key goes, then the entry
+	// epoch is the lease the key is written under ("" while there is no
+	// key) and written the gen it says.
+	epoch   string
+	written uint64
+	// changed is closed and replaced after each write.
+	changed chan struct{}
+}
+
+// countLocked returns how many rooms the connection is in.
+func (rs *connRooms) countLocked() int {
+	n := 0
+	for _, jr := range rs.joined {
+		if !jr.left {
+			n++
+		}
+	}
+	return n
+}
+
+// roomsChanged tells the scheduler that room frames wait for c.
+func (c *conn) roomsChanged() {
+	if c.box.AddRooms() {
+		c.env.scheduler.Schedule(c, c.box.FlushedAt())
+	}
+}
+
+// joinedRooms returns the tables of the rooms c is shown.
+func (c *conn) joinedRooms() []*room {
+	c.rooms.mu.Lock()
+	defer c.rooms.mu.Unlock()
+	out := make([]*room, 0, len(c.rooms.joined))
+	for _, jr := range c.rooms.joined {
+		if !jr.left {
+			out = append(out, jr.room)
+		}
+	}
+	return out
+}
+
+// flushRooms writes a room_diff for each room of c that changed; the
+// caller holds the socket's write lock.
+func (s *Service) flushRooms(c *conn) error {
+	for _, r := range c.joinedRooms() {
+		d := r.takeDiff(c)
+		if d == nil {
+			continue
+		}
+		data, err := json.Marshal(d)
+		if err != nil {
+			return err
+		}
+		if err := c.sock.WriteTextLocked(data); err != nil {
+			c.writeFailed(err)
+			return err
+		}
+		s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomDiff).Inc()
+	}
+	return nil
+}
+
+// checkRoom answers a room message whose room id is not one, or not
+// allowed, with room_denied; it reports whether the room is fine.
+func (s *Service) checkRoom(c *conn, m *protocol.ClientMessage) bool {
+	reason := ""
+	switch {
+	case !presence.ValidRoomID(m.Room):
+		reason = protocol.ReasonInvalidRoom
+	case !c.roomGrant.Load().allows(m.Room):
+		reason = protocol.ReasonNotAllowed
+	default:
+		return true
+	}
+	s.sendRoomDenied(c, m.ID, m.Room, reason)
+	return false
+}
+
+// roomMeta returns a message's meta as stored: a JSON object ({} when
+// there is none), compacted, at most RoomMetaMax bytes.
+func (s *Service) roomMeta(raw json.RawMessage) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return json.RawMessage("{}"), nil
+	}
+	if raw[0] != '{' {
+		return nil, errors.New(`field "meta" must be a JSON object`)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, errors.New(`field "meta" must be a JSON object`)
+	}
+	if buf.Len() > s.cfg.RoomMetaMax {
+		return nil, fmt.Errorf(`field "meta" is %d bytes: at most %d (--room-meta-max)`, buf.Len(), s.cfg.RoomMetaMax)
+	}
+	return buf.Bytes(), nil
+}
+
+// queueRoom queues a room request for c, in order with its others, or
+// refuses it when too many wait.
+func (s *Service) queueRoom(c *conn, id string, fn func(context.Context)) {
+	if !s.enqueue(c, fn) {
+		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+		s.sendError(c, id, protocol.CodeRateLimited, fmt.Sprintf("too many requests in progress: at most %d wait for an answer", maxQueued))
+	}
+}
+
+// joinMessage handles join: it checks the room and the meta, and queues
+// the join.
+func (s *Service) joinMessage(c *conn, m *protocol.ClientMessage) {
+	if !s.checkRoom(c, m) {
+		return
+	}
+	meta, err := s.roomMeta(m.Meta)
+	if err != nil {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		return
+	}
+	id, roomID := m.ID, m.Room
+	s.queueRoom(c, id, func(ctx context.Context) { s.join(ctx, c, id, roomID, meta) })
+}
+
+// join makes c a member of a room (or changes its meta there), waits for
+// its key, and answers with the room's state.
+func (s *Service) join(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) {
+	jr, err := s.joinedRoom(ctx, c, id, roomID)
+	if err != nil || jr == nil {
+		s.reply(c, id, err)
+		return
+	}
+	c.rooms.mu.Lock()
+	if jr.left {
+		jr.left, jr.since = false, 0
+	}
+	if jr.since == 0 {
+		jr.since = time.Now().UnixMilli()
+	}
+	jr.meta = meta
+	jr.gen++
+	gen := jr.gen
+	s.kickRoomsLocked(c)
+	c.rooms.mu.Unlock()
+	s.awaitRoomKey(ctx, c, jr, gen)
+	c.box.Hold()
+	defer c.release()
+	st := jr.room.show(c, id, s.cfg.RoomMembersMax)
+	s.send(c, protocol.TypeRoomState, st)
+	s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomState).Inc()
+}
+
+// joinedRoom returns c's entry of a room, made (and the room's table
+// acquired) if c is not in it; nil, after a room_denied, when c is in as
+// many rooms as it may be.
+func (s *Service) joinedRoom(ctx context.Context, c *conn, id, roomID string) (*joinedRoom, error) {
+	c.rooms.mu.Lock()
+	jr := c.rooms.joined[roomID]
+	full := (jr == nil || jr.left) && c.rooms.countLocked() >= s.cfg.MaxRoomsPerConn
+	c.rooms.mu.Unlock()
+	switch {
+	case full:
+		s.sendRoomDenied(c, id, roomID, protocol.ReasonTooManyRooms)
+		return nil, nil
+	case jr != nil:
+		return jr, nil
+	}
+	r, err := s.rooms.acquire(ctx, roomID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: room %q: %v", ErrUnavailable, roomID, err)
+	}
+	c.rooms.mu.Lock()
+	defer c.rooms.mu.Unlock()
+	if c.rooms.ended || !c.open() {
+		s.rooms.release(r)
+		return nil, nil
+	}
+	if c.rooms.joined == nil {
+		c.rooms.joined = make(map[string]*joinedRoom)
+	}
+	jr = &joinedRoom{room: r, changed: make(chan struct{})}
+	c.rooms.joined[roomID] = jr
+	s.roomMemberships.Add(1)
+	return jr, nil
+}
+
+// awaitRoomKey waits until c's key in a room says meta change gen, or
+// there is to be no key (invisible user), or ctx ends: then the room's
+// state is shown without it, and a room_diff brings it once written.
+func (s *Service) awaitRoomKey(ctx context.Context, c *conn, jr *joinedRoom, gen uint64) {
+	for {
+		c.rooms.mu.Lock()
+		done := jr.written >= gen && jr.epoch != "" || c.rooms.invisible || c.rooms.ended || jr.left
+		ch := jr.changed
+		c.rooms.mu.Unlock()
+		if done || !c.open() {
+			return
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// roomUpdateMessage handles room_update: rate limited, then queued.
+func (s *Service) roomUpdateMessage(c *conn, m *protocol.ClientMessage, now int64) {
+	if !c.roomLimiter.Allow(now, s.cfg.RoomUpdateRate, s.cfg.RoomUpdateBurst) {
+		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+		s.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many room updates: at most %g per second (--room-update-rate)", s.cfg.RoomUpdateRate))
+		return
+	}
+	if !presence.ValidRoomID(m.Room) {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("room_update needs the \"room\" of a room joined; %q is not a room id", m.Room))
+		return
+	}
+	meta, err := s.roomMeta(m.Meta)
+	if err != nil {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		return
+	}
+	id, roomID := m.ID, m.Room
+	s.queueRoom(c, id, func(context.Context) { s.updateRoom(c, id, roomID, meta) })
+}
+
+// updateRoom replaces c's meta in a room it joined; it has no answer.
+func (s *Service) updateRoom(c *conn, id, roomID string, meta json.RawMessage) {
+	c.rooms.mu.Lock()
+	jr := c.rooms.joined[roomID]
+	if jr == nil || jr.left {
+		c.rooms.mu.Unlock()
+		s.sendError(c, id, protocol.CodeBadRequest, fmt.Sprintf("not in room %q: join it first", roomID))
+		return
+	}
+	jr.meta = meta
+	jr.gen++
+	s.kickRoomsLocked(c)
+	c.rooms.mu.Unlock()
+}
+
+// leaveMessage handles leave: queued, in order with joins.
+func (s *Service) leaveMessage(c *conn, m *protocol.ClientMessage) {
+	if !presence.ValidRoomID(m.Room) {
+		s.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("leave needs the \"room\" to leave; %q is not a room id", m.Room))
+		return
+	}
+	roomID := m.Room
+	s.queueRoom(c, m.ID, func(context.Context) { s.leaveRoom(c, roomID) })
+}
+
+// leaveRoom takes c out of a room: no more frames of it, and its key
+// goes. Leaving a room not joined does nothing.
+func (s *Service) leaveRoom(c *conn, roomID string) {
+	c.rooms.mu.Lock()
+	jr := c.rooms.joined[roomID]
+	if jr == nil || jr.left {
+		c.rooms.mu.Unlock()
+		return
+	}
+	jr.left = true
+	s.kickRoomsLocked(c)
+	c.rooms.mu.Unlock()
+	jr.room.hide(c)
+}
+
+// revokeRooms takes c out of the rooms its grant no longer allows, each
+// with a room_denied frame (no id): an auth renewal replaced the grant.
+func (s *Service) revokeRooms(c *conn) {
+	grant := c.roomGrant.Load()
+	c.rooms.mu.Lock()
+	var revoked []string
+	for id, jr := range c.rooms.joined {
+		if !jr.left && !grant.allows(id) {
+			revoked = append(revoked, id)
+		}
+	}
+	c.rooms.mu.Unlock()
+	for _, id := range revoked {
+		s.leaveRoom(c, id)
+		s.sendRoomDenied(c, "", id, protocol.ReasonNotAllowed)
+	}
+}
+
+// sendRoomDenied writes a room_denied frame.
+func (s *Service) sendRoomDenied(c *conn, id, roomID, reason string) {
+	s.send(c, protocol.TypeRoomDenied, &protocol.RoomDenied{Type: protocol.TypeRoomDenied, ID: id, Room: roomID, Reason: reason})
+	s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomDenied).Inc()
+}
+
+// hideRooms stops every room frame to c, whose socket closed; its keys
+// stay until it ends (endRooms).
+func (s *Service) hideRooms(c *conn) {
+	for _, r := range c.joinedRooms() {
+		r.hide(c)
+	}
+}
+
+// endRooms has c's keys go: the connection ended for good.
+func (s *Service) endRooms(c *conn) {
+	c.rooms.mu.Lock()
+	defer c.rooms.mu.Unlock()
+	if c.rooms.ended || len(c.rooms.joined) == 0 {
+		c.rooms.ended = true
+		return
+	}
+	c.rooms.ended = true
+	s.kickRoomsLocked(c)
+}
+
+// roomStatus takes the true status of c's user at status revision rev:
+// an invisible user's keys go, and come back when they are visible.
+func (s *Service) roomStatus(c *conn, rev uint64, status presence.Status) {
+	c.rooms.mu.Lock()
+	defer c.rooms.mu.Unlock()
+	if rev <= c.rooms.statusRev {
+		return
+	}
+	c.rooms.statusRev = rev
+	if inv := status == presence.Invisible; inv != c.rooms.invisible {
+		c.rooms.invisible = inv
+		if len(c.rooms.joined) > 0 {
+			s.kickRoomsLocked(c)
+		}
+	}
+}
+
+// kickAllRooms has every connection's keys written again: a new lease
+// was taken.
+func (s *Service) kickAllRooms() {
+	s.registry.each(func(c *conn) {
+		c.rooms.mu.Lock()
+		if len(c.rooms.joined) > 0 {
+			s.kickRoomsLocked(c)
+		}
+		c.rooms.mu.Unlock()
+	})
+}
+
+// kickRoomsLocked starts c's room writer unless it runs; the caller
+// holds c.rooms.mu.
+func (s *Service) kickRoomsLocked(c *conn) {
+	if c.rooms.running {
+		return
+	}
+	c.rooms.running = true
+	if !s.keys.tasks.Go(func() { s.writeRooms(c) }) {
+		c.rooms.running = false
+	}
+}

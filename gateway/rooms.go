@@ -1,0 +1,439 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// roomHub holds, for every room with a local member (a connection of
+// this gateway that joined it), the room's member table: every
+// connection in the room, on any gateway. A table starts from a listing
+// of the room's keys, made after subscribing to the room's events (which
+// wait meanwhile), and follows the events; it is listed again after a
+// NATS reconnect, when events may have been missed. It is safe for
+// concurrent use.
+type roomHub struct {
+	nc      *nats.Conn
+	store   *presence.Store
+	log     *slog.Logger
+	metrics *gatewayMetrics
+
+	mu    sync.Mutex
+	rooms map[string]*room
+}
+
+// room is one room's member table, and the local connections it is
+// shown to.
+type room struct {
+	id  string
+	hub *roomHub
+	// refs counts the local connections that joined it, or are joining
+	// (guarded by hub.mu); sub and ready are set up by the first.
+	refs  int
+	sub   *nats.Subscription
+	ready chan struct{}
+	err   error // why the first listing failed; set before ready closes
+
+	mu sync.Mutex
+	// listing is set while the room's keys are listed: events wait in
+	// buffered meanwhile.
+	listing  bool
+	buffered []presence.RoomEvent
+	members  map[string]*roomMember // by connection id
+	users    map[string]int         // connections in the room per user
+	// gone holds the revision of connections that left, so that a late
+	// event older than the leave does not bring them back. It is cleared
+	// when it grows beyond the members' number: such an event is at most
+	// a few round trips late.
+	gone   map[string]uint64
+	locals map[*conn]*roomView
+}
+
+// roomMember is one connection in a room, as its key says.
+type roomMember struct {
+	userID, gateway, epoch string
+	meta                   json.RawMessage
+	since                  int64
+	rev                    uint64
+}
+
+// roomView is what a local connection was shown of a room and what
+// changed since.
+type roomView struct {
+	// shown are the users it was shown, when the room was truncated for
+	// it; nil when it was shown every user.
+	shown  map[string]bool
+	joins  map[string]*roomMember // by connection id
+	leaves map[string]string      // connection id to user id
+	dirty  bool                   // something to say, if only the count
+}
+
+func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
+	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room)}
+}
+
+// acquire returns the table of a room for a local connection joining it,
+// made (subscribed and listed) if it is the first; release gives it back.
+func (h *roomHub) acquire(ctx context.Context, id string) (*room, error) {
+	h.mu.Lock()
+	r := h.rooms[id]
+	first := r == nil
+	if first {
+		r = &room{id: id, hub: h, ready: make(chan struct{}), members: make(map[string]*roomMember),
+			users: make(map[string]int), locals: make(map[*conn]*roomView)}
+		h.rooms[id] = r
+	}
+	r.refs++
+	h.mu.Unlock()
+	if first {
+		r.err = r.open(ctx)
+		close(r.ready)
+	}
+	select {
+	case <-r.ready:
+	case <-ctx.Done():
+		h.release(r)
+		return nil, ctx.Err()
+	}
+	if r.err != nil {
+		h.release(r)
+		return nil, r.err
+	}
+	return r, nil
+}
+
+// release gives back a room acquired; the last one out unsubscribes.
+func (h *roomHub) release(r *room) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r.refs--
+	if r.refs > 0 {
+		return
+	}
+	if h.rooms[r.id] == r {
+		delete(h.rooms, r.id)
+	}
+	if r.sub != nil {
+		_ = r.sub.Unsubscribe()
+	}
+}
+
+// open subscribes to the room's events, then lists its keys: the
+// subscription comes first, so that no event published after the listing
+// began is missed.
+func (r *room) open(ctx context.Context) error {
+	r.mu.Lock()
+	r.listing = true
+	r.mu.Unlock()
+	sub, err := r.hub.nc.Subscribe(presence.RoomSubject(r.id), r.onEvent)
+	if err != nil {
+		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+	}
+	_ = sub.SetPendingLimits(-1, -1)
+	r.hub.mu.Lock()
+	r.sub = sub
+	r.hub.mu.Unlock()
+	if err := r.hub.nc.FlushWithContext(ctx); err != nil {
+		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+	}
+	return r.list(ctx)
+}
+
+// list reads the room's keys and makes them the table, with the events
+// that came meanwhile applied over them, and tells the local connections
+// what changed.
+func (r *room) list(ctx context.Context) error {
+	r.mu.Lock()
+	r.listing = true
+	r.mu.Unlock()
+	entries, err := r.hub.store.RoomMembers(ctx, r.id)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	buffered := r.buffered
+	r.listing, r.buffered = false, nil
+	if err != nil {
+		for i := range buffered {
+			r.applyLocked(&buffered[i])
+		}
+		return err
+	}
+	fresh := make(map[string]*roomMember, len(entries))
+	for _, e := range entries {
+		if f := fresh[e.Member.ConnID]; f != nil && f.rev > e.Rev {
+			continue // a key of the lease before, not yet removed
+		}
+		fresh[e.Member.ConnID] = &roomMember{userID: e.Member.UserID, gateway: e.Member.Gateway,
+			epoch: e.Member.Epoch, meta: e.Value.Meta, since: e.Value.Since, rev: e.Rev}
+	}
+	for id, m := range r.members {
+		if f, ok := fresh[id]; !ok {
+			r.removeLocked(id, m)
+		} else if f.rev != m.rev {
+			r.putLocked(id, f)
+		}
+	}
+	for id, f := range fresh {
+		if _, ok := r.members[id]; !ok {
+			r.putLocked(id, f)
+		}
+	}
+	for i := range buffered {
+		r.applyLocked(&buffered[i])
+	}
+	return nil
+}
+
+// onEvent takes one event of the room from NATS.
+func (r *room) onEvent(msg *nats.Msg) {
+	var ev presence.RoomEvent
+	if err := json.Unmarshal(msg.Data, &ev); err != nil || ev.Room != r.id || !presence.ValidUserID(ev.UserID) {
+		r.hub.log.Warn("undecodable room event", "subject", msg.Subject, "err", err)
+		return
+	}
+	r.apply(&ev)
+}
+
+// apply applies one event to the table, or keeps it for after the
+// listing under way.
+func (r *room) apply(ev *presence.RoomEvent) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.listing {
+		r.buffered = append(r.buffered, *ev)
+		return
+	}
+	r.applyLocked(ev)
+}
+
+// applyLocked applies an event, unless it is not newer than what the
+// table has of its connection: events of one connection apply in the
+// order of their revisions, and a leave only to the key it names.
+func (r *room) applyLocked(ev *presence.RoomEvent) {
+	cur := r.members[ev.ConnID]
+	switch ev.Op {
+	case presence.RoomJoin, presence.RoomUpdate:
+		if cur != nil && ev.Rev <= cur.rev || ev.Rev <= r.gone[ev.ConnID] {
+			return
+		}
+		r.putLocked(ev.ConnID, &roomMember{userID: ev.UserID, gateway: ev.Gateway, epoch: ev.Epoch,
+			meta: ev.Meta, since: ev.Since, rev: ev.Rev})
+	case presence.RoomLeave:
+		if cur == nil || cur.gateway != ev.Gateway || cur.epoch != ev.Epoch || ev.Rev < cur.rev {
+			return
+		}
+		if r.gone == nil || len(r.gone) > len(r.members)+1024 {
+			r.gone = make(map[string]uint64)
+		}
+		r.gone[ev.ConnID] = ev.Rev
+		r.removeLocked(ev.ConnID, cur)
+	}
+}
+
+// leaseEnded drops the members held under a lease that ended.
+func (r *room) leaseEnded(gw, epoch string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, m := range r.members {
+		if m.gateway == gw && m.epoch == epoch {
+			r.removeLocked(id, m)
+		}
+	}
+}
+
+// putLocked sets a member and tells the local connections.
+func (r *room) putLocked(connID string, m *roomMember) {
+	if old := r.members[connID]; old == nil {
+		r.users[m.userID]++
+	}
+	r.members[connID] = m
+	for c, v := range r.locals {
+		v.dirty = true
+		if v.shows(m.userID) {
+			delete(v.leaves, connID)
+			if v.joins == nil {
+				v.joins = make(map[string]*roomMember)
+			}
+			v.joins[connID] = m
+		}
+		c.roomsChanged()
+	}
+}
+
+// removeLocked takes a member out and tells the local connections.
+func (r *room) removeLocked(connID string, m *roomMember) {
+	delete(r.members, connID)
+	if r.users[m.userID]--; r.users[m.userID] <= 0 {
+		delete(r.users, m.userID)
+	}
+	for c, v := range r.locals {
+		v.dirty = true
+		if v.shows(m.userID) {
+			delete(v.joins, connID)
+			if v.leaves == nil {
+				v.leaves = make(map[string]string)
+			}
+			v.leaves[connID] = m.userID
+		}
+		c.roomsChanged()
+	}
+}
+
+// shows reports whether the view follows a user.
+func (v *roomView) shows(userID string) bool { return v.shown == nil || v.shown[userID] }
+
+// show makes c a local connection of the room, shown at most maxUsers
+// users, and returns the room_state that shows them; what changes after
+// it goes in room_diff frames. A connection shown it again (a second
+// join) starts over from the new state.
+func (r *room) show(c *conn, id string, maxUsers int) *protocol.RoomState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	users := make([]string, 0, len(r.users))
+	for u := range r.users {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	v := &roomView{}
+	st := &protocol.RoomState{Type: protocol.TypeRoomState, ID: id, Room: r.id, Count: len(users)}
+	if len(users) > maxUsers {
+		users, st.Truncated = users[:maxUsers], true
+		v.shown = make(map[string]bool, maxUsers)
+		for _, u := range users {
+			v.shown[u] = true
+		}
+	}
+	st.Members = r.membersLocked(users)
+	r.locals[c] = v
+	return st
+}
+
+// hide stops showing the room to c.
+func (r *room) hide(c *conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.locals, c)
+}
+
+// membersLocked returns the members of the room that are users, in that
+// order, each with their connections, oldest first.
+func (r *room) membersLocked(users []string) []protocol.RoomMember {
+	out := make([]protocol.RoomMember, len(users))
+	at := make(map[string]int, len(users))
+	for i, u := range users {
+		out[i] = protocol.RoomMember{UserID: u, Conns: []protocol.RoomConn{}}
+		at[u] = i
+	}
+	for id, m := range r.members {
+		if i, ok := at[m.userID]; ok {
+			out[i].Conns = append(out[i].Conns, roomConn(id, m))
+		}
+	}
+	for i := range out {
+		slices.SortFunc(out[i].Conns, func(a, b protocol.RoomConn) int {
+			return cmp.Or(cmp.Compare(a.Since, b.Since), cmp.Compare(a.ConnID, b.ConnID))
+		})
+	}
+	return out
+}
+
+// roomConn returns a member's entry in a frame.
+func roomConn(connID string, m *roomMember) protocol.RoomConn {
+	meta := m.meta
+	if len(meta) == 0 {
+		meta = json.RawMessage("{}")
+	}
+	return protocol.RoomConn{ConnID: connID, Meta: meta, Since: m.since}
+}
+
+// takeDiff returns the room_diff of what changed for c since its last
+// frame of the room, or nil when nothing did.
+func (r *room) takeDiff(c *conn) *protocol.RoomDiff {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := r.locals[c]
+	if v == nil || !v.dirty {
+		return nil
+	}
+	d := &protocol.RoomDiff{Type: protocol.TypeRoomDiff, Room: r.id, Count: len(r.users),
+		Joins: groupByUser(v.joins, nil), Leaves: groupByUser(nil, v.leaves)}
+	v.joins, v.leaves, v.dirty = nil, nil, false
+	return d
+}
+
+// groupByUser returns the joins (full entries) or the leaves (connection
+// ids only) of a diff as members, by user id.
+func groupByUser(joins map[string]*roomMember, leaves map[string]string) []protocol.RoomMember {
+	byUser := make(map[string][]protocol.RoomConn)
+	for id, m := range joins {
+		byUser[m.userID] = append(byUser[m.userID], roomConn(id, m))
+	}
+	for id, u := range leaves {
+		byUser[u] = append(byUser[u], protocol.RoomConn{ConnID: id})
+	}
+	out := make([]protocol.RoomMember, 0, len(byUser))
+	for u, conns := range byUser {
+		slices.SortFunc(conns, func(a, b protocol.RoomConn) int { return cmp.Compare(a.ConnID, b.ConnID) })
+		out = append(out, protocol.RoomMember{UserID: u, Conns: conns})
+	}
+	slices.SortFunc(out, func(a, b protocol.RoomMember) int { return cmp.Compare(a.UserID, b.UserID) })
+	return out
+}
+
+// all returns every room with local members.
+func (h *roomHub) all() []*room {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]*room, 0, len(h.rooms))
+	for _, r := range h.rooms {
+		out = append(out, r)
+	}
+	return out
+}
+
+// len returns how many rooms have local members.
+func (h *roomHub) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.rooms)
+}
+
+// onLeaseEnded takes a RoomLeaseEnded from NATS: every room drops the
+// members held under that lease.
+func (h *roomHub) onLeaseEnded(msg *nats.Msg) {
+	var ev presence.RoomLeaseEnded
+	if err := json.Unmarshal(msg.Data, &ev); err != nil || ev.Gateway == "" || ev.Epoch == "" {
+		h.log.Warn("undecodable lease end", "subject", msg.Subject, "err", err)
+		return
+	}
+	for _, r := range h.all() {
+		r.leaseEnded(ev.Gateway, ev.Epoch)
+	}
+}
+
+// relist lists every room again, after NATS came back: events may have
+// been missed meanwhile.
+func (h *roomHub) relist(ctx context.Context) {
+	for _, r := range h.all() {
+		select {
+		case <-r.ready:
+		case <-ctx.Done():
+			return
+		}
+		if r.err != nil {
+			continue
+		}
+		if err := r.list(ctx); err != nil && ctx.Err() == nil {
+			h.log.Warn("list room again", "room", r.id, "err", err)
+		}
+	}
+}
