@@ -540,6 +540,20 @@ async (m, users) => {
     await until("real: self says busy", () => selves.includes("busy"));
     gd.setStatus("online");
     await until("real: self says online", () => selves.at(-1) === "online");
+
+    // A room: the join's answer lists this connection with its meta, and
+    // its own meta change comes back as an update.
+    const room = gd.room("unit:room", { name: "Me" });
+    const updates = [];
+    room.on("update", (mem) => updates.push(mem.conns[0]?.meta?.name));
+    await until("real: room joined", () => room.state === "joined", 5000);
+    const mine = room.member(me);
+    check("real: room_state lists this connection with its meta", room.count === 1 && mine?.conns.length === 1 && mine.conns[0].conn_id === gd.hello.conn_id && mine.conns[0].meta.name === "Me" && mine.conns[0].since > 0, json([...room.members.values()]));
+    check("real: updateMeta is sent", room.updateMeta({ name: "Me again" }) === true);
+    await until("real: the meta change comes back", () => updates.includes("Me again"), 5000);
+    check("real: the member has the new meta", room.member(me)?.conns[0].meta.name === "Me again", json(room.member(me)));
+    room.leave();
+    check("real: left", room.state === "left" && gd.rooms.length === 0);
     gd.close();
   }
 
