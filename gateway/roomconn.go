@@ -161,63 +161,77 @@ func (s *Service) joinMessage(c *conn, m *protocol.ClientMessage) {
 // join makes c a member of a room (or changes its meta there), waits for
 // its key, and answers with the room's state.
 func (s *Service) join(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) {
-	jr, err := s.joinedRoom(ctx, c, id, roomID)
+	jr, gen, err := s.joinedRoom(ctx, c, id, roomID, meta)
 	if err != nil || jr == nil {
 		s.reply(c, id, err)
 		return
 	}
-	c.rooms.mu.Lock()
-	if jr.left {
-		jr.left, jr.since = false, 0
-	}
-	if jr.since == 0 {
-		jr.since = time.Now().UnixMilli()
-	}
-	jr.meta = meta
-	jr.gen++
-	gen := jr.gen
-	s.kickRoomsLocked(c)
-	c.rooms.mu.Unlock()
 	s.awaitRoomKey(ctx, c, jr, gen)
 	c.box.Hold()
 	defer c.release()
 	st := jr.room.show(c, id, s.cfg.RoomMembersMax)
+	if !c.open() {
+		jr.room.hide(c) // ended meanwhile: hideRooms may have run before show
+		return
+	}
 	s.send(c, protocol.TypeRoomState, st)
 	s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomState).Inc()
 }
 
-// joinedRoom returns c's entry of a room, made (and the room's table
-// acquired) if c is not in it; nil, after a room_denied, when c is in as
-// many rooms as it may be.
-func (s *Service) joinedRoom(ctx context.Context, c *conn, id, roomID string) (*joinedRoom, error) {
+// joinedRoom sets c's meta in a room, making c's entry of the room (and
+// acquiring the room's table) if c is not in it, and has the writer write
+// the key; it returns the entry and the meta change to wait for. It
+// returns nil, after a room_denied, when c is in as many rooms as it may
+// be. The entry is changed under the same lock that finds it: the writer
+// may drop a left room's entry at any moment.
+func (s *Service) joinedRoom(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) (*joinedRoom, uint64, error) {
 	c.rooms.mu.Lock()
-	jr := c.rooms.joined[roomID]
-	full := (jr == nil || jr.left) && c.rooms.countLocked() >= s.cfg.MaxRoomsPerConn
+	if jr := c.rooms.joined[roomID]; jr != nil && !jr.left {
+		defer c.rooms.mu.Unlock()
+		return jr, s.setRoomMetaLocked(c, jr, meta), nil
+	}
+	full := c.rooms.countLocked() >= s.cfg.MaxRoomsPerConn
 	c.rooms.mu.Unlock()
-	switch {
-	case full:
+	if full {
 		s.sendRoomDenied(c, id, roomID, protocol.ReasonTooManyRooms)
-		return nil, nil
-	case jr != nil:
-		return jr, nil
+		return nil, 0, nil
 	}
 	r, err := s.rooms.acquire(ctx, roomID)
 	if err != nil {
-		return nil, fmt.Errorf("%w: room %q: %v", ErrUnavailable, roomID, err)
+		return nil, 0, fmt.Errorf("%w: room %q: %v", ErrUnavailable, roomID, err)
 	}
 	c.rooms.mu.Lock()
 	defer c.rooms.mu.Unlock()
 	if c.rooms.ended || !c.open() {
 		s.rooms.release(r)
-		return nil, nil
+		return nil, 0, nil
 	}
-	if c.rooms.joined == nil {
-		c.rooms.joined = make(map[string]*joinedRoom)
+	jr := c.rooms.joined[roomID]
+	if jr != nil {
+		// Left, and its key not yet gone: it is joined again as it is.
+		s.rooms.release(r)
+		jr.left, jr.since = false, 0
+	} else {
+		if c.rooms.joined == nil {
+			c.rooms.joined = make(map[string]*joinedRoom)
+		}
+		jr = &joinedRoom{room: r, changed: make(chan struct{})}
+		c.rooms.joined[roomID] = jr
+		s.roomMemberships.Add(1)
 	}
-	jr = &joinedRoom{room: r, changed: make(chan struct{})}
-	c.rooms.joined[roomID] = jr
-	s.roomMemberships.Add(1)
-	return jr, nil
+	return jr, s.setRoomMetaLocked(c, jr, meta), nil
+}
+
+// setRoomMetaLocked sets c's meta in a room joined, has the writer write
+// it, and returns the change's number; the caller holds c.rooms.mu.
+func (s *Service) setRoomMetaLocked(c *conn, jr *joinedRoom, meta json.RawMessage) uint64 {
+	if jr.since == 0 {
+		jr.since = time.Now().UnixMilli()
+	}
+	jr.meta = meta
+	jr.gen++
+	s.kickRoomsLocked(c)
+	return jr.gen
 }
 
 // awaitRoomKey waits until c's key in a room says meta change gen, or
@@ -269,9 +283,7 @@ func (s *Service) updateRoom(c *conn, id, roomID string, meta json.RawMessage) {
 		s.sendError(c, id, protocol.CodeBadRequest, fmt.Sprintf("not in room %q: join it first", roomID))
 		return
 	}
-	jr.meta = meta
-	jr.gen++
-	s.kickRoomsLocked(c)
+	s.setRoomMetaLocked(c, jr, meta)
 	c.rooms.mu.Unlock()
 }
 

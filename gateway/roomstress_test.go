@@ -47,12 +47,14 @@ func (rt *roomTruth) conns(room string) []string {
 	return out
 }
 
-// roomClient is one stress client: a socket kept alive and drained.
+// roomClient is one stress client: a socket kept alive and drained, whose
+// answers (frames with an id) are handed to the worker.
 type roomClient struct {
-	c     *client.Conn
-	stop  func()
-	read  sync.WaitGroup
-	rooms []string
+	c       *client.Conn
+	stop    func()
+	read    sync.WaitGroup
+	rooms   []string
+	answers chan protocol.ServerMessage
 }
 
 func dialRoomClient(g *systest.Gateway, user string) (*roomClient, error) {
@@ -60,15 +62,37 @@ func dialRoomClient(g *systest.Gateway, user string) (*roomClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	rc := &roomClient{c: c, stop: systest.KeepAlive(c, systest.Heartbeat)}
+	rc := &roomClient{c: c, stop: systest.KeepAlive(c, systest.Heartbeat), answers: make(chan protocol.ServerMessage, 16)}
 	rc.read.Go(func() {
 		for {
-			if _, _, err := c.Read(); err != nil {
+			m, _, err := c.Read()
+			if err != nil {
 				return
+			}
+			if m.ID != "" {
+				rc.answers <- m
 			}
 		}
 	})
 	return rc, nil
+}
+
+// join joins a room and waits for the answer, as a client does before it
+// counts itself in: a join refused (too many requests waiting) is not a
+// membership.
+func (rc *roomClient) join(id, room string) error {
+	if err := rc.c.Send(protocol.ClientMessage{Type: protocol.TypeJoin, ID: id, Room: room}); err != nil {
+		return err
+	}
+	select {
+	case m := <-rc.answers:
+		if m.Type != protocol.TypeRoomState || m.ID != id || m.Room != room {
+			return fmt.Errorf("join %s: answered %+v", room, m)
+		}
+		return nil
+	case <-time.After(30 * time.Second):
+		return fmt.Errorf("join %s: no answer", room)
+	}
 }
 
 // end closes the client cleanly, or aborts it (a silent death).
@@ -126,11 +150,14 @@ func TestRoomStress(t *testing.T) {
 				r := rooms[rng.IntN(len(rooms))]
 				switch n := rng.IntN(10); {
 				case n < 5:
+					if err := rc.join(fmt.Sprint(i), r); err != nil {
+						t.Errorf("worker %d: %v", w, err)
+						return
+					}
 					if !slices.Contains(rc.rooms, r) {
 						rc.rooms = append(rc.rooms, r)
 					}
 					truth.set(r, rc.c.Hello.ConnID, true)
-					_ = rc.c.Send(protocol.ClientMessage{Type: protocol.TypeJoin, ID: fmt.Sprint(i), Room: r})
 				case n < 8:
 					rc.rooms = slices.DeleteFunc(rc.rooms, func(x string) bool { return x == r })
 					truth.set(r, rc.c.Hello.ConnID, false)
