@@ -468,8 +468,9 @@ func TestRoomKeysFollowANewLease(t *testing.T) {
 				renewed++
 			}
 		}
-		if renewed != 2 {
-			return fmt.Errorf("room keys %+v: want both connections' under a new lease", entries)
+		// The reaper removes the keys under the lease that ended.
+		if renewed != 2 || len(entries) != 2 {
+			return fmt.Errorf("room keys %+v: want both connections' under a new lease, and only those", entries)
 		}
 		return nil
 	})
@@ -508,4 +509,41 @@ func TestRoomListedAgainAfterReconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	wa.until("the ghost, found by listing again", func(w *roomWatch) bool { return len(w.members["ghost"]) == 1 && w.count == 2 })
+}
+
+// TestRoomMembersOfADeadGateway: what a gateway that died leaves behind
+// is its lease, no longer refreshed, and its room keys under it. Watchers
+// of the room on a live gateway see those members leave within the lease
+// TTL plus about 2 s (the reaper's work); the members on the live gateway
+// stay.
+func TestRoomMembersOfADeadGateway(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	ctx := t.Context()
+	dead := presence.RoomMember{Room: "doc:9", Gateway: "gw-dead", Epoch: "E1", UserID: "ghost", ConnID: "g1"}
+	if _, err := sys.Store.CreateLease(ctx, presence.LeaseRecord{Gateway: dead.Gateway, Epoch: dead.Epoch}, systest.TTL); err != nil {
+		t.Fatal(err)
+	}
+	leased := time.Now()
+	if _, err := sys.Store.PutRoomMember(ctx, dead, presence.RoomValue{Meta: json.RawMessage(`{}`), Since: 1}); err != nil {
+		t.Fatal(err)
+	}
+	gw := sys.Gateway()
+	alice := dialKept(t, sys, gw, "alice")
+	wa := joinRoom(t, alice, "j", "doc:9", "")
+	bob := dialKept(t, sys, gw, "bob")
+	joinRoom(t, bob, "j", "doc:9", "")
+	if len(wa.members["ghost"]) != 1 {
+		t.Fatalf("alice does not see the dead gateway's member: %v", wa.members)
+	}
+	limit := systest.TTL + 2*time.Second
+	wa.untilWithin(limit+3*time.Second, "the dead gateway's member gone", func(w *roomWatch) bool {
+		_, in := w.members["ghost"]
+		return !in && len(w.members["bob"]) == 1 && w.count == 2
+	})
+	took := time.Since(leased)
+	t.Logf("the dead gateway's member left %v after its lease's last write (limit %v)", took.Round(time.Millisecond), limit)
+	if took > limit+time.Second {
+		t.Errorf("the dead gateway's member left after %v, over %v", took, limit)
+	}
+	natsCheckRoom(t, sys, "doc:9", []string{alice.Hello.ConnID, bob.Hello.ConnID})
 }

@@ -25,6 +25,7 @@ type reaperMetrics struct {
 	sweepTime   prometheus.Histogram
 	leaseEnds   prometheus.Counter
 	leaseEnd    prometheus.Histogram
+	roomLeaves  prometheus.Counter
 }
 
 // The kinds of reconcile work, and their results, as metric labels.
@@ -60,6 +61,8 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 		leaseEnd: f.Histogram("greendot_reaper_lease_end_seconds",
 			"Time to apply the end of a gateway's lease, from its marker's delivery to its connections' keys removed.",
 			[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
+		roomLeaves: f.Counter("greendot_reaper_room_leaves_total",
+			"Room memberships the reaper ended (keys in presence_rooms held under leases that ended), each with a leave event."),
 		conflicts: f.Counter("greendot_reaper_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		sweeps: f.CounterVec("greendot_reaper_sweeps_total",

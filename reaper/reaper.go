@@ -2,6 +2,7 @@ package reaper
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -281,7 +282,46 @@ func (s *Service) endLease(msg jetstream.Msg, gw, epoch string) (int, error) {
 	if err := s.store.RemoveLeaseConns(ctx, gw, epoch); err != nil {
 		return 0, err
 	}
+	rooms, err := s.store.LeaseRoomKeys(ctx, gw, epoch)
+	if err != nil {
+		return 0, err
+	}
+	if err := s.endLeaseRooms(ctx, gw, epoch, rooms); err != nil {
+		return 0, err
+	}
 	return len(conns), nil
+}
+
+// endLeaseRooms ends the room memberships held under a lease that ended:
+// it publishes a leave on each key's room subject (with the key's
+// revision, so that a key written again under a new lease is not taken
+// for it), removes the keys in one request, and then tells every gateway
+// the lease's memberships are over (presence.room.lease_ended), for the
+// events a gateway may have missed.
+func (s *Service) endLeaseRooms(ctx context.Context, gw, epoch string, keys []presence.RoomEntry) error {
+	for _, e := range keys {
+		ev := presence.RoomEvent{Room: e.Member.Room, Op: presence.RoomLeave, UserID: e.Member.UserID,
+			ConnID: e.Member.ConnID, Gateway: gw, Epoch: epoch, Rev: e.Rev}
+		data, err := json.Marshal(&ev)
+		if err != nil {
+			return err
+		}
+		if err := s.nc.Publish(presence.RoomSubject(e.Member.Room), data); err != nil {
+			return fmt.Errorf("publish room leave: %w", err)
+		}
+	}
+	if err := s.store.PurgeLeaseRooms(ctx, gw, epoch); err != nil {
+		return err
+	}
+	data, err := json.Marshal(&presence.RoomLeaseEnded{Gateway: gw, Epoch: epoch})
+	if err != nil {
+		return err
+	}
+	if err := s.nc.Publish(presence.RoomLeaseEndedSubject, data); err != nil {
+		return fmt.Errorf("publish lease end to rooms: %w", err)
+	}
+	s.metrics.roomLeaves.Add(float64(len(keys)))
+	return nil
 }
 
 // handleLegacy takes one message of the connection stream about a key of
@@ -599,10 +639,38 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 			s.log.Error("sweep", "lease", presence.LeaseKey(l[0], l[1]), "err", err)
 		}
 	}
+	if err := s.sweepRooms(ctx, leases, over); err != nil {
+		return removedConns, err
+	}
 	if removed > 0 {
 		s.log.Info("sweep removed ended connections", "users", removed, "conns", removedConns)
 	}
 	return removedConns, nil
+}
+
+// sweepRooms ends the room memberships held under leases that are over:
+// left behind by a lease end that failed half-way, or that nobody saw.
+func (s *Service) sweepRooms(ctx context.Context, live map[string]presence.LeaseRecord, over *leaseCheck) error {
+	keys, err := s.store.ScanRoomKeys(ctx)
+	if err != nil {
+		return err
+	}
+	orphans := make(map[[2]string][]presence.RoomEntry)
+	for _, e := range keys {
+		if _, ok := live[presence.LeaseKey(e.Member.Gateway, e.Member.Epoch)]; !ok {
+			l := [2]string{e.Member.Gateway, e.Member.Epoch}
+			orphans[l] = append(orphans[l], e)
+		}
+	}
+	for l, entries := range orphans {
+		if o, err := over.check(ctx, l[0], l[1]); err != nil || !o {
+			continue
+		}
+		if err := s.endLeaseRooms(ctx, l[0], l[1], entries); err != nil {
+			s.log.Error("sweep rooms", "lease", presence.LeaseKey(l[0], l[1]), "err", err)
+		}
+	}
+	return nil
 }
 
 // leaseCheck tells, during one sweep, whether a lease is over: not among

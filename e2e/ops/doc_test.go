@@ -309,7 +309,7 @@ func (r *runner) nats(words []string) (output, error) {
 	return output{}, fmt.Errorf("nats %s is not run by this test", words[0])
 }
 
-var buckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket}
+var buckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket}
 
 // checkKey checks a key (or, with filter, a key filter) of a bucket has
 // the shape greendot gives it.
