@@ -150,6 +150,11 @@ type Config struct {
 	// means 10 and 20.
 	RoomUpdateRate  float64
 	RoomUpdateBurst int
+	// SignalRate is how many typing and signal messages per second a
+	// socket may send on average, and SignalBurst how many at once; zero
+	// means 5 and 10.
+	SignalRate  float64
+	SignalBurst int
 	// MaxConns bounds the connections of this gateway (503 when full); zero
 	// means no bound.
 	MaxConns int
@@ -235,6 +240,8 @@ const (
 	DefaultRoomMembersMax    = 100
 	DefaultRoomUpdateRate    = 10
 	DefaultRoomUpdateBurst   = 20
+	DefaultSignalRate        = 5
+	DefaultSignalBurst       = 10
 )
 
 // MinAppSecretLen is the shortest AppSecret accepted, in bytes.
@@ -268,6 +275,8 @@ func DefaultConfig() Config {
 		RoomMembersMax:      DefaultRoomMembersMax,
 		RoomUpdateRate:      DefaultRoomUpdateRate,
 		RoomUpdateBurst:     DefaultRoomUpdateBurst,
+		SignalRate:          DefaultSignalRate,
+		SignalBurst:         DefaultSignalBurst,
 		MaxRegistering:      DefaultMaxRegistering,
 		RateLimit:           20,
 		RateBurst:           40,
@@ -322,6 +331,8 @@ func (c Config) withDefaults() Config {
 	c.RoomMembersMax = cmp.Or(c.RoomMembersMax, d.RoomMembersMax)
 	c.RoomUpdateRate = cmp.Or(c.RoomUpdateRate, d.RoomUpdateRate)
 	c.RoomUpdateBurst = cmp.Or(c.RoomUpdateBurst, d.RoomUpdateBurst)
+	c.SignalRate = cmp.Or(c.SignalRate, d.SignalRate)
+	c.SignalBurst = cmp.Or(c.SignalBurst, d.SignalBurst)
 	c.MaxRegistering = cmp.Or(c.MaxRegistering, d.MaxRegistering)
 	c.RateLimit = cmp.Or(c.RateLimit, d.RateLimit)
 	c.RateBurst = cmp.Or(c.RateBurst, d.RateBurst)
@@ -371,7 +382,8 @@ func (c Config) Validate() error {
 		return bad("max message size %d: want 256 to 1048576 bytes", c.MaxMessageSize)
 	case c.MaxSubscriptions < 0 || c.MaxSubscribeIDs < 0 || c.MaxQueryIDs < 0 || c.OnlineLimit < 0:
 		return bad("limits must not be negative")
-	case c.RoomMetaMax < 0 || c.MaxRoomsPerConn < 0 || c.RoomMembersMax < 0 || c.RoomUpdateRate < 0 || c.RoomUpdateBurst < 0:
+	case c.RoomMetaMax < 0 || c.MaxRoomsPerConn < 0 || c.RoomMembersMax < 0 || c.RoomUpdateRate < 0 || c.RoomUpdateBurst < 0 ||
+		c.SignalRate < 0 || c.SignalBurst < 0:
 		return bad("room limits must not be negative")
 	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")

@@ -58,9 +58,9 @@ type conn struct {
 	// idle mirrors key.idle, to be read without the user's lock.
 	idle atomic.Bool
 
-	// limiter and roomLimiter (room_update) are owned by the goroutine
-	// reading the socket.
-	limiter, roomLimiter socket.Limiter
+	// limiter, roomLimiter (room_update) and signalLimiter (typing,
+	// signal) are owned by the goroutine reading the socket.
+	limiter, roomLimiter, signalLimiter socket.Limiter
 	// roomGrant says which rooms it may join; rooms are those it joined.
 	roomGrant atomic.Pointer[roomGrant]
 	rooms     connRooms

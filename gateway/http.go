@@ -50,6 +50,7 @@ func (s *Service) httpHandler() http.Handler {
 	mux.HandleFunc("POST /api/presence/query", s.authed(s.query))
 	mux.HandleFunc("GET /api/presence/online", s.authed(s.getOnline))
 	mux.HandleFunc("GET /api/presence/friends", s.authed(s.getFriends))
+	mux.HandleFunc("GET /api/rooms/{room}", s.authed(s.getRoom))
 	if s.cfg.Policy == PolicyApp && len(s.cfg.AppSecret) > 0 {
 		mux.HandleFunc("POST "+InvalidatePath, s.postInvalidate)
 	}
@@ -233,6 +234,27 @@ func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
 	default:
 		writeJSON(w, http.StatusOK, p)
 	}
+}
+
+// getRoom answers GET /api/rooms/{room}: the room's members, as a
+// room_state would show them, to whoever may join the room.
+func (s *Service) getRoom(w http.ResponseWriter, r *http.Request, id identity) {
+	roomID := r.PathValue("room")
+	switch {
+	case !presence.ValidRoomID(roomID):
+		writeError(w, http.StatusBadRequest, protocol.ReasonInvalidRoom,
+			fmt.Sprintf("room ids are 1 to %d characters of A-Z a-z 0-9 _ - and :", presence.MaxRoomIDLen))
+		return
+	case !id.rooms.allows(roomID):
+		writeError(w, http.StatusForbidden, protocol.ReasonNotAllowed, fmt.Sprintf("%s may not see room %s (the token's rooms claim does not name it)", id.userID, roomID))
+		return
+	}
+	entries, err := s.store.RoomMembers(r.Context(), roomID)
+	if err != nil {
+		s.unavailableHTTP(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snapshotOf(roomID, entries, s.cfg.RoomMembersMax))
 }
 
 // denialText says what a denial reason means.

@@ -66,6 +66,8 @@ func (s *Service) message(c *conn, payload []byte) bool {
 		s.roomUpdateMessage(c, &m, now)
 	case protocol.TypeLeave:
 		s.leaveMessage(c, &m)
+	case protocol.TypeTyping, protocol.TypeSignal:
+		s.signalMessage(c, &m, now)
 	case protocol.TypeUnsubscribe:
 		if c.queued() {
 			s.queueSubscribe(c, &m)

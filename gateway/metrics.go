@@ -109,7 +109,7 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		"Look-ups of the app's cached answers, by result: hit, or miss (the app is asked).", "result")
 	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
 	m.roomFrames = f.CounterVec("greendot_gateway_room_frames_total",
-		"Room frames written to sockets, by type: room_state, room_diff, room_denied.", "type")
+		"Room frames written to sockets, by type: room_state, room_diff, room_denied, room_signal.", "type")
 	f.GaugeFunc("greendot_gateway_rooms",
 		"Rooms with a member connected to this gateway (a member table and a NATS subscription each).", func() float64 {
 			if s.rooms == nil {

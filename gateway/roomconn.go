@@ -81,20 +81,32 @@ func (c *conn) joinedRooms() []*room {
 // caller holds the socket's write lock.
 func (s *Service) flushRooms(c *conn) error {
 	for _, r := range c.joinedRooms() {
-		d := r.takeDiff(c)
-		if d == nil {
-			continue
+		if d := r.takeDiff(c); d != nil {
+			if err := s.writeRoomFrame(c, protocol.TypeRoomDiff, d); err != nil {
+				return err
+			}
 		}
-		data, err := json.Marshal(d)
-		if err != nil {
-			return err
+		if f := r.takeSignals(c); f != nil {
+			if err := s.writeRoomFrame(c, protocol.TypeRoomSignal, f); err != nil {
+				return err
+			}
 		}
-		if err := c.sock.WriteTextLocked(data); err != nil {
-			c.writeFailed(err)
-			return err
-		}
-		s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomDiff).Inc()
 	}
+	return nil
+}
+
+// writeRoomFrame writes one room frame of type typ; the caller holds the
+// socket's write lock.
+func (s *Service) writeRoomFrame(c *conn, typ string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := c.sock.WriteTextLocked(data); err != nil {
+		c.writeFailed(err)
+		return err
+	}
+	s.metrics.roomFrames.WithLabelValues(typ).Inc()
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 
@@ -39,10 +40,12 @@ type room struct {
 	hub *roomHub
 	// refs counts the local connections that joined it, or are joining
 	// (guarded by hub.mu); sub and ready are set up by the first.
-	refs  int
-	sub   *nats.Subscription
-	ready chan struct{}
-	err   error // why the first listing failed; set before ready closes
+	refs int
+	sub  *nats.Subscription
+	// sigSub carries the room's signals.
+	sigSub *nats.Subscription
+	ready  chan struct{}
+	err    error // why the first listing failed; set before ready closes
 
 	mu sync.Mutex
 	// listing is set while the room's keys are listed: events wait in
@@ -76,7 +79,13 @@ type roomView struct {
 	joins  map[string]*roomMember // by connection id
 	leaves map[string]string      // connection id to user id
 	dirty  bool                   // something to say, if only the count
+	// signals wait for the next room_signal frame: the newest of each
+	// connection and signal type.
+	signals map[signalKey]*presence.RoomSignal
 }
+
+// signalKey is a connection's signal of one type.
+type signalKey struct{ conn, signal string }
 
 func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
 	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room)}
@@ -123,8 +132,10 @@ func (h *roomHub) release(r *room) {
 	if h.rooms[r.id] == r {
 		delete(h.rooms, r.id)
 	}
-	if r.sub != nil {
-		_ = r.sub.Unsubscribe()
+	for _, sub := range []*nats.Subscription{r.sub, r.sigSub} {
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
 	}
 }
 
@@ -140,8 +151,13 @@ func (r *room) open(ctx context.Context) error {
 		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
 	}
 	_ = sub.SetPendingLimits(-1, -1)
+	sigSub, err := r.hub.nc.Subscribe(presence.RoomSignalSubject(r.id), r.onSignal)
+	if err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+	}
 	r.hub.mu.Lock()
-	r.sub = sub
+	r.sub, r.sigSub = sub, sigSub
 	r.hub.mu.Unlock()
 	if err := r.hub.nc.FlushWithContext(ctx); err != nil {
 		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
@@ -167,14 +183,7 @@ func (r *room) list(ctx context.Context) error {
 		}
 		return err
 	}
-	fresh := make(map[string]*roomMember, len(entries))
-	for _, e := range entries {
-		if f := fresh[e.Member.ConnID]; f != nil && f.rev > e.Rev {
-			continue // a key of the lease before, not yet removed
-		}
-		fresh[e.Member.ConnID] = &roomMember{userID: e.Member.UserID, gateway: e.Member.Gateway,
-			epoch: e.Member.Epoch, meta: e.Value.Meta, since: e.Value.Since, rev: e.Rev}
-	}
+	fresh := membersOf(entries)
 	for id, m := range r.members {
 		if f, ok := fresh[id]; !ok {
 			r.removeLocked(id, m)
@@ -191,6 +200,21 @@ func (r *room) list(ctx context.Context) error {
 		r.applyLocked(&buffered[i])
 	}
 	return nil
+}
+
+// membersOf returns the members a listing of a room's keys shows, by
+// connection id: of a connection with keys under two leases (the one
+// before not yet removed by the reaper), the newest.
+func membersOf(entries []presence.RoomEntry) map[string]*roomMember {
+	out := make(map[string]*roomMember, len(entries))
+	for _, e := range entries {
+		if f := out[e.Member.ConnID]; f != nil && f.rev > e.Rev {
+			continue
+		}
+		out[e.Member.ConnID] = &roomMember{userID: e.Member.UserID, gateway: e.Member.Gateway,
+			epoch: e.Member.Epoch, meta: e.Value.Meta, since: e.Value.Since, rev: e.Rev}
+	}
+	return out
 }
 
 // onEvent takes one event of the room from NATS.
@@ -436,4 +460,29 @@ func (h *roomHub) relist(ctx context.Context) {
 			h.log.Warn("list room again", "room", r.id, "err", err)
 		}
 	}
+}
+
+// roomSnapshot is a room as a listing of its keys shows it: the HTTP
+// API's answer, which needs no table of its own.
+type roomSnapshot struct {
+	Room      string                `json:"room"`
+	Members   []protocol.RoomMember `json:"members"`
+	Count     int                   `json:"count"`
+	Truncated bool                  `json:"truncated"`
+}
+
+// snapshotOf returns a room's members from a listing of its keys, at most
+// maxUsers users (the first by user id, as room_state shows them).
+func snapshotOf(roomID string, entries []presence.RoomEntry, maxUsers int) *roomSnapshot {
+	r := &room{id: roomID, members: membersOf(entries), users: make(map[string]int)}
+	for _, m := range r.members {
+		r.users[m.userID]++
+	}
+	users := slices.Sorted(maps.Keys(r.users))
+	out := &roomSnapshot{Room: roomID, Count: len(users)}
+	if len(users) > maxUsers {
+		users, out.Truncated = users[:maxUsers], true
+	}
+	out.Members = r.membersLocked(users)
+	return out
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -239,7 +240,7 @@ func TestRoomCloseReloadAndSilentDeath(t *testing.T) {
 // and the socket stays open.
 func TestRoomRefusals(t *testing.T) {
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
-		MaxRoomsPerConn: 2, RoomMetaMax: 32, RoomUpdateRate: 1, RoomUpdateBurst: 2,
+		MaxRoomsPerConn: 2, RoomMetaMax: 32, RoomUpdateRate: 0.01, RoomUpdateBurst: 2,
 	}})
 	c := dialKept(t, sys, sys.Gateway(), "alice")
 	await := func(what, id string, typ string) protocol.ServerMessage {
@@ -546,4 +547,166 @@ func TestRoomMembersOfADeadGateway(t *testing.T) {
 		t.Errorf("the dead gateway's member left after %v, over %v", took, limit)
 	}
 	natsCheckRoom(t, sys, "doc:9", []string{alice.Hello.ConnID, bob.Hello.ConnID})
+}
+
+// roomAPI calls GET /api/rooms/{room} on g with the given query and
+// headers, and decodes the answer into out.
+func roomAPI(t *testing.T, g *systest.Gateway, room, query string, h http.Header, out any) int {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, g.HTTP+"/api/rooms/"+room+query, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(req.Header, h)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("GET /api/rooms/%s: %d: %v", room, resp.StatusCode, err)
+	}
+	return resp.StatusCode
+}
+
+// roomAnswer is the body of GET /api/rooms/{room}, or of its errors.
+type roomAnswer struct {
+	Room      string                `json:"room"`
+	Members   []protocol.RoomMember `json:"members"`
+	Count     int                   `json:"count"`
+	Truncated bool                  `json:"truncated"`
+	Error     string                `json:"error"`
+}
+
+// TestRoomHTTP: GET /api/rooms/{room} lists a room's members as
+// room_state does (the first users by id, with the true count), to
+// whoever may join it.
+func TestRoomHTTP(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{RoomMembersMax: 2}})
+	gw := sys.Gateway()
+	for _, u := range []string{"bob", "alice", "alice", "carol"} {
+		joinRoom(t, dialKept(t, sys, gw, u), "j", "doc:1", `{"u":"`+u+`"}`)
+	}
+	var got roomAnswer
+	natstest.CheckFor(t, systest.EventTimeout, 50*time.Millisecond, func() error {
+		if code := roomAPI(t, gw, "doc:1", "?user=dave", nil, &got); code != http.StatusOK {
+			return fmt.Errorf("status %d: %+v", code, got)
+		}
+		if got.Count != 3 || !got.Truncated || len(got.Members) != 2 || got.Members[0].UserID != "alice" ||
+			len(got.Members[0].Conns) != 2 || got.Members[1].UserID != "bob" || string(got.Members[1].Conns[0].Meta) != `{"u":"bob"}` {
+			return fmt.Errorf("answer %+v: want alice (2 connections) and bob of 3 users, truncated", got)
+		}
+		return nil
+	})
+	if code := roomAPI(t, gw, "doc:2", "?user=dave", nil, &got); code != http.StatusOK || got.Count != 0 || len(got.Members) != 0 || got.Members == nil {
+		t.Errorf("an empty room: %d %+v", code, got)
+	}
+	if code := roomAPI(t, gw, "doc.1", "?user=dave", nil, &got); code != http.StatusBadRequest || got.Error != protocol.ReasonInvalidRoom {
+		t.Errorf("a bad room id: %d %+v", code, got)
+	}
+
+	// With tokens, the rooms claim decides.
+	tsys := secStart(t, systest.Options{})
+	tgw := tsys.Gateway()
+	for room, want := range map[string]int{"doc:1": http.StatusOK, "game:1": http.StatusForbidden} {
+		got = roomAnswer{}
+		if code := roomAPI(t, tgw, room, "", bearer(roomToken(t, "alice", []string{"doc:*"})), &got); code != want {
+			t.Errorf("%s with rooms [doc:*]: %d %+v, want %d", room, code, got, want)
+		}
+	}
+	if code := roomAPI(t, tgw, "doc:1", "", bearer(roomToken(t, "alice", nil)), &got); code != http.StatusForbidden || got.Error != protocol.ReasonNotAllowed {
+		t.Errorf("a token without rooms: %d %+v", code, got)
+	}
+}
+
+// awaitSignals reads c's frames until a room_signal of room, and returns
+// its signals; every room_signal on the way must pass check.
+func awaitSignals(t *testing.T, c *client.Conn, room string, check func(protocol.RoomSignalEntry)) []protocol.RoomSignalEntry {
+	t.Helper()
+	m := systest.Await(t, c, systest.EventTimeout, "room_signal of "+room, func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeRoomSignal && m.Room == room
+	})
+	for _, s := range m.Signals {
+		check(s)
+	}
+	return m.Signals
+}
+
+// TestRoomSignals: typing and signals reach the other connections in the
+// room, on every gateway, with their expiry; never the connection that
+// sent them, never from an invisible user; bad ones are answered.
+func TestRoomSignals(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{SignalRate: 0.01, SignalBurst: 3}})
+	gw1 := sys.Gateway()
+	gw2 := sys.StartGateway(gateway.Config{SignalRate: 0.01, SignalBurst: 3})
+	alice := dialKept(t, sys, gw1, "alice")
+	joinRoom(t, alice, "j", "doc:1", "")
+	bob := dialKept(t, sys, gw2, "bob")
+	joinRoom(t, bob, "j", "doc:1", "")
+	carol := dialKept(t, sys, gw1, "carol")
+	if err := carol.SetStatus("invisible"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitSelf(t, carol, presence.Invisible, 1)
+	joinRoom(t, carol, "j", "doc:1", "")
+
+	// carol's typing goes nowhere: the error that follows it says it was
+	// handled.
+	sendRoom(t, carol, protocol.TypeTyping, "", "doc:1", "")
+	if err := carol.Send(protocol.ClientMessage{Type: protocol.TypeSignal, ID: "bad", Room: "doc:1", Signal: "Bad!"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := systest.Await(t, carol, systest.EventTimeout, "error", isType(protocol.TypeError)); m.ID != "bad" || m.Code != protocol.CodeBadRequest || !strings.Contains(m.Message, `"signal"`) {
+		t.Errorf("a bad signal type: %+v", m)
+	}
+
+	sendRoom(t, bob, protocol.TypeTyping, "", "doc:1", "")
+	notCarol := func(s protocol.RoomSignalEntry) {
+		if s.UserID == "carol" {
+			t.Errorf("a signal of invisible carol: %+v", s)
+		}
+	}
+	got := awaitSignals(t, alice, "doc:1", notCarol)
+	if len(got) != 1 || got[0].UserID != "bob" || got[0].ConnID != bob.Hello.ConnID || got[0].Signal != "typing" || got[0].ExpiresMS != 3000 || got[0].Data != nil {
+		t.Errorf("alice got %+v, want bob typing for 3000 ms", got)
+	}
+	awaitSignals(t, carol, "doc:1", func(s protocol.RoomSignalEntry) {}) // invisible carol still gets them
+
+	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeSignal, Room: "doc:1", Signal: "cursor", Data: json.RawMessage(`{"x": 1}`)}); err != nil {
+		t.Fatal(err)
+	}
+	// bob gets alice's signal and never his own typing.
+	got = awaitSignals(t, bob, "doc:1", func(s protocol.RoomSignalEntry) {
+		if s.ConnID == bob.Hello.ConnID {
+			t.Errorf("bob's own signal came back to him: %+v", s)
+		}
+		notCarol(s)
+	})
+	if len(got) != 1 || got[0].Signal != "cursor" || string(got[0].Data) != `{"x":1}` || got[0].UserID != "alice" {
+		t.Errorf("bob got %+v, want alice's cursor", got)
+	}
+
+	for _, tc := range []struct {
+		name string
+		m    protocol.ClientMessage
+		want string
+	}{
+		{"not joined", protocol.ClientMessage{Type: protocol.TypeTyping, Room: "doc:2"}, "not in room"},
+		{"data too big", protocol.ClientMessage{Type: protocol.TypeSignal, Room: "doc:1", Signal: "x", Data: json.RawMessage(`"` + strings.Repeat("d", 300) + `"`)}, "at most 256"},
+	} {
+		tc.m.ID = tc.name
+		if err := alice.Send(tc.m); err != nil {
+			t.Fatal(err)
+		}
+		m := systest.Await(t, alice, systest.EventTimeout, tc.name, func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeError && m.ID == tc.name })
+		if m.Code != protocol.CodeBadRequest || !strings.Contains(m.Message, tc.want) {
+			t.Errorf("%s: %+v, want bad_request saying %q", tc.name, m, tc.want)
+		}
+	}
+	// The burst of 3 is spent (alice sent 3): one more is rate limited.
+	sendRoom(t, alice, protocol.TypeTyping, "over", "doc:1", "")
+	m := systest.Await(t, alice, systest.EventTimeout, "rate limited", func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeError && m.ID == "over" })
+	if m.Code != protocol.CodeRateLimited || !strings.Contains(m.Message, "--signal-rate") {
+		t.Errorf("a fourth signal: %+v", m)
+	}
 }

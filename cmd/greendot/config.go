@@ -125,13 +125,13 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
-		"max-conns-per-user", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		"max-conns-per-user", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "signal-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 0, "max-conns"); err != nil {
 		return cfg, err
 	}
-	for _, name := range []string{"rate-limit", "room-update-rate"} {
+	for _, name := range []string{"rate-limit", "room-update-rate", "signal-rate"} {
 		if r := c.Float64(name); r <= 0 {
 			return cfg, fmt.Errorf("--%s %v: want a positive number of messages per second", name, r)
 		}
@@ -180,6 +180,8 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.RoomMembersMax = c.Int("room-members-max")
 	cfg.RoomUpdateRate = c.Float64("room-update-rate")
 	cfg.RoomUpdateBurst = c.Int("room-update-burst")
+	cfg.SignalRate = c.Float64("signal-rate")
+	cfg.SignalBurst = c.Int("signal-burst")
 	cfg.MaxRegistering = c.Int("max-registering")
 	cfg.RateLimit = c.Float64("rate-limit")
 	cfg.RateBurst = c.Int("rate-burst")

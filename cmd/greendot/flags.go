@@ -164,6 +164,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catLimits, "room-members-max", d.RoomMembersMax, "users a room_state (and GET /api/rooms/{room}) lists; beyond it the state is truncated, with the true count"),
 		floatFlag(catLimits, "room-update-rate", d.RoomUpdateRate, "room_update messages per second a socket may send on average; more are answered rate_limited"),
 		intFlag(catLimits, "room-update-burst", d.RoomUpdateBurst, "room_update messages a socket may send at once"),
+		floatFlag(catLimits, "signal-rate", d.SignalRate, "typing and signal messages per second a socket may send on average; more are answered rate_limited"),
+		intFlag(catLimits, "signal-burst", d.SignalBurst, "typing and signal messages a socket may send at once"),
 		intFlag(catLimits, "max-conns-per-user", d.MaxConnsPerUser, "connections one user may hold on this gateway"),
 		intFlag(catLimits, "max-registering", d.MaxRegistering, "upgrades registered in NATS at once; more are refused with 503 at once, so a reconnect storm does not pile up work that times out"),
 		floatFlag(catLimits, "rate-limit", d.RateLimit, "messages per second a socket may send on average"),

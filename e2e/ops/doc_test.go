@@ -341,6 +341,16 @@ func checkKey(bucket, key string, filter bool) error {
 		if _, _, _, _, ok := presence.ParseLeaseConnKey(key); !ok {
 			return bad
 		}
+	case presence.RoomsBucket:
+		if filter {
+			if key == presence.RoomKeysFilter(sceneRoom) {
+				return nil
+			}
+			return bad
+		}
+		if _, ok := presence.ParseRoomKey(key); !ok {
+			return bad
+		}
 	case presence.GraphBucket:
 		if filter {
 			for _, u := range []string{"alice", "bob"} {
@@ -398,6 +408,9 @@ func (r *runner) kv(words []string) (output, error) {
 	}
 	switch words[0] {
 	case "ls":
+		if bucket == presence.RoomsBucket {
+			r.sc.joinRoom() // a room with a member to list
+		}
 		var lister jetstream.KeyLister
 		if len(pos) > 1 {
 			if err := checkKey(bucket, pos[1], true); err != nil {
@@ -512,8 +525,9 @@ func (r *runner) sub(words []string) (output, error) {
 		return output{}, errors.New("nats sub SUBJECT")
 	}
 	subject := pos[0]
-	if subject != presence.EventWildcard && !isEventSubject(subject) {
-		return output{}, fmt.Errorf("subject %q is neither %s nor presence.EventSubject(user)", subject, presence.EventWildcard)
+	rooms := subject == presence.RoomWildcard || subject == presence.RoomSubject(sceneRoom)
+	if subject != presence.EventWildcard && !isEventSubject(subject) && !rooms {
+		return output{}, fmt.Errorf("subject %q is neither %s nor presence.EventSubject(user), nor a room subject", subject, presence.EventWildcard)
 	}
 	sub, err := r.sc.nc.SubscribeSync(subject)
 	if err != nil {
@@ -523,7 +537,11 @@ func (r *runner) sub(words []string) (output, error) {
 	if err := r.sc.nc.Flush(); err != nil {
 		return output{}, err
 	}
-	r.sc.stimulate()
+	if rooms {
+		r.sc.joinRoom()
+	} else {
+		r.sc.stimulate()
+	}
 	m, err := sub.NextMsg(5 * time.Second)
 	if err != nil {
 		return output{}, fmt.Errorf("nothing on %s: %w", subject, err)

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -28,6 +29,7 @@ import (
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/webhook"
 )
@@ -136,6 +138,29 @@ func (sc *scene) connectAlice() {
 			}
 		}
 		return nil
+	})
+}
+
+// sceneRoom is the room the page's room recipes look at.
+const sceneRoom = "doc:42"
+
+// joinRoom has a new connection of erin join sceneRoom (presence_rooms,
+// presence.room.doc=42), and waits for its key.
+func (sc *scene) joinRoom() {
+	sc.t.Helper()
+	erin := sc.sys.Dial(sc.gw1, "erin", "web")
+	sc.stops = append(sc.stops, systest.KeepAlive(erin, systest.Heartbeat))
+	if err := erin.Send(protocol.ClientMessage{Type: protocol.TypeJoin, Room: sceneRoom, Meta: json.RawMessage(`{"name":"Erin"}`)}); err != nil {
+		sc.t.Fatal(err)
+	}
+	natstest.CheckFor(sc.t, 10*time.Second, 20*time.Millisecond, func() error {
+		entries, err := sc.sys.Store.RoomMembers(context.Background(), sceneRoom)
+		for _, e := range entries {
+			if e.Member.ConnID == erin.Hello.ConnID {
+				return nil
+			}
+		}
+		return fmt.Errorf("erin's key in %s: not yet (%v)", sceneRoom, err)
 	})
 }
 

@@ -53,6 +53,39 @@ type RoomLeaseEnded struct {
 	Epoch   string `json:"epoch"`
 }
 
+// RoomSignal is what a gateway publishes on a room's signal subject
+// (RoomSignalSubject) for a connection in the room: typing, and the like.
+// Signals are never stored.
+type RoomSignal struct {
+	Room    string          `json:"room"`
+	UserID  string          `json:"user_id"`
+	ConnID  string          `json:"conn_id"`
+	Gateway string          `json:"gateway"`
+	Signal  string          `json:"signal"`
+	Data    json.RawMessage `json:"data,omitempty"`
+}
+
+// MaxSignalLen is the longest signal type accepted, and MaxSignalData the
+// most bytes of a signal's data.
+const (
+	MaxSignalLen  = 32
+	MaxSignalData = 256
+)
+
+// ValidSignal reports whether s is a signal type: 1 to 32 characters of
+// a-z 0-9 _ -.
+func ValidSignal(s string) bool {
+	if len(s) == 0 || len(s) > MaxSignalLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // RoomEntry is a member's key as listed: the member, its value and the
 // key's revision.
 type RoomEntry struct {

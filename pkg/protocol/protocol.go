@@ -28,6 +28,8 @@ const (
 	TypeJoin        = "join"
 	TypeRoomUpdate  = "room_update"
 	TypeLeave       = "leave"
+	TypeTyping      = "typing"
+	TypeSignal      = "signal"
 )
 
 // KnownClientType reports whether t is a client message type of the
@@ -35,7 +37,7 @@ const (
 func KnownClientType(t string) bool {
 	switch t {
 	case TypeHeartbeat, TypeActivity, TypeIdle, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe,
-		TypeJoin, TypeRoomUpdate, TypeLeave:
+		TypeJoin, TypeRoomUpdate, TypeLeave, TypeTyping, TypeSignal:
 		return true
 	}
 	return false
@@ -52,6 +54,7 @@ const (
 	TypeRoomState     = "room_state"
 	TypeRoomDiff      = "room_diff"
 	TypeRoomDenied    = "room_denied"
+	TypeRoomSignal    = "room_signal"
 )
 
 // Error codes of error frames.
@@ -105,6 +108,9 @@ type ClientMessage struct {
 	// Room and Meta are those of join, room_update and leave.
 	Room string          `json:"room,omitempty"`
 	Meta json.RawMessage `json:"meta,omitempty"`
+	// Signal and Data are those of signal.
+	Signal string          `json:"signal,omitempty"`
+	Data   json.RawMessage `json:"data,omitempty"`
 }
 
 // heartbeatJSON is a heartbeat message in its usual form.
@@ -167,6 +173,8 @@ func jsonKind(field string) string {
 		return "a boolean"
 	case "meta":
 		return "a JSON object"
+	case "data":
+		return "JSON"
 	default:
 		return "a string"
 	}
@@ -253,6 +261,30 @@ type RoomDiff struct {
 	Count  int          `json:"count"`
 }
 
+// SignalTyping is the signal a typing message sends.
+const SignalTyping = "typing"
+
+// SignalExpiresMS is how long a signal holds after it was sent, unless
+// sent again: what the client applies.
+const SignalExpiresMS = 3000
+
+// RoomSignalEntry is one signal of a room_signal frame.
+type RoomSignalEntry struct {
+	UserID    string          `json:"user_id"`
+	ConnID    string          `json:"conn_id"`
+	Signal    string          `json:"signal"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	ExpiresMS int             `json:"expires_ms"`
+}
+
+// RoomSignal carries the signals of a room since the socket's last frame
+// of them.
+type RoomSignal struct {
+	Type    string            `json:"type"`
+	Room    string            `json:"room"`
+	Signals []RoomSignalEntry `json:"signals"`
+}
+
 // RoomDenied refuses a join, or ends a membership.
 type RoomDenied struct {
 	Type   string `json:"type"`
@@ -283,6 +315,7 @@ type ServerMessage struct {
 	Truncated           bool                `json:"truncated,omitempty"`
 	Joins               []RoomMember        `json:"joins,omitempty"`
 	Leaves              []RoomMember        `json:"leaves,omitempty"`
+	Signals             []RoomSignalEntry   `json:"signals,omitempty"`
 }
 
 // AppendBatch appends the JSON of a presence_batch frame to dst. It writes
