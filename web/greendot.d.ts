@@ -162,9 +162,9 @@ export interface Room {
 
   /** Replaces this connection's meta; reports whether it was sent now (later joins carry it). Throws for a meta that is not a JSON object of at most MAX_META_BYTES. */
   updateMeta(meta: RoomMeta): boolean;
-  /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS and reports whether it sent one. */
+  /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS, once the room is joined, and reports whether it sent one. */
   typing(): boolean;
-  /** Sends a short-lived signal to the other members; reports whether the connection was open. Throws for a bad type or data over MAX_SIGNAL_BYTES. */
+  /** Sends a short-lived signal to the other members; reports whether it was sent (only once the room is joined). Throws for a bad type or data over MAX_SIGNAL_BYTES. */
   signal(type: string, data?: unknown): boolean;
   /** Leaves the room for good. */
   leave(): void;

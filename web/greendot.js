@@ -1044,15 +1044,16 @@ class Room {
 
   /**
    * typing says the person is typing: call it on every input. It sends at
-   * most one frame per TYPING_INTERVAL_MS, and reports whether it sent one.
-   * The others see the person typing until SIGNAL_EXPIRES_MS after the
-   * last frame.
+   * most one frame per TYPING_INTERVAL_MS, and reports whether it sent one
+   * (nothing is sent until the room is joined: the server takes signals
+   * only after its room_state). The others see the person typing until
+   * SIGNAL_EXPIRES_MS after the last frame.
    */
   typing() {
     this.#live();
     const now = Date.now();
     if (now - this.#typingSent < TYPING_INTERVAL_MS) return false;
-    if (!this.#link.open() || !this.#link.send({ type: "typing", room: this.#id })) return false;
+    if (!this.#synced || !this.#link.send({ type: "typing", room: this.#id })) return false;
     this.#typingSent = now;
     return true;
   }
@@ -1060,13 +1061,13 @@ class Room {
   /**
    * signal sends a short-lived signal to the other members: a type of 1 to
    * 32 characters of a-z 0-9 _ -, and optional JSON data of at most
-   * MAX_SIGNAL_BYTES. It reports whether the connection was open to take
-   * it; signals are not kept for later.
+   * MAX_SIGNAL_BYTES. It reports whether it was sent: only once the room
+   * is joined on the open connection; signals are not kept for later.
    */
   signal(type, data) {
     checkSignal(type, data);
     this.#live();
-    if (!this.#link.open()) return false;
+    if (!this.#synced) return false;
     const msg = { type: "signal", room: this.#id, signal: type };
     if (data !== undefined) msg.data = data;
     return this.#link.send(msg);

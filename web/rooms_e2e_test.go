@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/chromedp/chromedp"
 )
 
 // waitAvatar waits until the page's lobby shows user's avatar with the
@@ -88,4 +90,37 @@ func TestBrowserRoom(t *testing.T) {
 		t.Logf("bob left the room %v after closing his tab (grace %v)", d, browserGrace)
 	}
 	alice.wait("the lobby counts one", `document.querySelector("#lobby-count").textContent === "(just you)"`)
+}
+
+// TestBrowserRoomTyping: one person types in the lobby's box; the other
+// sees "<name> is typing…" at once, and no longer once the typing signal
+// expired, 3 s after the last one.
+func TestBrowserRoomTyping(t *testing.T) {
+	chromium := chromiumPath(t)
+	sys := startDemo(t)
+	gw := sys.Gateway()
+	c := startChrome(t, chromium)
+
+	alice := c.open("alice", demoURL(gw.HTTP, "alice"))
+	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
+	alice.waitAvatar("bob", "B")
+	bob.waitAvatar("alice", "A")
+
+	typed := time.Now()
+	alice.do("type in the lobby's box", chromedp.SendKeys(chromedp.ID("lobby-input"), "hello"))
+	// The signal lasts 3 s from its arrival: bob sees it within that, or
+	// never. It takes well under a second on an idle machine.
+	bob.wait("alice is typing", `document.querySelector("#lobby-typing").textContent === "alice is typing…"`)
+	seen := time.Since(typed)
+	if got := alice.text("#lobby-typing"); got != "" {
+		t.Errorf("alice's own page says %q: her own typing is not shown to her", got)
+	}
+	bob.wait("alice no longer typing", `document.querySelector("#lobby-typing").textContent === ""`)
+	gone := time.Since(typed)
+	// The signal left alice after typed, and expires 3 s after it reached
+	// bob's page: it cannot end sooner.
+	if gone < 3*time.Second {
+		t.Errorf("alice's typing ended %v after she typed, before its 3 s expiry", gone)
+	}
+	t.Logf("bob saw alice typing %v after she typed, and no longer %v after", seen, gone)
 }

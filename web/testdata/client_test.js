@@ -405,6 +405,7 @@ async (m, users) => {
     ws.open({ conn_id: "m1" });
     const join = ws.of("join")[0];
     check("room: joined after hello, with the meta and an id", join?.room === "doc:42" && join.meta?.name === "Me" && typeof join.id === "string", json(ws.sent));
+    check("room: no typing or signal before the room's state", r.typing() === false && r.signal("cursor") === false && ws.of("typing").length + ws.of("signal").length === 0, json(ws.sent));
     const conn = (id, name, since = 1) => ({ conn_id: id, meta: { name }, since });
     ws.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "early", conns: [conn("e1", "E")] }], leaves: [], count: 1 });
     check("room: a diff before the state is left to the state", seen.length === 0 && r.members.size === 0, json(seen));
@@ -464,6 +465,7 @@ async (m, users) => {
     await until("room: a new socket", () => W.all.length === 2, 2000);
     const ws2 = W.all[1];
     ws2.open({ conn_id: "m2" });
+    check("room: no typing on the new connection before its state", r.typing() === false && ws2.of("typing").length === 0);
     const join2 = ws2.of("join")[0];
     check("room: joined again after the reconnect, with the newest meta", join2?.room === "doc:42" && join2.meta.name === "Me2" && join2.id !== join.id, json(ws2.sent));
     ws2.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "zed", conns: [conn("z1", "Z")] }], leaves: [], count: 3 });
@@ -508,6 +510,7 @@ async (m, users) => {
     const r = gd.room("doc:7");
     await until("typing interval: a socket", () => W.all.length === 1);
     W.all[0].open();
+    W.all[0].deliver({ type: "room_state", room: "doc:7", members: [], count: 0, truncated: false });
     const t0 = Date.now();
     r.typing();
     await until("typing interval: a second frame while typing", () => {
@@ -552,6 +555,22 @@ async (m, users) => {
     check("real: updateMeta is sent", room.updateMeta({ name: "Me again" }) === true);
     await until("real: the meta change comes back", () => updates.includes("Me again"), 5000);
     check("real: the member has the new meta", room.member(me)?.conns[0].meta.name === "Me again", json(room.member(me)));
+
+    // The friend joins too, types and signals; this client sees both, and
+    // the friend's page never gets its own signals back.
+    const other = new m.GreenDot({ user: friend, trackVisibility: false });
+    const theirs = other.room("unit:room", { name: "Friend" });
+    await until("real: the friend is in the room", () => theirs.state === "joined" && room.member(friend) !== undefined, 5000);
+    check("real: both are counted", room.count === 2 && theirs.count === 2, `${room.count} ${theirs.count}`);
+    const signals = [];
+    room.on("signal", (sig) => signals.push(sig));
+    check("real: typing is sent once joined", theirs.typing() === true);
+    await until("real: the friend is typing", () => room.typingUsers.includes(friend), 5000);
+    check("real: a signal is sent", theirs.signal("cursor", { x: 5 }) === true);
+    await until("real: the friend's signal arrives", () => signals.some((sig) => sig.signal === "cursor" && sig.data?.x === 5 && sig.user_id === friend && sig.expires_ms > 0), 5000);
+    check("real: no signal comes back to its sender", theirs.typingUsers.length === 0);
+    other.close();
+    await until("real: the friend leaves after the offline grace", () => room.member(friend) === undefined && room.count === 1, 10000);
     room.leave();
     check("real: left", room.state === "left" && gd.rooms.length === 0);
     gd.close();
