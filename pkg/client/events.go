@@ -8,7 +8,7 @@ import (
 
 // Event is what a Client delivers on its Events channel: one of
 // Connected, Reconnected, Disconnected, Snapshot, Changes, Self, Denied,
-// RoomState, RoomDiff, RoomDenied, ServerError and Lagged. A type switch reads them:
+// RoomState, RoomDiff, RoomSignal, RoomDenied, ServerError and Lagged. A type switch reads them:
 //
 //	for ev := range c.Events() {
 //		switch ev := ev.(type) {
@@ -73,6 +73,11 @@ type RoomState struct{ protocol.RoomState }
 // joined or changed their meta, and connections that left.
 type RoomDiff struct{ protocol.RoomDiff }
 
+// RoomSignal carries signals of other connections in a room joined
+// (typing, and those sent with Signal): the newest of each connection and
+// type, each holding for its ExpiresMS unless it comes again.
+type RoomSignal struct{ protocol.RoomSignal }
+
 // RoomDenied refuses a join, or ends a membership an auth renewal no
 // longer allows; the client is no longer in the room.
 type RoomDenied struct{ protocol.RoomDenied }
@@ -98,6 +103,7 @@ func (Self) event()         {}
 func (Denied) event()       {}
 func (RoomState) event()    {}
 func (RoomDiff) event()     {}
+func (RoomSignal) event()   {}
 func (RoomDenied) event()   {}
 func (ServerError) event()  {}
 func (Lagged) event()       {}
@@ -131,6 +137,8 @@ func serverEvent(m protocol.ServerMessage) (ev Event, ok bool) {
 		return RoomState{protocol.RoomState{Type: m.Type, ID: m.ID, Room: m.Room, Members: m.Members, Count: m.Count, Truncated: m.Truncated}}, true
 	case protocol.TypeRoomDiff:
 		return RoomDiff{protocol.RoomDiff{Type: m.Type, Room: m.Room, Joins: m.Joins, Leaves: m.Leaves, Count: m.Count}}, true
+	case protocol.TypeRoomSignal:
+		return RoomSignal{protocol.RoomSignal{Type: m.Type, Room: m.Room, Signals: m.Signals}}, true
 	case protocol.TypeRoomDenied:
 		return RoomDenied{protocol.RoomDenied{Type: m.Type, ID: m.ID, Room: m.Room, Reason: m.Reason}}, true
 	case protocol.TypeError:

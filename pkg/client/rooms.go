@@ -18,6 +18,11 @@ import (
 // in bytes of compact JSON.
 const MaxRoomMetaBytes = 1024
 
+// ErrNotJoined is why Typing and Signal send nothing: the room's state has
+// not come on the open connection yet (the gateway takes signals only
+// after it), or there is no connection. Try again later, or skip it.
+var ErrNotJoined = errors.New("not joined on the open connection yet")
+
 // Room is a room as the client knows it: its members, kept from the
 // gateway's room_state and room_diff frames.
 type Room struct {
@@ -253,4 +258,61 @@ func addConns(members map[string]map[string]protocol.RoomConn, list []protocol.R
 			conns[cn.ConnID] = cn
 		}
 	}
+}
+
+// Typing says the person is typing in a room joined: the others get the
+// signal typing, which holds for protocol.SignalExpiresMS. Call it about
+// every 2 s while the person types. The gateway rate limits signals (a
+// ServerError rate_limited). It returns an error wrapping ErrNotJoined
+// when the room is not joined on the open connection.
+func (c *Client) Typing(roomID string) error {
+	return c.signal(roomID, protocol.ClientMessage{Type: protocol.TypeTyping, Room: roomID})
+}
+
+// Signal sends a short-lived signal to the other members of a room joined
+// (a cursor, a reaction): a type of 1 to 32 characters of a-z 0-9 _ -,
+// and data (nil, or a value whose JSON is at most presence.MaxSignalData
+// bytes). The others get it in a RoomSignal event. It returns an error
+// wrapping ErrNotJoined when the room is not joined on the open
+// connection.
+func (c *Client) Signal(roomID, signal string, data any) error {
+	if !presence.ValidSignal(signal) {
+		return fmt.Errorf("signal %q: want 1 to %d characters of a-z 0-9 _ -", signal, presence.MaxSignalLen)
+	}
+	m := protocol.ClientMessage{Type: protocol.TypeSignal, Room: roomID, Signal: signal}
+	if data != nil {
+		raw, err := json.Marshal(data)
+		if err != nil {
+			return fmt.Errorf("signal %s: data: %w", signal, err)
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, raw); err != nil {
+			return fmt.Errorf("signal %s: data: %w", signal, err)
+		}
+		if buf.Len() > presence.MaxSignalData {
+			return fmt.Errorf("signal %s: data of %d bytes of JSON, over %d", signal, buf.Len(), presence.MaxSignalData)
+		}
+		m.Data = buf.Bytes()
+	}
+	return c.signal(roomID, m)
+}
+
+func (c *Client) signal(roomID string, m protocol.ClientMessage) error {
+	if err := checkRoomID(roomID); err != nil {
+		return fmt.Errorf("%s: %w", m.Type, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("%s: %w", m.Type, c.err)
+	}
+	r, ok := c.rooms[roomID]
+	switch {
+	case !ok:
+		return fmt.Errorf("%s in %s: not joined", m.Type, roomID)
+	case !r.joined || c.conn == nil:
+		return fmt.Errorf("%s in %s: %w", m.Type, roomID, ErrNotJoined)
+	}
+	c.sendLocked(m)
+	return nil
 }

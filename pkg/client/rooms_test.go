@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -137,10 +138,50 @@ func TestRooms(t *testing.T) {
 	}
 	alice.awaitRoom("doc:1", "alice=Alice bob=Bob B. count=2 joined=true")
 
+	// Typing and signals reach the others, never the sender.
+	if err := bob.c.Signal("doc:1", "Cursor", nil); err == nil {
+		t.Error("Signal with a bad type: no error")
+	}
+	if err := bob.c.Signal("doc:1", "cursor", strings.Repeat("x", 300)); err == nil {
+		t.Error("Signal with data over the limit: no error")
+	}
+	if err := bob.c.Typing("doc:9"); err == nil || errors.Is(err, client.ErrNotJoined) {
+		t.Errorf("Typing in a room never joined: %v", err)
+	}
+	if err := bob.c.Typing("doc:1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.c.Signal("doc:1", "cursor", map[string]int{"x": 7}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	alice.until("bob's typing and cursor", func() bool {
+		if len(alice.seen) > 0 {
+			if ev, ok := alice.seen[len(alice.seen)-1].(client.RoomSignal); ok && ev.Room == "doc:1" {
+				for _, s := range ev.Signals {
+					if s.UserID == "bob" && s.ExpiresMS > 0 {
+						got[s.Signal] = string(s.Data)
+					}
+				}
+			}
+		}
+		return got["typing"] == "" && got["cursor"] == `{"x":7}` && len(got) == 2
+	})
+	bob.drain()
+	for _, ev := range bob.seen {
+		if ev, ok := ev.(client.RoomSignal); ok {
+			t.Errorf("bob got signals back: %+v", ev.RoomSignal)
+		}
+	}
+
 	// The gateway restarts: both reconnect and join again, bob with his
 	// newest meta. (Their old connections leave once the old gateway's
-	// lease is reaped.)
+	// lease is reaped.) Meanwhile there is no room to signal in.
 	sys.StopGateway(g)
+	alice.await("disconnected", isType[client.Disconnected])
+	if err := alice.c.Typing("doc:1"); !errors.Is(err, client.ErrNotJoined) {
+		t.Errorf("Typing while disconnected: %v, want ErrNotJoined", err)
+	}
 	sys.StartGatewayAt(gateway.Config{}, g.Addr)
 	for _, e := range []*events{alice, bob} {
 		e.await("reconnected", isType[client.Reconnected])
