@@ -275,39 +275,54 @@ func (r *room) leaseEnded(gw, epoch string) {
 }
 
 // putLocked sets a member and tells the local connections.
+//
+// A connection shown a truncated room hears of users it was not shown
+// only when the count moves: a user came in.
 func (r *room) putLocked(connID string, m *roomMember) {
+	newUser := false
 	if old := r.members[connID]; old == nil {
 		r.users[m.userID]++
+		newUser = r.users[m.userID] == 1
 	}
 	r.members[connID] = m
 	for c, v := range r.locals {
-		v.dirty = true
-		if v.shows(m.userID) {
+		switch {
+		case v.shows(m.userID):
 			delete(v.leaves, connID)
 			if v.joins == nil {
 				v.joins = make(map[string]*roomMember)
 			}
 			v.joins[connID] = m
+		case !newUser:
+			continue
 		}
+		v.dirty = true
 		c.roomsChanged()
 	}
 }
 
 // removeLocked takes a member out and tells the local connections.
+// (To a truncated room's connection, only when the count moves: the
+// user's last connection left.)
 func (r *room) removeLocked(connID string, m *roomMember) {
 	delete(r.members, connID)
+	userGone := false
 	if r.users[m.userID]--; r.users[m.userID] <= 0 {
 		delete(r.users, m.userID)
+		userGone = true
 	}
 	for c, v := range r.locals {
-		v.dirty = true
-		if v.shows(m.userID) {
+		switch {
+		case v.shows(m.userID):
 			delete(v.joins, connID)
 			if v.leaves == nil {
 				v.leaves = make(map[string]string)
 			}
 			v.leaves[connID] = m.userID
+		case !userGone:
+			continue
 		}
+		v.dirty = true
 		c.roomsChanged()
 	}
 }

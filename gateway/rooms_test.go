@@ -710,3 +710,35 @@ func TestRoomSignals(t *testing.T) {
 		t.Errorf("a fourth signal: %+v", m)
 	}
 }
+
+// TestRoomLeaseEnded: presence.room.lease_ended makes every gateway drop
+// the members held under that lease, whose leave events it may have
+// missed; members of other leases stay.
+func TestRoomLeaseEnded(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	ctx := t.Context()
+	for _, m := range []presence.RoomMember{
+		{Room: "doc:8", Gateway: "gw-x", Epoch: "E1", UserID: "ghost", ConnID: "g1"},
+		{Room: "doc:8", Gateway: "gw-x", Epoch: "E2", UserID: "later", ConnID: "l1"},
+	} {
+		if _, err := sys.Store.PutRoomMember(ctx, m, presence.RoomValue{Meta: json.RawMessage(`{}`), Since: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alice := dialKept(t, sys, sys.Gateway(), "alice")
+	wa := joinRoom(t, alice, "j", "doc:8", "")
+	if wa.count != 3 {
+		t.Fatalf("alice sees %v, want ghost, later and herself", wa.members)
+	}
+	data, err := json.Marshal(presence.RoomLeaseEnded{Gateway: "gw-x", Epoch: "E1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.NC.Publish(presence.RoomLeaseEndedSubject, data); err != nil {
+		t.Fatal(err)
+	}
+	wa.until("the ended lease's member gone", func(w *roomWatch) bool {
+		_, ghost := w.members["ghost"]
+		return !ghost && len(w.members["later"]) == 1 && w.count == 2
+	})
+}
