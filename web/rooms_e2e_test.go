@@ -64,6 +64,7 @@ func TestBrowserRoom(t *testing.T) {
 	}
 	alice.wait("alice on a new connection", fmt.Sprintf(`window.demo.client.state === "open" && window.demo.client.hello.conn_id !== %q`, a1))
 	alice.wait("alice's lobby re-synced", `window.roomLog.includes("sync") && window.demo.lobby.state === "joined"`)
+	alice.wait("alice's lobby no longer dimmed", `!document.querySelector("#lobby-members").hasAttribute("data-stale")`)
 	alice.waitAvatar("bob", "B")
 	log, err := eval[[]string](alice, `window.roomLog`)
 	if err != nil {

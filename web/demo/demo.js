@@ -328,6 +328,9 @@ function start(me) {
       if (m.user_id === me) li.dataset.me = "";
       return li;
     }));
+    // Until the room's state comes again after a reconnect, who was there
+    // is shown dimmed.
+    $("lobby-members").toggleAttribute("data-stale", lobby.state !== "joined");
     $("lobby-count").textContent = lobby.count === 1 ? "(just you)" : `(${lobby.count} people)`;
     renderTyping();
   }
@@ -339,6 +342,7 @@ function start(me) {
 
   for (const ev of ["join", "leave", "update", "sync"]) lobby.on(ev, renderLobby);
   lobby.on("typing", renderTyping);
+  client.onState(renderLobby);
   lobby.on("denied", (d) => {
     $("lobby-typing").textContent = `Not let into the lobby (${d.reason.replaceAll("_", " ")}).`;
   });
