@@ -8,11 +8,14 @@
 //   gd.onChange((userId, p) => render(userId, p.status, p.last_seen));
 //   gd.subscribe(["bob", "carol"]);
 //   gd.setStatus("busy");
+//   const room = gd.room("doc:42", { name: "Alice" });
+//   room.on("join", (m) => addAvatar(m.user_id, m.conns[0].meta));
 //
 // What it takes care of: heartbeats at the interval the server asks for;
 // reconnecting with capped exponential backoff and full jitter (and soon,
-// with jitter, when a gateway drains with close code 1001); subscriptions
-// and the chosen status restored after every reconnect; `activity` on input
+// with jitter, when a gateway drains with close code 1001); subscriptions,
+// rooms (re-synced from the server's new state) and the chosen status
+// restored after every reconnect; `activity` on input
 // and focus (at most once per activityIntervalMs), `idle` when the tab has
 // been hidden idleAfterMs, and the socket closed after closeAfterMs hidden,
 // then opened again when the tab is visible.
