@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -48,7 +49,9 @@ func TestBrowserRoom(t *testing.T) {
 
 	// alice's connection is cut: she reconnects, joins again and gets the
 	// room's state anew; bob was there all along, so her page tells of no
-	// join or leave, only the re-sync.
+	// join or leave of his, only the re-sync. (Her own connections change:
+	// that is an update of her, or, should the old one be gone before the
+	// new one is stored, a leave and a join.)
 	if _, err := eval[bool](alice, `(() => {
 		window.roomLog = [];
 		for (const ev of ["join", "leave", "sync"]) {
@@ -70,11 +73,8 @@ func TestBrowserRoom(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range log {
-		if e != "sync" {
-			t.Errorf("alice's page after her reconnect: %v, want only syncs (nobody joined or left)", log)
-			break
-		}
+	if slices.Contains(log, "join:bob") || slices.Contains(log, "leave:bob") {
+		t.Errorf("alice's page after her reconnect: %v, want no join or leave of bob", log)
 	}
 	// bob sees alice's new connection.
 	a2 := alice.connID()
