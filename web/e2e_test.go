@@ -281,8 +281,8 @@ func TestClientInBrowser(t *testing.T) {
 	for _, f := range res.Failures {
 		t.Errorf("client_test.js: %s", f)
 	}
-	if res.Passed < 75 {
-		t.Errorf("client_test.js passed %d checks, want at least 75: were checks lost?", res.Passed)
+	if res.Passed < 130 {
+		t.Errorf("client_test.js passed %d checks, want at least 130: were checks lost?", res.Passed)
 	}
 	t.Logf("client_test.js: %d checks passed, %d failed", res.Passed, len(res.Failures))
 

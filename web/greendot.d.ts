@@ -77,6 +77,99 @@ export interface SubscribeResult {
   readonly denied: Denial[];
 }
 
+/** A room member's meta: a JSON object of at most MAX_META_BYTES (a name, a colour). */
+export type RoomMeta = { [field: string]: unknown };
+
+/** One connection of a member in a room. */
+export interface RoomConn {
+  readonly conn_id: string;
+  readonly meta: Readonly<RoomMeta>;
+  /** When the connection joined the room, in unix ms. */
+  readonly since: number;
+}
+
+/** A user in a room, with every connection of theirs that is in it. */
+export interface RoomMember {
+  readonly user_id: string;
+  readonly conns: readonly RoomConn[];
+}
+
+/** A signal another member sent to the room. */
+export interface RoomSignal {
+  readonly user_id: string;
+  readonly conn_id: string;
+  /** Its type: 1 to 32 of a-z 0-9 _ -. */
+  readonly signal: string;
+  readonly data?: unknown;
+  /** How long it lasts unless repeated, in ms. */
+  readonly expires_ms: number;
+  /** When it ends (Date.now() time), unless repeated. */
+  readonly expires_at: number;
+}
+
+/** A refused join. */
+export interface RoomDenial {
+  readonly room: string;
+  /** not_allowed, too_many_rooms, invalid_room, or a newer reason. */
+  readonly reason: string;
+  /** The id of the join refused. */
+  readonly id?: string;
+}
+
+/**
+ * joining (waiting for the connection or the server's answer, after every
+ * reconnect too), joined, denied or left.
+ */
+export type RoomState = "joining" | "joined" | "denied" | "left";
+
+/**
+ * A room this client is in, made by GreenDot.room: its members, kept in
+ * step with the server across reconnects, and its members' signals.
+ */
+export interface Room {
+  /** The room id. */
+  readonly id: string;
+  /** This connection's meta in the room, as last given. */
+  readonly meta: RoomMeta | undefined;
+  readonly state: RoomState;
+  /** The members by user id (a copy). */
+  readonly members: Map<string, RoomMember>;
+  /** How many users are in the room; more than members.size when truncated. */
+  readonly count: number;
+  /** Whether the server sent only part of the member list (a large room). */
+  readonly truncated: boolean;
+  /** The users typing now. */
+  readonly typingUsers: string[];
+  /** A member by user id. */
+  member(userId: string): RoomMember | undefined;
+
+  /** A user came in (their first connection joined, or they were there at the first state). */
+  on(event: "join", fn: (member: RoomMember) => void): () => void;
+  /** A user left (their last connection left, or they were gone at a re-sync). */
+  on(event: "leave", fn: (member: RoomMember) => void): () => void;
+  /** A member's connections changed: one joined or left, or changed its meta. */
+  on(event: "update", fn: (member: RoomMember, previous: RoomMember) => void): () => void;
+  /** The server's state of the room arrived: after the join, and after every reconnect (after the joins, leaves and updates it brought). */
+  on(event: "sync", fn: (members: Map<string, RoomMember>) => void): () => void;
+  /** A signal other than typing arrived. */
+  on(event: "signal", fn: (signal: RoomSignal) => void): () => void;
+  /** Who is typing changed: a typing signal arrived from someone new, or expired. */
+  on(event: "typing", fn: (userIds: string[]) => void): () => void;
+  /** The join was refused; the room ends. */
+  on(event: "denied", fn: (denial: RoomDenial) => void): () => void;
+  /** An error frame answering this room's join or updateMeta (also a client error event). */
+  on(event: "error", fn: (error: ServerError) => void): () => void;
+
+  /** Replaces this connection's meta; reports whether it was sent now (later joins carry it). Throws for a meta that is not a JSON object of at most MAX_META_BYTES. */
+  updateMeta(meta: RoomMeta): boolean;
+  /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS, once the room is joined, and reports whether it sent one. */
+  typing(): boolean;
+  /** Sends a short-lived signal to the other members; reports whether it was sent (only once the room is joined). Throws for a bad type or data over MAX_SIGNAL_BYTES. */
+  signal(type: string, data?: unknown): boolean;
+  /** Leaves the room for good. */
+  leave(): void;
+}
+
 /** A WebSocket constructor, for runtimes without a global one. */
 export type WebSocketConstructor = new (url: string) => {
   readonly readyState: number;
@@ -144,6 +237,8 @@ export declare class GreenDot {
   readonly chosenStatus: ChosenStatus | undefined;
   /** The ids this client watches. */
   readonly subscriptions: string[];
+  /** The rooms this client is in or joining. */
+  readonly rooms: Room[];
 
   on(event: "change", fn: (userId: string, presence: Presence) => void): () => void;
   on(event: "self", fn: (self: Self) => void): () => void;
@@ -179,6 +274,12 @@ export declare class GreenDot {
   unsubscribe(userIds: string | Iterable<string>): void;
   /** Chooses the user's status for all of their devices. Throws a TypeError for another value. */
   setStatus(status: ChosenStatus): void;
+  /**
+   * Joins a room with this connection's meta, now and after every
+   * reconnect; for a room already joined, returns the same Room (with the
+   * meta given, if any). Throws a TypeError for a bad room id or meta.
+   */
+  room(id: string, meta?: RoomMeta): Room;
   /** Gives a fresh token to the open connection and to later ones. */
   setToken(token: string): void;
   /** Sends one protocol message as it is; reports whether the connection was open. */
@@ -193,6 +294,14 @@ export declare const STATES: readonly State[];
 export declare const MAX_SUBSCRIBE_IDS: number;
 /** The largest client message the gateway takes by default, in bytes. */
 export declare const MAX_MESSAGE_BYTES: number;
+/** The largest room meta, in bytes of JSON. */
+export declare const MAX_META_BYTES: number;
+/** The largest signal data the client sends, in bytes of JSON. */
+export declare const MAX_SIGNAL_BYTES: number;
+/** Room.typing() sends at most one frame per this many ms. */
+export declare const TYPING_INTERVAL_MS: number;
+/** How long a signal lasts when the server does not say. */
+export declare const SIGNAL_EXPIRES_MS: number;
 /** The default options. */
 export declare const DEFAULTS: Readonly<Required<Pick<Options,
   "backoffBaseMs" | "backoffMaxMs" | "drainJitterMs" | "stableAfterMs" | "idleAfterMs" |
@@ -202,6 +311,8 @@ export declare const DEFAULTS: Readonly<Required<Pick<Options,
 export declare function backoffDelay(attempt: number, baseMs: number, maxMs: number, random?: () => number): number;
 /** Whether s is a user id: 1 to 64 characters of A-Z a-z 0-9 _ -. */
 export declare function validUserId(s: unknown): s is string;
+/** Whether s is a room id: 1 to 128 characters of A-Z a-z 0-9 _ - and :, other than lease_ended. */
+export declare function validRoomId(s: unknown): s is string;
 /** Splits ids into messages the gateway takes (at most 100 ids and 4 KiB each). */
 export declare function subscribeChunks(ids: Iterable<string>, type?: string): string[][];
 

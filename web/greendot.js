@@ -8,11 +8,14 @@
 //   gd.onChange((userId, p) => render(userId, p.status, p.last_seen));
 //   gd.subscribe(["bob", "carol"]);
 //   gd.setStatus("busy");
+//   const room = gd.room("doc:42", { name: "Alice" });
+//   room.on("join", (m) => addAvatar(m.user_id, m.conns[0].meta));
 //
 // What it takes care of: heartbeats at the interval the server asks for;
 // reconnecting with capped exponential backoff and full jitter (and soon,
-// with jitter, when a gateway drains with close code 1001); subscriptions
-// and the chosen status restored after every reconnect; `activity` on input
+// with jitter, when a gateway drains with close code 1001); subscriptions,
+// rooms (re-synced from the server's new state) and the chosen status
+// restored after every reconnect; `activity` on input
 // and focus (at most once per activityIntervalMs), `idle` when the tab has
 // been hidden idleAfterMs, and the socket closed after closeAfterMs hidden,
 // then opened again when the tab is visible.
@@ -42,8 +45,23 @@ export const DEFAULTS = Object.freeze({
   connect: true,
 });
 
+/** The largest room meta the gateway takes, in bytes of JSON. */
+export const MAX_META_BYTES = 1024;
+
+/** The largest signal data the client sends, in bytes of JSON. */
+export const MAX_SIGNAL_BYTES = 256;
+
+/** Room.typing() sends at most one typing frame per this many ms. */
+export const TYPING_INTERVAL_MS = 2000;
+
+/** How long a signal lasts when the server does not say (expires_ms). */
+export const SIGNAL_EXPIRES_MS = 3000;
+
 const EVENTS = new Set(["change", "self", "state", "denied", "error"]);
+const ROOM_EVENTS = new Set(["join", "leave", "update", "sync", "signal", "typing", "denied", "error"]);
 const USER_ID = /^[A-Za-z0-9_-]{1,64}$/;
+const ROOM_ID = /^[A-Za-z0-9_:-]{1,128}$/;
+const SIGNAL = /^[a-z0-9_-]{1,32}$/;
 const DEVICE = /^[A-Za-z0-9_. -]{1,32}$/;
 const ACTIVITY_EVENTS = ["pointerdown", "pointermove", "keydown", "wheel", "touchstart"];
 
@@ -61,6 +79,15 @@ export function backoffDelay(attempt, baseMs, maxMs, random = Math.random) {
 /** validUserId reports whether s is a user id: 1 to 64 of A-Z a-z 0-9 _ -. */
 export function validUserId(s) {
   return typeof s === "string" && USER_ID.test(s);
+}
+
+/**
+ * validRoomId reports whether s is a room id: 1 to 128 characters of
+ * A-Z a-z 0-9 _ - and ':' (a namespace separator: "doc:42"), other than
+ * "lease_ended", which the server keeps for itself.
+ */
+export function validRoomId(s) {
+  return typeof s === "string" && ROOM_ID.test(s) && s !== "lease_ended";
 }
 
 const realClock = {
@@ -180,6 +207,7 @@ export class GreenDot {
   #wanted = new Set();
   #presence = new Map();
   #pending = new Map(); // message id -> subscribe request
+  #rooms = new Map(); // room id -> the link to its Room
   #self = null;
   #hello = null;
   #helloAt = 0;
@@ -268,6 +296,11 @@ export class GreenDot {
     return [...this.#wanted];
   }
 
+  /** The rooms this client is in or joining: not left, and not denied. */
+  get rooms() {
+    return [...this.#rooms.values()].map((link) => link.room);
+  }
+
   /** on adds a listener for "change", "self", "state", "denied" or "error", and returns a function that removes it. */
   on(event, fn) {
     if (!EVENTS.has(event)) throw new TypeError(`greendot: unknown event ${JSON.stringify(event)}`);
@@ -337,6 +370,8 @@ export class GreenDot {
     if (ws) ws.close(1000, "client closed");
     for (const req of this.#pending.values()) req.reject(new Error("greendot: client closed"));
     this.#pending.clear();
+    for (const link of [...this.#rooms.values()]) link.end();
+    this.#rooms.clear();
     this.#setState("closed", {});
   }
 
@@ -379,6 +414,39 @@ export class GreenDot {
     // made before hello is sent, or not, once it comes.
     if (this.#state === "open") this.#chosenSent = this.#self?.status !== status;
     this.#send({ type: "set_status", status });
+  }
+
+  /**
+   * room joins a room ("doc:42") with this connection's meta, a JSON object
+   * of at most MAX_META_BYTES that the other members see (a name, a
+   * colour), and returns the Room: its members, and events as they come
+   * and go. The room is joined again after every reconnect, with the
+   * newest meta. For a room this client is already in it returns the same
+   * Room, and a meta given replaces the one it had.
+   */
+  room(id, meta) {
+    if (!validRoomId(id)) {
+      throw new TypeError(`greendot: a room id is 1 to 128 characters of A-Z a-z 0-9 _ - and : (got ${JSON.stringify(id)})`);
+    }
+    if (meta !== undefined) checkMeta(meta);
+    if (this.#closed) throw new Error("greendot: the client is closed; create a new one");
+    const have = this.#rooms.get(id);
+    if (have) {
+      if (meta !== undefined) have.room.updateMeta(meta);
+      return have.room;
+    }
+    const link = {
+      send: (msg) => this.#send(msg),
+      open: () => this.#hello !== null,
+      nextId: () => this.#nextId("r"),
+      forget: () => {
+        if (this.#rooms.get(id) === link) this.#rooms.delete(id);
+      },
+    };
+    link.room = new Room(id, meta, link);
+    this.#rooms.set(id, link);
+    if (this.#hello !== null) link.join();
+    return link.room;
   }
 
   /**
@@ -514,6 +582,7 @@ export class GreenDot {
       ws.onmessage = null;
       ws.onclose = null;
     }
+    for (const link of this.#rooms.values()) link.lost();
   }
 
   #send(msg) {
@@ -579,12 +648,21 @@ export class GreenDot {
       case "denied":
         this.#denied(m);
         break;
+      case "room_state":
+      case "room_diff":
+      case "room_signal":
+      case "room_denied":
+        if (typeof m.room === "string") this.#rooms.get(m.room)?.frame(m);
+        break;
       case "error": {
-        const err = { code: String(m.code ?? ""), message: String(m.message ?? ""), id: m.id };
+        const err = Object.freeze({ code: String(m.code ?? ""), message: String(m.message ?? ""), id: m.id });
         const req = m.id !== undefined ? this.#pending.get(m.id) : undefined;
         if (req) {
           this.#pending.delete(m.id);
           req.reject(Object.assign(new Error(`greendot: ${err.code}: ${err.message}`), { code: err.code }));
+        }
+        if (m.id !== undefined) {
+          for (const link of [...this.#rooms.values()]) if (link.error(err)) break;
         }
         this.#emit("error", err);
         break;
@@ -603,6 +681,7 @@ export class GreenDot {
     this.#chosenSent = this.#chosen !== undefined && this.#chosen !== hello.status;
     if (this.#chosenSent) this.#send({ type: "set_status", status: this.#chosen });
     this.#resubscribe();
+    for (const link of [...this.#rooms.values()]) link.join();
     if (this.#idleSent) this.#send({ type: "idle" });
     else this.#activity.reset();
   }
@@ -638,9 +717,9 @@ export class GreenDot {
     });
   }
 
-  #nextId() {
+  #nextId(prefix = "s") {
     this.#seq++;
-    return `s-${this.#seq}`;
+    return `${prefix}-${this.#seq}`;
   }
 
   // answered applies part of an answer to the request with this id, and
@@ -792,4 +871,418 @@ function checkIds(ids) {
     throw new TypeError(`greendot: user ids are 1 to 64 characters of A-Z a-z 0-9 _ - (bad: ${bad.slice(0, 5).map((b) => JSON.stringify(b)).join(", ")})`);
   }
   return out;
+}
+
+// utf8Bytes returns the length of s in bytes of UTF-8, counting them only
+// when it may be over limit (a UTF-16 unit is at most 3 bytes of UTF-8).
+function utf8Bytes(s, limit) {
+  return s.length * 3 <= limit ? s.length : new TextEncoder().encode(s).length;
+}
+
+function checkMeta(meta) {
+  if (meta === null || typeof meta !== "object" || Array.isArray(meta)) {
+    throw new TypeError("greendot: a room meta is a JSON object ({name: ..., color: ...})");
+  }
+  let data;
+  try {
+    data = JSON.stringify(meta);
+  } catch (err) {
+    throw new TypeError(`greendot: a room meta must be JSON: ${err?.message ?? err}`);
+  }
+  const bytes = utf8Bytes(data, MAX_META_BYTES);
+  if (bytes > MAX_META_BYTES) throw new RangeError(`greendot: a room meta of ${bytes} bytes of JSON is over ${MAX_META_BYTES}`);
+}
+
+function checkSignal(type, data) {
+  if (typeof type !== "string" || !SIGNAL.test(type)) {
+    throw new TypeError(`greendot: a signal is 1 to 32 characters of a-z 0-9 _ - (got ${JSON.stringify(type)})`);
+  }
+  if (data === undefined) return;
+  let s;
+  try {
+    s = JSON.stringify(data);
+  } catch (err) {
+    throw new TypeError(`greendot: signal data must be JSON: ${err?.message ?? err}`);
+  }
+  if (s === undefined) throw new TypeError("greendot: signal data must be JSON");
+  const bytes = utf8Bytes(s, MAX_SIGNAL_BYTES);
+  if (bytes > MAX_SIGNAL_BYTES) throw new RangeError(`greendot: signal data of ${bytes} bytes of JSON is over ${MAX_SIGNAL_BYTES}`);
+}
+
+// readConns reads a member of a room frame into conns (conn id -> conn),
+// and returns its user id, or undefined when it is not a member.
+function readConns(member, conns, full) {
+  if (member === null || typeof member !== "object" || !validUserId(member.user_id) || !Array.isArray(member.conns)) return undefined;
+  for (const c of member.conns) {
+    if (c === null || typeof c !== "object" || typeof c.conn_id !== "string" || c.conn_id === "") continue;
+    if (!full) {
+      conns.set(c.conn_id, null);
+      continue;
+    }
+    const meta = c.meta !== null && typeof c.meta === "object" ? Object.freeze(c.meta) : Object.freeze({});
+    conns.set(c.conn_id, Object.freeze({ conn_id: c.conn_id, meta, since: Number(c.since) || 0 }));
+  }
+  return member.user_id;
+}
+
+function sameConns(a, b) {
+  if (a.size !== b.size) return false;
+  for (const [id, c] of a) {
+    const d = b.get(id);
+    if (!d || d.since !== c.since || JSON.stringify(d.meta) !== JSON.stringify(c.meta)) return false;
+  }
+  return true;
+}
+
+/**
+ * Room is this client's membership of one room, made by GreenDot.room: the
+ * members (users, each with the connections they are in the room with and
+ * the meta of each), kept in step with the server, and the signals its
+ * members send (typing and the like). A user is a member while at least one
+ * of their connections is in the room.
+ */
+class Room {
+  #id;
+  #meta;
+  #link;
+  #state = "joining";
+  #listeners = new Map();
+  #members = new Map(); // user id -> Map(conn id -> conn)
+  #views = new Map(); // user id -> frozen member
+  #count = 0;
+  #truncated = false;
+  #synced = false; // a room_state arrived on this connection
+  #ids = new Set(); // ids of the join and room_update messages sent
+  #typers = new Map(); // "user conn" -> {user_id, until}
+  #typing = [];
+  #typingTimer = null;
+  #typingSent = -Infinity;
+
+  constructor(id, meta, link) {
+    this.#id = id;
+    this.#meta = meta;
+    this.#link = link;
+    link.join = () => this.#join();
+    link.lost = () => {
+      this.#synced = false;
+      if (this.#state === "joined") this.#state = "joining";
+    };
+    link.frame = (m) => this.#frame(m);
+    link.error = (err) => {
+      if (!this.#ids.has(err.id)) return false;
+      this.#emit("error", err);
+      return true;
+    };
+    link.end = () => this.#end("left");
+  }
+
+  /** The room id. */
+  get id() {
+    return this.#id;
+  }
+
+  /** This connection's meta in the room, as last given. */
+  get meta() {
+    return this.#meta;
+  }
+
+  /**
+   * joining (not in the room on this connection yet: waiting for the
+   * connection, or for the server's answer), joined, denied or left.
+   */
+  get state() {
+    return this.#state;
+  }
+
+  /** The members, by user id (a copy): {user_id, conns: [{conn_id, meta, since}]}. */
+  get members() {
+    return new Map(this.#views);
+  }
+
+  /** How many users are in the room, as the server counts them; more than members.size when the list is truncated. */
+  get count() {
+    return this.#count;
+  }
+
+  /** Whether the server sent only part of the member list (a large room). */
+  get truncated() {
+    return this.#truncated;
+  }
+
+  /** The users typing now: a typing signal of theirs arrived within its expiry. */
+  get typingUsers() {
+    return [...this.#typing];
+  }
+
+  /** member returns a member by user id, or undefined. */
+  member(userId) {
+    return this.#views.get(userId);
+  }
+
+  /**
+   * on adds a listener for "join", "leave", "update", "sync", "signal",
+   * "typing", "denied" or "error", and returns a function that removes it.
+   */
+  on(event, fn) {
+    if (!ROOM_EVENTS.has(event)) throw new TypeError(`greendot: unknown room event ${JSON.stringify(event)}`);
+    if (typeof fn !== "function") throw new TypeError("greendot: listener must be a function");
+    let set = this.#listeners.get(event);
+    if (!set) this.#listeners.set(event, (set = new Set()));
+    const entry = (...args) => fn(...args);
+    set.add(entry);
+    return () => set.delete(entry);
+  }
+
+  /**
+   * updateMeta replaces this connection's meta in the room (and in every
+   * later join), and reports whether it was sent now.
+   */
+  updateMeta(meta) {
+    checkMeta(meta);
+    this.#live();
+    this.#meta = meta;
+    if (!this.#link.open()) return false;
+    return this.#link.send({ type: "room_update", id: this.#remember(this.#link.nextId()), room: this.#id, meta });
+  }
+
+  /**
+   * typing says the person is typing: call it on every input. It sends at
+   * most one frame per TYPING_INTERVAL_MS, and reports whether it sent one
+   * (nothing is sent until the room is joined: the server takes signals
+   * only after its room_state). The others see the person typing until
+   * SIGNAL_EXPIRES_MS after the last frame.
+   */
+  typing() {
+    this.#live();
+    const now = Date.now();
+    if (now - this.#typingSent < TYPING_INTERVAL_MS) return false;
+    if (!this.#synced || !this.#link.send({ type: "typing", room: this.#id })) return false;
+    this.#typingSent = now;
+    return true;
+  }
+
+  /**
+   * signal sends a short-lived signal to the other members: a type of 1 to
+   * 32 characters of a-z 0-9 _ -, and optional JSON data of at most
+   * MAX_SIGNAL_BYTES. It reports whether it was sent: only once the room
+   * is joined on the open connection; signals are not kept for later.
+   */
+  signal(type, data) {
+    checkSignal(type, data);
+    this.#live();
+    if (!this.#synced) return false;
+    const msg = { type: "signal", room: this.#id, signal: type };
+    if (data !== undefined) msg.data = data;
+    return this.#link.send(msg);
+  }
+
+  /** leave leaves the room for good; client.room(id) joins it again. */
+  leave() {
+    if (this.#state === "left" || this.#state === "denied") return;
+    this.#end("left");
+    if (this.#link.open()) this.#link.send({ type: "leave", room: this.#id });
+  }
+
+  #live() {
+    if (this.#state === "left" || this.#state === "denied") {
+      throw new Error(`greendot: room ${this.#id} was ${this.#state}; join it again with client.room`);
+    }
+  }
+
+  #remember(id) {
+    this.#ids.add(id);
+    if (this.#ids.size > 16) this.#ids.delete(this.#ids.values().next().value);
+    return id;
+  }
+
+  #join() {
+    this.#synced = false;
+    this.#typingSent = -Infinity;
+    const msg = { type: "join", id: this.#remember(this.#link.nextId()), room: this.#id };
+    if (this.#meta !== undefined) msg.meta = this.#meta;
+    this.#link.send(msg);
+  }
+
+  #end(state) {
+    this.#state = state;
+    this.#synced = false;
+    this.#link.forget();
+    this.#members = new Map();
+    this.#views = new Map();
+    this.#typers.clear();
+    this.#typing = [];
+    if (this.#typingTimer !== null) {
+      clearTimeout(this.#typingTimer);
+      this.#typingTimer = null;
+    }
+  }
+
+  #frame(m) {
+    if (this.#state === "left" || this.#state === "denied") return;
+    switch (m.type) {
+      case "room_state":
+        this.#stateFrame(m);
+        break;
+      case "room_diff":
+        // A diff before this connection's state is in that state.
+        if (this.#synced) this.#diffFrame(m);
+        break;
+      case "room_signal":
+        this.#signalFrame(m);
+        break;
+      case "room_denied": {
+        const d = Object.freeze({ room: this.#id, reason: String(m.reason ?? ""), id: m.id });
+        this.#end("denied");
+        this.#emit("denied", d);
+        break;
+      }
+    }
+  }
+
+  #setCount(m, fallback) {
+    this.#count = typeof m.count === "number" && m.count >= 0 ? m.count : fallback;
+  }
+
+  #stateFrame(m) {
+    const next = new Map();
+    for (const member of Array.isArray(m.members) ? m.members : []) {
+      const conns = new Map();
+      const user = readConns(member, conns, true);
+      if (user === undefined || conns.size === 0) continue;
+      const have = next.get(user);
+      if (have) for (const [id, c] of conns) have.set(id, c);
+      else next.set(user, conns);
+    }
+    const users = new Set([...this.#members.keys(), ...next.keys()]);
+    this.#truncated = m.truncated === true;
+    this.#setCount(m, next.size);
+    this.#synced = true;
+    this.#state = "joined";
+    this.#commit(next, users);
+    this.#emit("sync", this.members);
+  }
+
+  #diffFrame(m) {
+    const next = new Map(this.#members);
+    const users = new Set();
+    const edit = (user) => {
+      if (!users.has(user)) {
+        users.add(user);
+        next.set(user, new Map(next.get(user) ?? []));
+      }
+      return next.get(user);
+    };
+    for (const member of Array.isArray(m.leaves) ? m.leaves : []) {
+      const gone = new Map();
+      const user = readConns(member, gone, false);
+      if (user === undefined) continue;
+      const conns = edit(user);
+      for (const id of gone.keys()) conns.delete(id);
+    }
+    for (const member of Array.isArray(m.joins) ? m.joins : []) {
+      const came = new Map();
+      const user = readConns(member, came, true);
+      if (user === undefined) continue;
+      const conns = edit(user);
+      for (const [id, c] of came) conns.set(id, c);
+    }
+    for (const user of users) if (next.get(user).size === 0) next.delete(user);
+    this.#setCount(m, next.size);
+    this.#commit(next, users);
+  }
+
+  // commit makes next the members, and tells the listeners how the users
+  // in changed fared: joined, left or updated.
+  #commit(next, changed) {
+    const before = this.#members;
+    const events = [];
+    let typingGone = false;
+    for (const user of changed) {
+      const was = before.get(user);
+      const now = next.get(user);
+      for (const id of was?.keys() ?? []) {
+        if (!now?.has(id)) typingGone = this.#typers.delete(`${user} ${id}`) || typingGone;
+      }
+      const prev = this.#views.get(user);
+      if (!now) {
+        if (prev) {
+          this.#views.delete(user);
+          events.push(["leave", prev]);
+        }
+        continue;
+      }
+      if (was && sameConns(was, now)) continue;
+      const view = Object.freeze({ user_id: user, conns: Object.freeze([...now.values()]) });
+      this.#views.set(user, view);
+      events.push(prev ? ["update", view, prev] : ["join", view]);
+    }
+    this.#members = next;
+    for (const [event, ...args] of events) this.#emit(event, ...args);
+    if (typingGone) this.#expireTyping();
+  }
+
+  #signalFrame(m) {
+    let typed = false;
+    const now = Date.now();
+    for (const s of Array.isArray(m.signals) ? m.signals : []) {
+      if (s === null || typeof s !== "object" || !validUserId(s.user_id) || typeof s.signal !== "string") continue;
+      const expires = typeof s.expires_ms === "number" && s.expires_ms >= 0 ? s.expires_ms : SIGNAL_EXPIRES_MS;
+      if (s.signal === "typing") {
+        this.#typers.set(`${s.user_id} ${s.conn_id}`, { user_id: s.user_id, until: now + expires });
+        typed = true;
+        continue;
+      }
+      this.#emit("signal", Object.freeze({
+        user_id: s.user_id,
+        conn_id: s.conn_id,
+        signal: s.signal,
+        data: s.data,
+        expires_ms: expires,
+        expires_at: now + expires,
+      }));
+    }
+    if (typed) this.#expireTyping();
+  }
+
+  // expireTyping drops the typing signals that expired, sets a timer for
+  // the next to expire, and tells the listeners when who is typing changed.
+  #expireTyping() {
+    if (this.#typingTimer !== null) {
+      clearTimeout(this.#typingTimer);
+      this.#typingTimer = null;
+    }
+    const now = Date.now();
+    let next = Infinity;
+    const users = new Set();
+    for (const [key, t] of this.#typers) {
+      if (t.until <= now) {
+        this.#typers.delete(key);
+        continue;
+      }
+      users.add(t.user_id);
+      next = Math.min(next, t.until);
+    }
+    if (next !== Infinity) {
+      this.#typingTimer = setTimeout(() => {
+        this.#typingTimer = null;
+        this.#expireTyping();
+      }, next - now);
+    }
+    const typing = [...users];
+    if (typing.length === this.#typing.length && typing.every((u, i) => u === this.#typing[i])) return;
+    this.#typing = typing;
+    this.#emit("typing", [...typing]);
+  }
+
+  #emit(event, ...args) {
+    const set = this.#listeners.get(event);
+    if (!set) return;
+    for (const fn of [...set]) {
+      try {
+        fn(...args);
+      } catch (err) {
+        report(err);
+      }
+    }
+  }
 }

@@ -45,6 +45,7 @@ type Client struct {
 	watched    map[string]struct{}
 	all        bool
 	presence   map[string]presence.Presence
+	rooms      map[string]*room // joined, by room id
 	self       protocol.Self
 	seq        uint64
 	err        error // why the client stopped; nil while it runs
@@ -90,6 +91,7 @@ func Connect(ctx context.Context, url string, cfg Config) (*Client, error) {
 		done:     make(chan struct{}),
 		watched:  make(map[string]struct{}),
 		presence: make(map[string]presence.Presence),
+		rooms:    make(map[string]*room),
 	}
 	attempt := 0
 	conn, err := c.open(ctx, 0, &attempt, nil)

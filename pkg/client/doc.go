@@ -26,10 +26,16 @@
 //     40 at once, by default): a program that sends far more than that
 //     with SetStatus, Activity or Idle is closed with 1008, which stops the
 //     Client.
+//   - Join, UpdateRoomMeta and Leave keep the rooms the client is in,
+//     each with this connection's meta; the rooms are joined again, with
+//     the newest meta, on every new connection. Room keeps each room's
+//     members from the gateway's room_state and room_diff frames; Typing
+//     and Signal send short-lived signals to the other members.
 //   - Server messages arrive on Events as typed events: Snapshot
-//     (presence_init), Changes (presence_batch), Self, Denied and
-//     ServerError, with Connected, Disconnected and Reconnected for the
-//     connection. Presence keeps the newest presence of every watched user.
+//     (presence_init), Changes (presence_batch), Self, Denied, RoomState,
+//     RoomDiff, RoomSignal, RoomDenied and ServerError, with Connected, Disconnected
+//     and Reconnected for the connection. Presence keeps the newest
+//     presence of every watched user.
 //   - When the connection is lost or a gateway restarts or drains, it
 //     reconnects: after a random wait below DrainJitter when the gateway
 //     drains (close 1001), else with exponential backoff and full jitter,

@@ -8,7 +8,7 @@ import (
 
 // Event is what a Client delivers on its Events channel: one of
 // Connected, Reconnected, Disconnected, Snapshot, Changes, Self, Denied,
-// ServerError and Lagged. A type switch reads them:
+// RoomState, RoomDiff, RoomSignal, RoomDenied, ServerError and Lagged. A type switch reads them:
 //
 //	for ev := range c.Events() {
 //		switch ev := ev.(type) {
@@ -65,6 +65,23 @@ type Self struct{ protocol.Self }
 // that user (UserID "*": stops watching everyone).
 type Denied struct{ protocol.Denied }
 
+// RoomState answers a join (and every join again after a reconnect): the
+// room's members now. Client.Room keeps them.
+type RoomState struct{ protocol.RoomState }
+
+// RoomDiff carries what changed in a room joined: connections that
+// joined or changed their meta, and connections that left.
+type RoomDiff struct{ protocol.RoomDiff }
+
+// RoomSignal carries signals of other connections in a room joined
+// (typing, and those sent with Signal): the newest of each connection and
+// type, each holding for its ExpiresMS unless it comes again.
+type RoomSignal struct{ protocol.RoomSignal }
+
+// RoomDenied refuses a join, or ends a membership an auth renewal no
+// longer allows; the client is no longer in the room.
+type RoomDenied struct{ protocol.RoomDenied }
+
 // ServerError is an error frame: the gateway refused a message; the
 // connection stays open. Code is one of protocol's Code constants.
 type ServerError struct{ protocol.Error }
@@ -84,6 +101,10 @@ func (Snapshot) event()     {}
 func (Changes) event()      {}
 func (Self) event()         {}
 func (Denied) event()       {}
+func (RoomState) event()    {}
+func (RoomDiff) event()     {}
+func (RoomSignal) event()   {}
+func (RoomDenied) event()   {}
 func (ServerError) event()  {}
 func (Lagged) event()       {}
 
@@ -112,6 +133,14 @@ func serverEvent(m protocol.ServerMessage) (ev Event, ok bool) {
 		return Self{protocol.Self{Type: m.Type, Status: m.Status, Devices: m.Devices}}, true
 	case protocol.TypeDenied:
 		return Denied{protocol.Denied{Type: m.Type, ID: m.ID, UserID: m.UserID, Reason: m.Reason}}, true
+	case protocol.TypeRoomState:
+		return RoomState{protocol.RoomState{Type: m.Type, ID: m.ID, Room: m.Room, Members: m.Members, Count: m.Count, Truncated: m.Truncated}}, true
+	case protocol.TypeRoomDiff:
+		return RoomDiff{protocol.RoomDiff{Type: m.Type, Room: m.Room, Joins: m.Joins, Leaves: m.Leaves, Count: m.Count}}, true
+	case protocol.TypeRoomSignal:
+		return RoomSignal{protocol.RoomSignal{Type: m.Type, Room: m.Room, Signals: m.Signals}}, true
+	case protocol.TypeRoomDenied:
+		return RoomDenied{protocol.RoomDenied{Type: m.Type, ID: m.ID, Room: m.Room, Reason: m.Reason}}, true
 	case protocol.TypeError:
 		return ServerError{protocol.Error{Type: m.Type, ID: m.ID, Code: m.Code, Message: m.Message}}, true
 	}

@@ -117,7 +117,8 @@ func (c *Client) permanent(err error) bool {
 }
 
 // attach makes conn the open connection: it sends the chosen status, the
-// idle state and the subscriptions again, and returns the hello.
+// idle state, the subscriptions and the rooms' joins again, and returns
+// the hello.
 func (c *Client) attach(conn *Conn) protocol.Hello {
 	h := hello(conn.Hello)
 	c.mu.Lock()
@@ -142,6 +143,7 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 		slices.Sort(ids)
 		c.subscribeLocked(ids)
 	}
+	c.rejoinLocked()
 	return h
 }
 
@@ -159,6 +161,7 @@ func (c *Client) run(conn *Conn) {
 			c.timers.Done()
 		}
 		c.flushTimer = nil
+		c.roomsLostLocked()
 		c.mu.Unlock()
 		_ = conn.Abort()
 		if c.ctx.Err() != nil {
@@ -340,6 +343,12 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 			// are not watched.
 			c.unwatchLocked(m)
 		}
+	case RoomState:
+		c.roomStateLocked(ev.RoomState)
+	case RoomDiff:
+		c.roomDiffLocked(ev.RoomDiff)
+	case RoomDenied:
+		delete(c.rooms, ev.Room)
 	case Denied:
 		if ev.UserID == "*" {
 			c.all = false

@@ -1,6 +1,7 @@
-// The greendot demo page: pick who you are, follow people, watch their dots.
-// It uses the same client every app uses (/greendot.js), and the demo-only
-// endpoints under /demo/api/ to write the follow graph.
+// The greendot demo page: pick who you are, follow people, watch their dots,
+// and see who else is in the lobby (a room) and who is typing there. It uses
+// the same client every app uses (/greendot.js), and the demo-only endpoints
+// under /demo/api/ to write the follow graph.
 //
 // Query parameters: user (who you are), device, and, to see the timings in
 // seconds rather than minutes: idle_after_ms, close_after_ms, activity_ms,
@@ -10,6 +11,9 @@
 import { GreenDot, STATUSES, validUserId } from "/greendot.js";
 
 const QUICK = ["alice", "bob", "carol", "dave"];
+const LOBBY = "demo:lobby";
+// The avatars' colours: each user gets one from their id.
+const COLORS = ["#0969da", "#1a7f37", "#8250df", "#bf3989", "#cf222e", "#bc4c00", "#1b7c83", "#6e7781"];
 const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
 
@@ -51,6 +55,21 @@ export function ago(seconds, now = Date.now()) {
   return `on ${new Date(seconds * 1000).toLocaleDateString()}`;
 }
 
+// colorOf picks a user's avatar colour from their id.
+export function colorOf(id) {
+  let h = 0;
+  for (const c of id) h = (h * 31 + c.codePointAt(0)) >>> 0;
+  return COLORS[h % COLORS.length];
+}
+
+// typingText says who is typing, in words.
+export function typingText(names) {
+  if (names.length === 0) return "";
+  if (names.length === 1) return `${names[0]} is typing…`;
+  if (names.length === 2) return `${names[0]} and ${names[1]} are typing…`;
+  return `${names.length} people are typing…`;
+}
+
 function pick() {
   $("pick").hidden = false;
   const quick = $("pick-quick");
@@ -68,6 +87,7 @@ function start(me) {
   document.title = `${me} · greendot demo`;
   $("me").hidden = false;
   $("people").hidden = false;
+  $("lobby").hidden = false;
   $("me-name").textContent = me;
   $("other-tab").href = linkAs(QUICK.find((u) => u !== me));
   const switchParams = new URLSearchParams(params);
@@ -281,6 +301,53 @@ function start(me) {
     follow(id, $("follow-both").checked);
   });
 
+  // --- the lobby: a room everyone on this page is in ---
+
+  const lobby = client.room(LOBBY, { name: me, color: colorOf(me) });
+
+  // look returns how a member shows: the name and colour of their newest
+  // connection's meta, as far as they are sound.
+  function look(member) {
+    const meta = member?.conns.at(-1)?.meta ?? {};
+    const id = member?.user_id ?? "";
+    const name = typeof meta.name === "string" && meta.name.trim() !== "" ? meta.name.trim().slice(0, 32) : id;
+    const color = typeof meta.color === "string" && /^#[0-9a-f]{6}$/i.test(meta.color) ? meta.color : colorOf(id);
+    return { name, color };
+  }
+
+  function renderLobby() {
+    const members = [...lobby.members.values()].sort((a, b) =>
+      (b.user_id === me) - (a.user_id === me) || a.user_id.localeCompare(b.user_id));
+    $("lobby-members").replaceChildren(...members.map((m) => {
+      const { name, color } = look(m);
+      const label = m.user_id === me ? `${name} (you)` : name;
+      const li = el("li", { className: "avatar", textContent: [...name][0].toUpperCase(), title: label });
+      li.setAttribute("aria-label", label);
+      li.style.backgroundColor = color;
+      li.dataset.user = m.user_id;
+      if (m.user_id === me) li.dataset.me = "";
+      return li;
+    }));
+    // Until the room's state comes again after a reconnect, who was there
+    // is shown dimmed.
+    $("lobby-members").toggleAttribute("data-stale", lobby.state !== "joined");
+    $("lobby-count").textContent = lobby.count === 1 ? "(just you)" : `(${lobby.count} people)`;
+    renderTyping();
+  }
+
+  function renderTyping() {
+    const names = lobby.typingUsers.filter((id) => id !== me).map((id) => look(lobby.member(id) ?? { user_id: id, conns: [] }).name);
+    $("lobby-typing").textContent = typingText(names);
+  }
+
+  for (const ev of ["join", "leave", "update", "sync"]) lobby.on(ev, renderLobby);
+  lobby.on("typing", renderTyping);
+  client.onState(renderLobby);
+  lobby.on("denied", (d) => {
+    $("lobby-typing").textContent = `Not let into the lobby (${d.reason.replaceAll("_", " ")}).`;
+  });
+  $("lobby-input").addEventListener("input", () => lobby.typing());
+
   client.onChange((id) => render(id));
   client.onDenied((d) => {
     denied.set(d.user_id, d.reason);
@@ -297,7 +364,7 @@ function start(me) {
     for (const id of graph.following.keys()) render(id);
   }, 10_000);
 
-  window.demo = { client, me, refresh, states };
+  window.demo = { client, me, refresh, states, lobby };
 }
 
 const me = params.get("user");

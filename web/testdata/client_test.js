@@ -354,6 +354,174 @@ async (m, users) => {
     check("activity: a closed client stops listening", ws.of("activity").length === 2);
   }
 
+  // --- rooms: ids, meta and signals are checked before anything is sent ---
+  {
+    check("validRoomId takes doc:42", m.validRoomId("doc:42") && m.validRoomId("game:7:lobby") && m.validRoomId("a_b-C"));
+    check("validRoomId refuses the empty, the long, dots and lease_ended",
+      !m.validRoomId("") && !m.validRoomId("x".repeat(129)) && m.validRoomId("x".repeat(128)) &&
+      !m.validRoomId("doc.42") && !m.validRoomId("doc 42") && !m.validRoomId("lease_ended") && !m.validRoomId(42));
+    const W = fakeWebSocket();
+    const gd = new m.GreenDot({ user: "me", WebSocket: W, ...quiet, url: "ws://h.example" });
+    await until("rooms args: a socket", () => W.all.length === 1);
+    const ws = W.all[0];
+    ws.open();
+    throws("room rejects a bad id", () => gd.room("doc/42"));
+    throws("room rejects lease_ended", () => gd.room("lease_ended"));
+    throws("room rejects an array meta", () => gd.room("doc:1", ["x"]));
+    throws("room rejects a null meta", () => gd.room("doc:1", null));
+    throws("room rejects a meta over 1 KiB", () => gd.room("doc:1", { name: "é".repeat(600) }), RangeError);
+    check("nothing is sent for refused rooms", ws.of("join").length === 0 && gd.rooms.length === 0, json(ws.sent));
+    const r = gd.room("doc:1", { name: "x".repeat(1000) });
+    check("a meta of 1 KiB is taken", ws.of("join").length === 1);
+    throws("signal rejects a bad type", () => r.signal("Cursor"));
+    throws("signal rejects a long type", () => r.signal("x".repeat(33)));
+    throws("signal rejects data that is not JSON", () => r.signal("x", () => {}));
+    throws("signal rejects data over its limit", () => r.signal("x", "y".repeat(m.MAX_SIGNAL_BYTES)), RangeError);
+    throws("updateMeta rejects a string", () => r.updateMeta("x"));
+    throws("on rejects an unknown room event", () => r.on("change", () => {}));
+    check("nothing more was sent", ws.sent.filter((x) => x.type !== "join").length === 0, json(ws.sent));
+    r.leave();
+    throws("a left room's methods throw", () => r.typing(), Error);
+    gd.close();
+  }
+
+  // --- rooms: join, state, diffs, signals, typing, re-sync after a reconnect ---
+  {
+    const W = fakeWebSocket();
+    const gd = new m.GreenDot({ user: "me", WebSocket: W, ...quiet, url: "ws://h.example" });
+    const r = gd.room("doc:42", { name: "Me" });
+    check("room: joining before the connection", r.state === "joining" && r.id === "doc:42" && r.meta.name === "Me");
+    check("room: the same id gives the same room", gd.room("doc:42") === r && gd.rooms.length === 1);
+    const seen = [];
+    const typing = [];
+    const signals = [];
+    for (const ev of ["join", "leave", "update", "sync", "denied", "error"]) {
+      r.on(ev, (x, prev) => seen.push(`${ev}:${ev === "sync" ? [...x.keys()].join(",") : ev === "update" ? `${x.user_id}<-${prev.conns.length}` : x.user_id ?? x.reason ?? x.code}`));
+    }
+    r.on("typing", (users) => typing.push(users.join(",")));
+    r.on("signal", (s) => signals.push(s));
+    await until("room: a socket", () => W.all.length === 1);
+    const ws = W.all[0];
+    ws.open({ conn_id: "m1" });
+    const join = ws.of("join")[0];
+    check("room: joined after hello, with the meta and an id", join?.room === "doc:42" && join.meta?.name === "Me" && typeof join.id === "string", json(ws.sent));
+    check("room: no typing or signal before the room's state", r.typing() === false && r.signal("cursor") === false && ws.of("typing").length + ws.of("signal").length === 0, json(ws.sent));
+    const conn = (id, name, since = 1) => ({ conn_id: id, meta: { name }, since });
+    ws.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "early", conns: [conn("e1", "E")] }], leaves: [], count: 1 });
+    check("room: a diff before the state is left to the state", seen.length === 0 && r.members.size === 0, json(seen));
+    ws.deliver({
+      type: "room_state", id: join.id, room: "doc:42", count: 3, truncated: false,
+      members: [
+        { user_id: "me", conns: [conn("m1", "Me")] },
+        { user_id: "bob", conns: [conn("b1", "Bob"), conn("b2", "Bob")] },
+        { user_id: "carol", conns: [conn("c1", "Carol")] },
+      ],
+    });
+    check("room: the state joins every member, then syncs", json(seen) === '["join:me","join:bob","join:carol","sync:me,bob,carol"]', json(seen));
+    check("room: joined, with members and count", r.state === "joined" && r.count === 3 && !r.truncated && r.members.size === 3);
+    check("room: a member's connections and meta", r.member("bob")?.conns.length === 2 && r.member("bob").conns[0].meta.name === "Bob" && r.member("bob").conns[0].since === 1, json(r.member("bob")));
+    ws.deliver({ type: "room_state", room: "other", members: [{ user_id: "x", conns: [conn("x1", "X")] }], count: 1 });
+    check("room: frames of other rooms pass by", r.members.size === 3 && !r.member("x"));
+
+    seen.length = 0;
+    ws.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "dave", conns: [conn("d1", "Dave", 2)] }, { user_id: "carol", conns: [conn("c1", "Caroline")] }], leaves: [{ user_id: "bob", conns: [{ conn_id: "b2" }] }], count: 4 });
+    check("room: a diff joins, updates a meta and drops a connection", json(seen) === '["update:bob<-2","join:dave","update:carol<-1"]', json(seen));
+    check("room: the diff is in the members", r.member("carol").conns[0].meta.name === "Caroline" && r.member("bob").conns.length === 1 && r.count === 4, json([...r.members.values()]));
+    seen.length = 0;
+    ws.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "dave", conns: [conn("d1", "Dave", 2)] }], leaves: [], count: 4 });
+    check("room: a join of what is known is no event", seen.length === 0, json(seen));
+    ws.deliver({ type: "room_diff", room: "doc:42", joins: [], leaves: [{ user_id: "bob", conns: [{ conn_id: "b1" }] }], count: 3 });
+    check("room: the last connection's leave is the user's", json(seen) === '["leave:bob"]' && !r.member("bob") && r.count === 3, json(seen));
+
+    // Typing: who types now, each for expires_ms after their last signal.
+    ws.deliver({ type: "room_signal", room: "doc:42", signals: [{ user_id: "carol", conn_id: "c1", signal: "typing", expires_ms: 300 }] });
+    check("typing: carol types", json(typing) === '["carol"]' && json(r.typingUsers) === '["carol"]', json(typing));
+    ws.deliver({ type: "room_signal", room: "doc:42", signals: [{ user_id: "dave", conn_id: "d1", signal: "typing", expires_ms: 60000 }, { user_id: "carol", conn_id: "c1", signal: "typing", expires_ms: 300 }] });
+    check("typing: dave too, carol once", json(typing) === '["carol","carol,dave"]', json(typing));
+    await until("typing: carol's expires", () => typing.length === 3, 3000);
+    check("typing: dave still types", json(typing) === '["carol","carol,dave","dave"]' && json(r.typingUsers) === '["dave"]', json(typing));
+    ws.deliver({ type: "room_diff", room: "doc:42", joins: [], leaves: [{ user_id: "dave", conns: [{ conn_id: "d1" }] }], count: 2 });
+    check("typing: a leave ends it", json(typing) === '["carol","carol,dave","dave",""]' && r.typingUsers.length === 0, json(typing));
+    ws.deliver({ type: "room_signal", room: "doc:42", signals: [{ user_id: "carol", conn_id: "c1", signal: "cursor", data: { x: 1 }, expires_ms: 3000 }] });
+    check("signal: an event with its data and expiry", signals.length === 1 && signals[0].signal === "cursor" && signals[0].data.x === 1 && signals[0].user_id === "carol" && signals[0].expires_at >= Date.now() + 2000, json(signals));
+    check("signal: not typing", typing.length === 4);
+
+    // What this client sends.
+    check("typing(): the first call sends", r.typing() === true && ws.of("typing").length === 1 && ws.of("typing")[0].room === "doc:42", json(ws.sent));
+    check("typing(): calls within the interval do not", r.typing() === false && r.typing() === false && ws.of("typing").length === 1);
+    check("signal(): sent with its data", r.signal("cursor", { x: 3 }) === true && json(ws.of("signal")[0]) === '{"type":"signal","room":"doc:42","signal":"cursor","data":{"x":3}}', json(ws.of("signal")));
+    r.updateMeta({ name: "Me2" });
+    const upd = ws.of("room_update")[0];
+    check("updateMeta(): a room_update with an id", upd?.room === "doc:42" && upd.meta.name === "Me2" && typeof upd.id === "string" && r.meta.name === "Me2", json(upd));
+    const errs = [];
+    gd.onError((e) => errs.push(e.code));
+    ws.deliver({ type: "error", id: upd.id, code: "rate_limited", message: "slow down" });
+    check("room: an error answering its message is its error, and the client's", seen.at(-1) === "error:rate_limited" && json(errs) === '["rate_limited"]', json(seen));
+
+    // The connection drops; while away, carol left and erin came; me has a new connection.
+    seen.length = 0;
+    ws.drop(1006);
+    check("room: joining again while reconnecting", r.state === "joining" && r.members.size === 2);
+    await until("room: a new socket", () => W.all.length === 2, 2000);
+    const ws2 = W.all[1];
+    ws2.open({ conn_id: "m2" });
+    check("room: no typing on the new connection before its state", r.typing() === false && ws2.of("typing").length === 0);
+    const join2 = ws2.of("join")[0];
+    check("room: joined again after the reconnect, with the newest meta", join2?.room === "doc:42" && join2.meta.name === "Me2" && join2.id !== join.id, json(ws2.sent));
+    ws2.deliver({ type: "room_diff", room: "doc:42", joins: [{ user_id: "zed", conns: [conn("z1", "Z")] }], leaves: [], count: 3 });
+    check("room: old news before the new state is ignored", seen.length === 0, json(seen));
+    ws2.deliver({
+      type: "room_state", id: join2.id, room: "doc:42", count: 2, truncated: false,
+      members: [{ user_id: "me", conns: [conn("m2", "Me2")] }, { user_id: "erin", conns: [conn("e1", "Erin")] }],
+    });
+    check("room: the re-sync tells what changed, once", json(seen) === '["update:me<-1","leave:carol","join:erin","sync:me,erin"]', json(seen));
+    check("room: members after the re-sync", json([...r.members.keys()]) === '["me","erin"]' && r.member("me").conns[0].conn_id === "m2" && r.state === "joined");
+    check("typing(): sends at once on a new connection", r.typing() === true && ws2.of("typing").length === 1);
+
+    // Denied: the room ends, and is not joined again.
+    seen.length = 0;
+    const r2 = gd.room("secret:1");
+    const j3 = ws2.of("join").find((x) => x.room === "secret:1");
+    check("room: a join without meta has none", j3 && !("meta" in j3), json(j3));
+    r2.on("denied", (d) => seen.push(`denied:${d.room}:${d.reason}:${d.id === j3.id}`));
+    ws2.deliver({ type: "room_denied", id: j3.id, room: "secret:1", reason: "not_allowed" });
+    check("room: denied is an event with the reason and id", json(seen) === '["denied:secret:1:not_allowed:true"]' && r2.state === "denied", json(seen));
+    check("room: a denied room is no longer the client's", gd.rooms.length === 1 && gd.rooms[0] === r);
+    throws("room: a denied room's methods throw", () => r2.updateMeta({}), Error);
+
+    // Leave: a leave frame, no more joins.
+    r.leave();
+    check("leave(): a leave frame, state left, members gone", json(ws2.of("leave")) === '[{"type":"leave","room":"doc:42"}]' && r.state === "left" && r.members.size === 0 && gd.rooms.length === 0, json(ws2.of("leave")));
+    ws2.drop(1006);
+    await until("leave: a new socket", () => W.all.length === 3, 2000);
+    W.all[2].open();
+    check("leave: the room is not joined again", W.all[2].of("join").length === 0, json(W.all[2].sent));
+    const r3 = gd.room("doc:42");
+    check("room: joining again after leave gives a new room", r3 !== r && W.all[2].of("join").length === 1);
+    gd.close();
+    check("close: the rooms are left", r3.state === "left" && gd.rooms.length === 0);
+    throws("close: room() afterwards throws", () => gd.room("doc:1"), Error);
+  }
+
+  // --- rooms: typing() repeats after the interval while the person types ---
+  {
+    const W = fakeWebSocket();
+    const gd = new m.GreenDot({ user: "me", WebSocket: W, ...quiet, url: "ws://h.example" });
+    const r = gd.room("doc:7");
+    await until("typing interval: a socket", () => W.all.length === 1);
+    W.all[0].open();
+    W.all[0].deliver({ type: "room_state", room: "doc:7", members: [], count: 0, truncated: false });
+    const t0 = Date.now();
+    r.typing();
+    await until("typing interval: a second frame while typing", () => {
+      r.typing();
+      return W.all[0].of("typing").length === 2;
+    }, m.TYPING_INTERVAL_MS + 3000);
+    const gap = Date.now() - t0;
+    check("typing interval: the second frame no sooner than the interval", gap >= m.TYPING_INTERVAL_MS - 5, `${gap} ms`);
+    gd.close();
+  }
+
   // --- against the real gateway that serves this page ---
   {
     const [me, friend] = users;
@@ -375,6 +543,36 @@ async (m, users) => {
     await until("real: self says busy", () => selves.includes("busy"));
     gd.setStatus("online");
     await until("real: self says online", () => selves.at(-1) === "online");
+
+    // A room: the join's answer lists this connection with its meta, and
+    // its own meta change comes back as an update.
+    const room = gd.room("unit:room", { name: "Me" });
+    const updates = [];
+    room.on("update", (mem) => updates.push(mem.conns[0]?.meta?.name));
+    await until("real: room joined", () => room.state === "joined", 5000);
+    const mine = room.member(me);
+    check("real: room_state lists this connection with its meta", room.count === 1 && mine?.conns.length === 1 && mine.conns[0].conn_id === gd.hello.conn_id && mine.conns[0].meta.name === "Me" && mine.conns[0].since > 0, json([...room.members.values()]));
+    check("real: updateMeta is sent", room.updateMeta({ name: "Me again" }) === true);
+    await until("real: the meta change comes back", () => updates.includes("Me again"), 5000);
+    check("real: the member has the new meta", room.member(me)?.conns[0].meta.name === "Me again", json(room.member(me)));
+
+    // The friend joins too, types and signals; this client sees both, and
+    // the friend's page never gets its own signals back.
+    const other = new m.GreenDot({ user: friend, trackVisibility: false });
+    const theirs = other.room("unit:room", { name: "Friend" });
+    await until("real: the friend is in the room", () => theirs.state === "joined" && room.member(friend) !== undefined, 5000);
+    check("real: both are counted", room.count === 2 && theirs.count === 2, `${room.count} ${theirs.count}`);
+    const signals = [];
+    room.on("signal", (sig) => signals.push(sig));
+    check("real: typing is sent once joined", theirs.typing() === true);
+    await until("real: the friend is typing", () => room.typingUsers.includes(friend), 5000);
+    check("real: a signal is sent", theirs.signal("cursor", { x: 5 }) === true);
+    await until("real: the friend's signal arrives", () => signals.some((sig) => sig.signal === "cursor" && sig.data?.x === 5 && sig.user_id === friend && sig.expires_ms > 0), 5000);
+    check("real: no signal comes back to its sender", theirs.typingUsers.length === 0);
+    other.close();
+    await until("real: the friend leaves after the offline grace", () => room.member(friend) === undefined && room.count === 1, 10000);
+    room.leave();
+    check("real: left", room.state === "left" && gd.rooms.length === 0);
     gd.close();
   }
 
