@@ -3,6 +3,7 @@ package presence_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -80,19 +81,30 @@ func TestFeedKeepsEveryRevision(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	feed, err := presence.Feed(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// NATS copies each revision a moment after it is written, and the
+	// bucket keeps only the last StatusHistory: the writes wait for each
+	// copy, as a user's changes, far apart, would.
+	subject := presence.KeySubject(presence.StatusBucket, "alice")
 	var revs []uint64
-	for range 2 * presence.StatusHistory {
+	for i := range 2 * presence.StatusHistory {
 		rev, err := kv.Put(ctx, "alice", []byte(`{"status":"online"}`))
 		if err != nil {
 			t.Fatal(err)
 		}
 		revs = append(revs, rev)
+		natstest.CheckFor(t, 10*time.Second, 2*time.Millisecond, func() error {
+			info, err := feed.Info(ctx, jetstream.WithSubjectFilter(subject))
+			if err == nil && info.State.Subjects[subject] != uint64(i+1) {
+				err = fmt.Errorf("%d revisions copied, want %d", info.State.Subjects[subject], i+1)
+			}
+			return err
+		})
 	}
 	if err := kv.Delete(ctx, "alice"); err != nil {
-		t.Fatal(err)
-	}
-	feed, err := presence.Feed(ctx, js)
-	if err != nil {
 		t.Fatal(err)
 	}
 	want := len(revs) + 1
