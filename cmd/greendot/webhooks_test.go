@@ -41,9 +41,12 @@ func TestWebhooksProcess(t *testing.T) {
 		"--batch-wait", "10ms", "--metrics-listen", metrics)
 	reaper := start(t, "reaper", "--nats-url", natsURL)
 	gw := start(t, append([]string{"gateway", "--nats-url", natsURL, "--listen", gwAddr, "--dev-auth"}, fast...)...)
+	// Both the webhooks process and the gateway serve before alice dials.
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if code, body := getQuiet("http://" + metrics + "/readyz"); code != http.StatusOK {
-			return &statusError{code, body}
+		for _, addr := range []string{metrics, gwAddr} {
+			if code, body := getQuiet("http://" + addr + "/readyz"); code != http.StatusOK {
+				return &statusError{code, body}
+			}
 		}
 		return nil
 	})
