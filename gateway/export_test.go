@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"time"
 )
@@ -62,12 +63,7 @@ func (s *Service) RoomConns(roomID string) []string {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out := make([]string, 0, len(r.members))
-	for id := range r.members {
-		out = append(out, id)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.members))
 }
 
 // NATSClientID returns the server's id of the gateway's NATS connection,

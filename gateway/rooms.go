@@ -337,11 +337,7 @@ func (v *roomView) shows(userID string) bool { return v.shown == nil || v.shown[
 func (r *room) show(c *conn, id string, maxUsers int) *protocol.RoomState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	users := make([]string, 0, len(r.users))
-	for u := range r.users {
-		users = append(users, u)
-	}
-	slices.Sort(users)
+	users := slices.Sorted(maps.Keys(r.users))
 	v := &roomView{}
 	st := &protocol.RoomState{Type: protocol.TypeRoomState, ID: id, Room: r.id, Count: len(users)}
 	if len(users) > maxUsers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -294,12 +295,7 @@ func (c *Client) setAll(all bool) error {
 func (c *Client) Watched() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ids := make([]string, 0, len(c.watched))
-	for id := range c.watched {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
+	return slices.Sorted(maps.Keys(c.watched))
 }
 
 // Presence returns the newest presence of a watched user the gateway told
