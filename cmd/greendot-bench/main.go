@@ -64,7 +64,7 @@ const (
 func newApp(stdout, stderr io.Writer) *cli.App {
 	return &cli.App{
 		Name:  "greendot-bench",
-		Usage: "measure a greendot system under load: memory per connection, propagation latency, silent death, churn, reconnect storms",
+		Usage: "measure a greendot system under load: memory per connection, propagation latency, silent death, churn, reconnect storms, rooms",
 		Description: "greendot-bench speaks the client protocol over real WebSockets. It starts its own system (an\n" +
 			"embedded NATS server with JetStream, --gateways 'greendot gateway' processes, a reaper and a\n" +
 			"fanout, all from the --greendot binary) unless --nats-url or --gateway-url name an existing one,\n" +
@@ -80,7 +80,13 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"measures set_status sent to presence_batch received; death stops the targets' heartbeats\n" +
 			"without closing and measures when watchers see them offline after the TTL; churn replaces\n" +
 			"connections (new one first, then a clean close) at --rate per second and counts false offline\n" +
-			"events; storm restarts gateways and measures the time until every client is connected again.\n" +
+			"events; storm restarts gateways and measures the time until every client is connected again;\n" +
+			"room puts every connection in one room, then has its first 100 members by user id leave and\n" +
+			"join again at --rate per second for --duration, and measures join to room_state and each\n" +
+			"change to the other members' room_diff; typing puts the connections in rooms of --room-size,\n" +
+			"has one member of each room send a typing signal every --typing-interval for --duration, and\n" +
+			"measures it to the other members' room_signal, the CPU per 10k rooms and the gateways' memory\n" +
+			"per room membership.\n" +
 			"The report is a markdown table on stdout (median, min and max over --repeat runs) and JSON\n" +
 			"with --json; progress goes to stderr.",
 		Flags:           flags(),
@@ -109,7 +115,7 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 func flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Category: catScenario, Name: "scenario", Value: bench.ScenarioIdle, EnvVars: env("scenario"),
-			Usage: "what to measure: idle, propagation, death, churn or storm"},
+			Usage: "what to measure: idle, propagation, death, churn, storm, room or typing"},
 		&cli.IntFlag{Category: catScenario, Name: "conns", Value: 1000, EnvVars: env("conns"),
 			Usage: "live connections in all"},
 		&cli.IntFlag{Category: catScenario, Name: "targets", EnvVars: env("targets"), DefaultText: "none in idle, else conns/10 up to 1000",
@@ -120,8 +126,12 @@ func flags() []cli.Flag {
 			Usage: "targets each watcher follows and subscribes to"},
 		&cli.DurationFlag{Category: catScenario, Name: "duration", Value: 30 * time.Second, EnvVars: env("duration"),
 			Usage: "measurement window (idle), or how long statuses change (propagation) or connections are replaced (churn)"},
-		&cli.Float64Flag{Category: catScenario, Name: "rate", EnvVars: env("rate"), DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn)",
-			Usage: "status changes per second over all targets (propagation), or connection replacements per second (churn)"},
+		&cli.Float64Flag{Category: catScenario, Name: "rate", EnvVars: env("rate"), DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn), 100 (room)",
+			Usage: "status changes per second over all targets (propagation), connection replacements per second (churn), or leaves and joins per second (room)"},
+		&cli.IntFlag{Category: catScenario, Name: "room-size", Value: 10, EnvVars: env("room-size"),
+			Usage: "typing: members of each room (the connections beyond the last full room join none)"},
+		&cli.DurationFlag{Category: catScenario, Name: "typing-interval", Value: 2 * time.Second, EnvVars: env("typing-interval"),
+			Usage: "typing: how often each room gets a typing signal (from its members in turn)"},
 		&cli.DurationFlag{Category: catScenario, Name: "jitter", Value: 5 * time.Second, EnvVars: env("jitter"),
 			Usage: "storm: longest random wait before a closed client first dials again; failed dials then back off as the browser client does (full jitter, 0.5s doubling up to 30s)"},
 		&cli.StringFlag{Category: catScenario, Name: "storm-signal", Value: "term", EnvVars: env("storm-signal"),
@@ -200,7 +210,7 @@ func config(c *cli.Context) (bench.Config, error) {
 			return bench.Config{}, fmt.Errorf("--%s %d: want 0 or more", name, c.Int(name))
 		}
 	}
-	for _, name := range []string{"duration", "jitter", "dial-timeout", "conn-ttl", "heartbeat-interval", "batch-interval", "offline-grace"} {
+	for _, name := range []string{"duration", "jitter", "typing-interval", "dial-timeout", "conn-ttl", "heartbeat-interval", "batch-interval", "offline-grace"} {
 		if d := c.Duration(name); d < 0 {
 			return bench.Config{}, fmt.Errorf("--%s %v: want 0 or a positive duration", name, d)
 		}
@@ -213,6 +223,8 @@ func config(c *cli.Context) (bench.Config, error) {
 		Follows:            c.Int("follows"),
 		Duration:           c.Duration("duration"),
 		Rate:               c.Float64("rate"),
+		RoomSize:           c.Int("room-size"),
+		TypingInterval:     c.Duration("typing-interval"),
 		Jitter:             c.Duration("jitter"),
 		StormSignal:        c.String("storm-signal"),
 		StormGateways:      c.Int("storm-gateways"),

@@ -25,10 +25,23 @@ const (
 	// ScenarioStorm restarts gateways and measures how long their clients
 	// take to be connected again.
 	ScenarioStorm = "storm"
+	// ScenarioRoom puts every connection in one room, then has members
+	// leave and join it again at a given rate, and measures how long a
+	// join takes to be answered with the room's state and how long the
+	// other members take to see each change.
+	ScenarioRoom = "room"
+	// ScenarioTyping puts the connections in rooms of RoomSize members,
+	// has one member of each room send a typing signal every
+	// TypingInterval, and measures how long the others take to see it.
+	ScenarioTyping = "typing"
 )
 
 // Scenarios lists every scenario, in the order the documentation gives.
-var Scenarios = []string{ScenarioIdle, ScenarioPropagation, ScenarioDeath, ScenarioChurn, ScenarioStorm}
+var Scenarios = []string{ScenarioIdle, ScenarioPropagation, ScenarioDeath, ScenarioChurn, ScenarioStorm, ScenarioRoom, ScenarioTyping}
+
+// rooms reports whether the scenario is one of rooms, whose connections
+// are all members and none targets or watchers.
+func (c *Config) rooms() bool { return c.Scenario == ScenarioRoom || c.Scenario == ScenarioTyping }
 
 // Default limits.
 const (
@@ -96,9 +109,15 @@ type Config struct {
 	// (propagation) or replacements (churn) go on; zero means 30s.
 	Duration time.Duration `json:"duration"`
 	// Rate is status changes per second over all targets (propagation;
-	// zero means one per target per second, at most 1000) or connection
-	// replacements per second (churn; zero means 1000).
+	// zero means one per target per second, at most 1000), connection
+	// replacements per second (churn; zero means 1000), or leaves and
+	// joins per second (room; zero means 100).
 	Rate float64 `json:"rate"`
+	// RoomSize is the members of each room (typing; zero means 10).
+	RoomSize int `json:"room_size,omitempty"`
+	// TypingInterval is how often each room gets a typing signal
+	// (typing; zero means 2s).
+	TypingInterval time.Duration `json:"typing_interval,omitempty"`
 	// Jitter is the longest a client waits before reconnecting after a
 	// storm's restart; zero means 5s.
 	Jitter time.Duration `json:"jitter"`
@@ -150,7 +169,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Sources == 0 {
 		c.Sources = min(MaxSources, ceilDiv(c.Conns, connsPerSource))
 	}
-	if c.Scenario != ScenarioIdle && c.Targets == 0 {
+	if c.Scenario != ScenarioIdle && !c.rooms() && c.Targets == 0 {
 		c.Targets = max(c.Workers, min(1000, c.Conns/10))
 	}
 	if c.Targets > 0 && c.Watchers == 0 {
@@ -168,7 +187,13 @@ func (c Config) withDefaults() (Config, error) {
 			c.Rate = float64(min(1000, c.Targets))
 		case ScenarioChurn:
 			c.Rate = 1000
+		case ScenarioRoom:
+			c.Rate = 100
 		}
+	}
+	if c.Scenario == ScenarioTyping {
+		c.RoomSize = cmpOr(c.RoomSize, 10)
+		c.TypingInterval = cmpOr(c.TypingInterval, 2*time.Second)
 	}
 	c.Jitter = cmpOr(c.Jitter, 5*time.Second)
 	c.StormSignal = cmpOr(c.StormSignal, "term")
@@ -197,13 +222,23 @@ func (c *Config) Validate() error {
 	}
 	switch {
 	case !known:
-		return bad("scenario %q: want idle, propagation, death, churn or storm", c.Scenario)
+		return bad("scenario %q: want idle, propagation, death, churn, storm, room or typing", c.Scenario)
 	case c.Conns < 1:
 		return bad("conns %d: want at least 1", c.Conns)
 	case c.Targets+c.Watchers > c.Conns:
 		return bad("%d targets and %d watchers do not fit in %d connections", c.Targets, c.Watchers, c.Conns)
-	case c.Scenario != ScenarioIdle && (c.Targets == 0 || c.Watchers == 0):
+	case c.Scenario != ScenarioIdle && !c.rooms() && (c.Targets == 0 || c.Watchers == 0):
 		return bad("scenario %s needs targets and watchers", c.Scenario)
+	case c.rooms() && (c.Targets > 0 || c.Watchers > 0):
+		return bad("scenario %s has no targets or watchers: every connection is a room member", c.Scenario)
+	case c.Scenario == ScenarioRoom && c.Conns < 4:
+		return bad("scenario room needs at least 4 connections")
+	case c.Scenario == ScenarioRoom && c.Rate > 0 && c.roomPlan().Pairs < 1:
+		return bad("%g leaves and joins a second for %v is not one of each", c.Rate, c.Duration)
+	case c.Scenario == ScenarioTyping && (c.RoomSize < 2 || c.Conns < c.RoomSize):
+		return bad("room size %d for %d connections: want at least 2 members and one room", c.RoomSize, c.Conns)
+	case c.TypingInterval < 0:
+		return bad("typing interval must not be negative")
 	case c.Workers < 1 || ceilDiv(c.Conns, c.Workers) > c.ConnsPerWorker:
 		return bad("%d workers for %d connections: at most %d per worker", c.Workers, c.Conns, c.ConnsPerWorker)
 	case c.Gateways < 1:
@@ -224,7 +259,7 @@ func (c *Config) Validate() error {
 		return bad("connect concurrency %d: want at least 1", c.ConnectConcurrency)
 	case c.Duration <= 0 || c.Duration > maxCommandTime:
 		return bad("duration %v: want more than 0 and at most %v", c.Duration, maxCommandTime)
-	case c.Scenario == ScenarioPropagation && c.Rate <= 0, c.Scenario == ScenarioChurn && c.Rate <= 0:
+	case c.Scenario == ScenarioPropagation && c.Rate <= 0, c.Scenario == ScenarioChurn && c.Rate <= 0, c.Scenario == ScenarioRoom && c.Rate <= 0:
 		return bad("scenario %s needs a positive rate", c.Scenario)
 	case c.StormSignal != "term" && c.StormSignal != "kill":
 		return bad("storm signal %q: want term or kill", c.StormSignal)
@@ -236,6 +271,30 @@ func (c *Config) Validate() error {
 		return bad("durations must not be negative")
 	}
 	return c.layout().Validate()
+}
+
+// roomChurners is how many members of the room scenario's room leave and
+// join: as many as a truncated room_state lists by default, so that every
+// member is shown them.
+const roomChurners = 100
+
+// roomPlan returns the plan of a rooms scenario, without its start.
+func (c *Config) roomPlan() RoomPlan {
+	p := RoomPlan{Prefix: "bench:" + c.run}
+	switch c.Scenario {
+	case ScenarioRoom:
+		// Each churner is out of the room for half its round.
+		p.Churners = min(roomChurners, c.Conns/2)
+		p.Hold = max(1, p.Churners/2)
+		p.Pairs = int(c.Rate * c.Duration.Seconds() / 2)
+		p.Rate = c.Rate
+	case ScenarioTyping:
+		p.Size = c.RoomSize
+		if c.TypingInterval > 0 {
+			p.Rate = float64(c.Conns/max(c.RoomSize, 1)) / c.TypingInterval.Seconds()
+		}
+	}
+	return p
 }
 
 // layout places the run's connections.

@@ -182,6 +182,10 @@ func runOnce(ctx context.Context, cfg *Config, dir string) (res *RunResult, err 
 		err = r.churn(ctx)
 	case ScenarioStorm:
 		err = r.storm(ctx)
+	case ScenarioRoom:
+		err = r.room(ctx)
+	case ScenarioTyping:
+		err = r.typing(ctx)
 	}
 	if err != nil {
 		return r.res, err

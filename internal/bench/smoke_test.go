@@ -99,6 +99,34 @@ func TestSmoke(t *testing.T) {
 			name: "storm",
 			want: map[string]float64{"clients reconnected": 300, "clients never closed by the restart": 0},
 		},
+		{
+			name: "room",
+			edit: func(c *bench.Config) { c.Targets, c.Watchers, c.Rate = 0, 0, 40 },
+			want: map[string]float64{
+				"members joined":                        300,
+				"joins failed":                          0,
+				"members not shown their room full":     0,
+				"leaves sent":                           40,
+				"joins sent":                            40,
+				"room_diff entries not on the schedule": 0,
+				"joins again failed":                    0,
+				"members not shown the room full after settling": 0,
+			},
+		},
+		{
+			name: "typing",
+			edit: func(c *bench.Config) {
+				c.Targets, c.Watchers, c.RoomSize, c.TypingInterval = 0, 0, 10, time.Second
+				c.InProcessWorkers = false
+			},
+			want: map[string]float64{
+				"rooms":                  30,
+				"members joined":         300,
+				"signals not understood": 0,
+				"signals not sent":       0,
+			},
+			equal: [][2]string{{"signals seen by members", "signals expected by members"}},
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -159,6 +187,18 @@ func TestSmoke(t *testing.T) {
 			case "churn":
 				if get("connects") == 0 {
 					t.Error("churn made no connections")
+				}
+			case "room":
+				// Each leave and join is shown to the members in the room
+				// then: at least the 300 less the 40 that leave.
+				for _, name := range []string{"leaves seen in room_diff", "joins seen in room_diff"} {
+					if got := get(name); got < 40*259 {
+						t.Errorf("%s = %v, want at least %v", name, got, 40*259)
+					}
+				}
+			case "typing":
+				if get("typing signals sent") == 0 {
+					t.Error("no typing signal was sent")
 				}
 			}
 		})

@@ -33,6 +33,17 @@ const (
 	// OpStormWait waits until every connection OpStorm expected to be
 	// closed is connected again, or its timeout has passed.
 	OpStormWait = "storm_wait"
+	// OpJoin makes every connection join its room of Room (a RoomPlan),
+	// waits for each answer, then waits up to Timeout for every member to
+	// see its room full.
+	OpJoin = "join"
+	// OpRoomChurn has the members Room names leave their room and join it
+	// again on its schedule, then waits up to Timeout for every member to
+	// see the room full again.
+	OpRoomChurn = "room_churn"
+	// OpTyping has one member of each room send a typing signal on Room's
+	// schedule for Duration, then waits Timeout for the last ones.
+	OpTyping = "typing"
 	// OpEnd says that the run is over: disconnections from now on are
 	// expected.
 	OpEnd = "end"
@@ -50,6 +61,10 @@ type Command struct {
 	Timeout  time.Duration `json:"timeout,omitempty"`
 	Jitter   time.Duration `json:"jitter,omitempty"`
 	Gateways []int         `json:"gateways,omitempty"`
+	Room     *RoomPlan     `json:"room,omitempty"`
+	// Group limits OpJoin to some members: GroupChurners or GroupRest;
+	// empty means every member.
+	Group string `json:"group,omitempty"`
 }
 
 // Setup tells a worker which connections are its own and where to connect.

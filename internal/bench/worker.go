@@ -44,6 +44,8 @@ const (
 	phasePropagate
 	phaseDeath
 	phaseStorm
+	phaseRoomChurn
+	phaseTyping
 	phaseEnd
 )
 
@@ -141,6 +143,14 @@ type worker struct {
 	serverErrors atomic.Int64 // error frames
 	latency      atomic.Pointer[hist]
 
+	// Rooms state: the plan of the rooms scenario in progress, and what
+	// its members were shown.
+	rooms       roomsState
+	truncated   atomic.Int64 // room_state frames that were truncated
+	leavesSeen  atomic.Int64 // churners' leaves seen in room_diff
+	joinsSeen   atomic.Int64 // churners' joins seen in room_diff
+	signalsSeen atomic.Int64 // typing signals seen
+
 	// Storm state. smu orders starting a reconnection with the end of
 	// the run.
 	smu           sync.Mutex
@@ -179,6 +189,13 @@ type vconn struct {
 	seenDead map[int]bool
 
 	inits chan subAnswer
+
+	// Rooms: the room it joins ("" for none), the answers to its joins,
+	// their number, and the member count it was last shown.
+	room     string
+	roomAns  chan subAnswer
+	joinSeq  atomic.Int32
+	shownCnt atomic.Int32
 }
 
 // live is one WebSocket of a vconn.
@@ -303,6 +320,20 @@ func (w *worker) handle(cmd Command) Reply {
 		return w.storm(cmd.Gateways, cmd.Jitter, timeout)
 	case OpStormWait:
 		return w.stormWait()
+	case OpJoin, OpRoomChurn, OpTyping:
+		if cmd.Room == nil {
+			return Reply{Err: cmd.Op + " without a room plan"}
+		}
+		if err := w.setRooms(*cmd.Room); err != nil {
+			return Reply{Err: err.Error()}
+		}
+		switch cmd.Op {
+		case OpJoin:
+			return w.join(cmd.Group, timeout)
+		case OpRoomChurn:
+			return w.roomChurn(timeout)
+		}
+		return w.typing(min(cmd.Duration, maxCommandTime), timeout)
 	case OpEnd:
 		r := w.reply(nil, nil)
 		w.smu.Lock()
@@ -448,6 +479,11 @@ func (w *worker) read(v *vconn, l *live) {
 				default:
 				}
 			}
+			if m.ID != "" {
+				w.answerJoin(v, m.ID, m.Code+": "+m.Message)
+			}
+		case protocol.TypeRoomState, protocol.TypeRoomDiff, protocol.TypeRoomSignal, protocol.TypeRoomDenied:
+			w.roomFrame(v, &m, now)
 		}
 	}
 }
@@ -637,10 +673,15 @@ func (w *worker) startHeartbeats() {
 // passed, count calls were made (when count >= 0), or ctx ends, and
 // records how late each call started in lag. It returns the calls made.
 func (w *worker) pace(rate float64, d time.Duration, count int, lag *hist, fn func(i int)) int {
+	return w.paceFrom(time.Now(), rate, d, count, lag, fn)
+}
+
+// paceFrom is pace on a schedule that starts at start, which may be in
+// the past (its calls then start at once, late) or in the future.
+func (w *worker) paceFrom(start time.Time, rate float64, d time.Duration, count int, lag *hist, fn func(i int)) int {
 	if rate <= 0 {
 		return 0
 	}
-	start := time.Now()
 	end := start.Add(d)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
