@@ -47,7 +47,10 @@ type room struct {
 	ready  chan struct{}
 	err    error // why the first listing failed; set before ready closes
 
-	mu sync.Mutex
+	// mu guards what follows. A local connection's flush reads the log
+	// under a read lock, and writes only its own view's seen and
+	// notified: each connection flushes one frame at a time.
+	mu sync.RWMutex
 	// listing is set while the room's keys are listed: events wait in
 	// buffered meanwhile.
 	listing  bool
@@ -60,6 +63,64 @@ type room struct {
 	// a few round trips late.
 	gone   map[string]uint64
 	locals map[*conn]*roomView
+	// log holds the table's changes that some local connection has not
+	// been shown yet. Each change is recorded once, whatever the number
+	// of local connections; each takes what it follows on its next flush.
+	log changeLog
+}
+
+// roomChange is one change of a room's table: a connection joined or
+// changed its meta (m set), or left (m nil). counted says that the
+// room's user count moved with it.
+type roomChange struct {
+	connID, userID string
+	m              *roomMember
+	counted        bool
+}
+
+// changeLog is a sequence of changes, numbered from 1, of which the
+// oldest are dropped once every reader has taken them.
+type changeLog struct {
+	// list[i] is change start+1+i; seq is the newest change's number.
+	list  []roomChange
+	start uint64
+	seq   uint64
+	// trimAt is the length at which the log is due to be trimmed.
+	trimAt int
+}
+
+// minTrim is the shortest log that is trimmed.
+const minTrim = 256
+
+// add appends a change.
+func (l *changeLog) add(ch roomChange) {
+	l.seq++
+	l.list = append(l.list, ch)
+}
+
+// skip counts a change that no reader will take: the log stays empty.
+func (l *changeLog) skip() {
+	l.seq++
+	l.list, l.start = l.list[:0], l.seq
+}
+
+// since returns the changes after number seen, which must not be older
+// than what was trimmed.
+func (l *changeLog) since(seen uint64) []roomChange { return l.list[seen-l.start:] }
+
+// due reports whether the log is long enough to be trimmed.
+func (l *changeLog) due() bool { return len(l.list) >= max(l.trimAt, minTrim) }
+
+// trim drops the changes up to number oldest, the oldest any reader has
+// seen. Its next trim is due when the log has doubled from what is left,
+// so that a reader that lags (a socket slow to write) makes trimming cost
+// no more than a constant share of adding.
+func (l *changeLog) trim(oldest uint64) {
+	if drop := int(min(oldest, l.seq) - l.start); drop > 0 {
+		l.list = slices.Delete(l.list, 0, drop)
+		l.start += uint64(drop)
+	}
+	l.trimAt = 2 * len(l.list)
 }
 
 // roomMember is one connection in a room, as its key says.
@@ -75,10 +136,12 @@ type roomMember struct {
 type roomView struct {
 	// shown are the users it was shown, when the room was truncated for
 	// it; nil when it was shown every user.
-	shown  map[string]bool
-	joins  map[string]*roomMember // by connection id
-	leaves map[string]string      // connection id to user id
-	dirty  bool                   // something to say, if only the count
+	shown map[string]bool
+	// seen is the newest change of the log it was shown; notified says
+	// that a later one concerns it (if only by the count) and its
+	// connection was told to flush.
+	seen     uint64
+	notified bool
 	// signals wait for the next room_signal frame: the newest of each
 	// connection and signal type.
 	signals map[signalKey]*presence.RoomSignal
@@ -274,10 +337,7 @@ func (r *room) leaseEnded(gw, epoch string) {
 	}
 }
 
-// putLocked sets a member and tells the local connections.
-//
-// A connection shown a truncated room hears of users it was not shown
-// only when the count moves: a user came in.
+// putLocked sets a member and records the change.
 func (r *room) putLocked(connID string, m *roomMember) {
 	newUser := false
 	if old := r.members[connID]; old == nil {
@@ -285,25 +345,10 @@ func (r *room) putLocked(connID string, m *roomMember) {
 		newUser = r.users[m.userID] == 1
 	}
 	r.members[connID] = m
-	for c, v := range r.locals {
-		switch {
-		case v.shows(m.userID):
-			delete(v.leaves, connID)
-			if v.joins == nil {
-				v.joins = make(map[string]*roomMember)
-			}
-			v.joins[connID] = m
-		case !newUser:
-			continue
-		}
-		v.dirty = true
-		c.roomsChanged()
-	}
+	r.recordLocked(roomChange{connID: connID, userID: m.userID, m: m, counted: newUser})
 }
 
-// removeLocked takes a member out and tells the local connections.
-// (To a truncated room's connection, only when the count moves: the
-// user's last connection left.)
+// removeLocked takes a member out and records the change.
 func (r *room) removeLocked(connID string, m *roomMember) {
 	delete(r.members, connID)
 	userGone := false
@@ -311,19 +356,31 @@ func (r *room) removeLocked(connID string, m *roomMember) {
 		delete(r.users, m.userID)
 		userGone = true
 	}
+	r.recordLocked(roomChange{connID: connID, userID: m.userID, counted: userGone})
+}
+
+// recordLocked appends a change to the log and tells the local
+// connections it concerns that are not told yet. A connection shown a
+// truncated room hears of users it was not shown only when the count
+// moves.
+func (r *room) recordLocked(ch roomChange) {
+	if len(r.locals) == 0 {
+		r.log.skip()
+		return
+	}
+	r.log.add(ch)
 	for c, v := range r.locals {
-		switch {
-		case v.shows(m.userID):
-			delete(v.joins, connID)
-			if v.leaves == nil {
-				v.leaves = make(map[string]string)
-			}
-			v.leaves[connID] = m.userID
-		case !userGone:
-			continue
+		if !v.notified && (ch.counted || v.shows(ch.userID)) {
+			v.notified = true
+			c.roomsChanged()
 		}
-		v.dirty = true
-		c.roomsChanged()
+	}
+	if r.log.due() {
+		oldest := r.log.seq
+		for _, v := range r.locals {
+			oldest = min(oldest, v.seen)
+		}
+		r.log.trim(oldest)
 	}
 }
 
@@ -338,7 +395,7 @@ func (r *room) show(c *conn, id string, maxUsers int) *protocol.RoomState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	users := slices.Sorted(maps.Keys(r.users))
-	v := &roomView{}
+	v := &roomView{seen: r.log.seq}
 	st := &protocol.RoomState{Type: protocol.TypeRoomState, ID: id, Room: r.id, Count: len(users)}
 	if len(users) > maxUsers {
 		users, st.Truncated = users[:maxUsers], true
@@ -393,27 +450,43 @@ func roomConn(connID string, m *roomMember) protocol.RoomConn {
 // takeDiff returns the room_diff of what changed for c since its last
 // frame of the room, or nil when nothing did.
 func (r *room) takeDiff(c *conn) *protocol.RoomDiff {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	v := r.locals[c]
-	if v == nil || !v.dirty {
+	if v == nil || !v.notified {
 		return nil
 	}
-	d := &protocol.RoomDiff{Type: protocol.TypeRoomDiff, Room: r.id, Count: len(r.users),
-		Joins: groupByUser(v.joins, nil), Leaves: groupByUser(nil, v.leaves)}
-	v.joins, v.leaves, v.dirty = nil, nil, false
-	return d
+	// The newest change of each connection it follows is what it is told.
+	newest := make(map[string]*roomChange)
+	unseen := r.log.since(v.seen)
+	for i := range unseen {
+		if ch := &unseen[i]; v.shows(ch.userID) {
+			newest[ch.connID] = ch
+		}
+	}
+	v.seen, v.notified = r.log.seq, false
+	var joins, leaves []*roomChange
+	for _, ch := range newest {
+		if ch.m != nil {
+			joins = append(joins, ch)
+		} else {
+			leaves = append(leaves, ch)
+		}
+	}
+	return &protocol.RoomDiff{Type: protocol.TypeRoomDiff, Room: r.id, Count: len(r.users),
+		Joins: groupByUser(joins), Leaves: groupByUser(leaves)}
 }
 
 // groupByUser returns the joins (full entries) or the leaves (connection
 // ids only) of a diff as members, by user id.
-func groupByUser(joins map[string]*roomMember, leaves map[string]string) []protocol.RoomMember {
+func groupByUser(changes []*roomChange) []protocol.RoomMember {
 	byUser := make(map[string][]protocol.RoomConn)
-	for id, m := range joins {
-		byUser[m.userID] = append(byUser[m.userID], roomConn(id, m))
-	}
-	for id, u := range leaves {
-		byUser[u] = append(byUser[u], protocol.RoomConn{ConnID: id})
+	for _, ch := range changes {
+		e := protocol.RoomConn{ConnID: ch.connID}
+		if ch.m != nil {
+			e = roomConn(ch.connID, ch.m)
+		}
+		byUser[ch.userID] = append(byUser[ch.userID], e)
 	}
 	out := make([]protocol.RoomMember, 0, len(byUser))
 	for u, conns := range byUser {
