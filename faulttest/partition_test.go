@@ -2,18 +2,25 @@ package faulttest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/signature"
 )
 
 // proxy passes TCP connections through to a NATS server, and can cut them
@@ -219,5 +226,106 @@ func TestGatewayPartitioned(t *testing.T) {
 		if ev := c.closeEvents(); len(ev) > 0 {
 			t.Errorf("%s's socket was closed during the partition: %+v", c.user, ev)
 		}
+	}
+}
+
+// TestAppAnswersDroppedOnReconnect cuts a gateway under the app policy off
+// NATS while the app withdraws an answer and publishes the invalidation:
+// the gateway cannot hear it, and the answer it cached is stale. Once the
+// link is back, the gateway drops its cached answers and asks again: the
+// watcher is told it may no longer watch, and is shown nothing more of that
+// user.
+func TestAppAnswersDroppedOnReconnect(t *testing.T) {
+	cl := startCluster(t, 1)
+	cl.openStore(1)
+	secret := []byte("faulttest app callout: a shared secret of 32 bytes or more")
+	var allowBob atomic.Bool
+	allowBob.Store(true)
+	appSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		if err := signature.Verify(secret, r.Header.Get(signature.Header), body, time.Now(), 5*time.Minute); err != nil {
+			t.Errorf("a question without a good signature: %v", err)
+			http.Error(w, err.Error(), http.StatusUnauthorized)
+			return
+		}
+		var q struct {
+			Watcher string   `json:"watcher"`
+			Targets []string `json:"targets"`
+			List    bool     `json:"list"`
+		}
+		if err := json.Unmarshal(body, &q); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		// Alice may watch carol, and bob while allowBob is set.
+		allow := []string{}
+		if q.Watcher == "alice" {
+			for _, u := range q.Targets {
+				if u == "carol" || u == "bob" && allowBob.Load() {
+					allow = append(allow, u)
+				}
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"allow": allow})
+	}))
+	defer appSrv.Close()
+
+	tm := timings{ttl: 30 * time.Second, heartbeat: time.Second, grace: time.Second, ackWait: 3 * time.Second, replicas: 1,
+		edit: func(c *gateway.Config) {
+			c.Policy = gateway.PolicyApp
+			c.AppURL, c.AppSecret, c.AppTimeout = appSrv.URL, secret, 10*time.Second
+		}}
+	startFanout(t, cl.urlsAs("fanout"), "fanout", tm)
+	px := startProxy(t, strings.TrimPrefix(cl.urls(), "nats://"))
+	gw := startGateway(t, strings.Replace(px.url(), "nats://", "nats://gateway:"+rolePasswords["gateway"]+"@", 1), "gwapp", tm)
+
+	bob := dialClient(t, "bob", []string{gw.WS}, tm.heartbeat, false)
+	carol := dialClient(t, "carol", []string{gw.WS}, tm.heartbeat, false)
+	alice := dialClient(t, "alice", []string{gw.WS}, tm.heartbeat, false)
+	alice.subscribe("bob", "carol")
+	expectViews(t, 15*time.Second, "alice sees bob and carol", []*liveClient{alice}, truth{"bob": presence.Online, "carol": presence.Online})
+	seen := len(alice.history("bob"))
+
+	// Cut off, the gateway misses the invalidation of alice -> bob.
+	px.partition()
+	allowBob.Store(false)
+	nc := cl.connect("app")
+	if err := nc.Publish(gateway.InvalidateSubject, []byte(`{"watcher":"alice","target":"bob"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	px.heal()
+
+	waitFor(t, 30*time.Second, "alice denied bob after the reconnect", func() error {
+		alice.mu.Lock()
+		defer alice.mu.Unlock()
+		for _, m := range alice.errs {
+			if m.Type == protocol.TypeDenied && m.UserID == "bob" {
+				if m.Reason != protocol.ReasonNotAllowed {
+					return fmt.Errorf("bob denied with %q, want %q", m.Reason, protocol.ReasonNotAllowed)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("no denied for bob; errors: %v", alice.errs)
+	})
+
+	// Bob's change is not shown to alice, nor anything else of bob since
+	// the partition; carol's change, made after bob's, is.
+	if err := bob.setStatus(presence.Away, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := carol.setStatus(presence.Away, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	expectViews(t, 15*time.Second, "alice sees carol's change", []*liveClient{alice}, truth{"carol": presence.Away})
+	for _, s := range alice.history("bob")[seen:] {
+		t.Errorf("alice was shown bob %s at %s, after the app refused", s.p.Status, s.at.Format("15:04:05.000"))
 	}
 }

@@ -484,9 +484,17 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 
 // watchNATS reacts to the NATS connection coming back: events may have
 // been missed meanwhile, so every watched user's state is read again. (The
-// lease tells whether the connections are still registered.)
+// lease tells whether the connections are still registered.) Under the app
+// policy, invalidations may have been missed too: every cached answer of
+// the app is dropped and the live subscriptions are decided again, before
+// the resync, so that a watcher the app no longer allows is not shown what
+// changed while the gateway was cut off.
 func (s *Service) watchNATS(ctx context.Context) {
 	natsconn.OnReconnect(ctx, s.nc, func() {
+		if s.cfg.Policy == PolicyApp {
+			s.log.Info("nats connection back: dropping the app's cached answers")
+			s.authz.Invalidate(ctx, "", "")
+		}
 		s.log.Info("nats connection back: resyncing watched users and rooms")
 		s.resync(ctx)
 		s.rooms.relist(ctx)
