@@ -128,10 +128,15 @@ type HTTPConfig struct {
 	Observe Observer
 }
 
-// NewHTTP returns a client that POSTs questions to cfg.URL.
+// NewHTTP returns a client that POSTs questions to cfg.URL. It follows no
+// redirect: that would send the signed question elsewhere; a 3xx answer is
+// an error, as any status but 200.
 func NewHTTP(cfg HTTPConfig) *Client {
+	hc := &http.Client{
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	return &Client{
-		a:       &httpAsker{url: cfg.URL, secret: cfg.Secret, hc: &http.Client{}},
+		a:       &httpAsker{url: cfg.URL, secret: cfg.Secret, hc: hc},
 		timeout: cfg.Timeout,
 		observe: cfg.Observe,
 	}
@@ -186,6 +191,8 @@ func (h *httpAsker) once(ctx context.Context, body []byte) ([]byte, bool, error)
 		return nil, ctx.Err() == nil, fmt.Errorf("POST %s: read answer: %w", h.url, err)
 	case resp.StatusCode == http.StatusBadGateway, resp.StatusCode == http.StatusServiceUnavailable, resp.StatusCode == http.StatusGatewayTimeout:
 		return nil, true, fmt.Errorf("POST %s: %s", h.url, resp.Status)
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		return nil, false, fmt.Errorf("POST %s: %s: redirects are not followed", h.url, resp.Status)
 	case resp.StatusCode != http.StatusOK:
 		return nil, false, fmt.Errorf("POST %s: %s: %s", h.url, resp.Status, strings.TrimSpace(string(data[:min(len(data), 200)])))
 	case len(data) > maxAnswer:

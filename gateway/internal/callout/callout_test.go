@@ -73,3 +73,38 @@ func TestHTTPRetries(t *testing.T) {
 		t.Errorf("gave up after %v, want retries for the whole timeout", took)
 	}
 }
+
+// TestHTTPRedirectRefused: a redirect is not followed (the signed question
+// would go elsewhere) and counts as no answer, not retried.
+func TestHTTPRedirectRefused(t *testing.T) {
+	for _, code := range []int{http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		var elsewhere atomic.Int32
+		other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			elsewhere.Add(1)
+			_, _ = w.Write([]byte(`{"allow":["bob"]}`))
+		}))
+		var calls atomic.Int32
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			calls.Add(1)
+			http.Redirect(w, r, other.URL, code)
+		}))
+		var observed error
+		c := NewHTTP(HTTPConfig{URL: srv.URL, Secret: secret, Timeout: 10 * time.Second,
+			Observe: func(_ string, _ time.Duration, err error) { observed = err }})
+		got, err := c.Allowed(context.Background(), "alice", []string{"bob"})
+		_, listErr := c.List(context.Background(), "alice", 10)
+		srv.Close()
+		other.Close()
+		if err == nil || len(got) > 0 || listErr == nil || observed == nil {
+			t.Errorf("%d: Allowed = %v, %v; List error %v (observed %v); want errors and nothing allowed", code, got, err, listErr, observed)
+		} else if !strings.Contains(err.Error(), "redirect") {
+			t.Errorf("%d: error %q does not say it was a redirect", code, err)
+		}
+		if n := elsewhere.Load(); n != 0 {
+			t.Errorf("%d: the redirect's target was asked %d times", code, n)
+		}
+		if n := calls.Load(); n != 2 {
+			t.Errorf("%d: the app was asked %d times, want once per question (a redirect is not retried)", code, n)
+		}
+	}
+}
