@@ -1,15 +1,18 @@
 package gateway_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/signature"
 )
 
 // apiAnswer is what TestAPIRateLimit reads of an HTTP API answer.
@@ -23,25 +26,31 @@ type apiAnswer struct {
 // source address src.
 func apiFrom(t *testing.T, gw *systest.Gateway, src string, h http.Header) apiAnswer {
 	t.Helper()
-	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext:       d.DialContext,
-		DisableKeepAlives: true,
-	}}
 	req, err := http.NewRequest("GET", gw.HTTP+"/api/presence/users/bob", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header = h
+	return sendFrom(t, src, req)
+}
+
+// sendFrom sends req from the source address src.
+func sendFrom(t *testing.T, src string, req *http.Request) apiAnswer {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext:       d.DialContext,
+		DisableKeepAlives: true,
+	}}
 	resp, err := hc.Do(req)
 	if err != nil {
-		t.Fatalf("GET from %s: %v", src, err)
+		t.Fatalf("%s %s from %s: %v", req.Method, req.URL.Path, src, err)
 	}
 	defer resp.Body.Close()
 	a := apiAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode >= 300 {
 		if err := json.NewDecoder(resp.Body).Decode(&a.err); err != nil {
-			t.Fatalf("GET from %s: %d with a body that is not an error: %v", src, resp.StatusCode, err)
+			t.Fatalf("%s %s from %s: %d with a body that is not an error: %v", req.Method, req.URL.Path, src, resp.StatusCode, err)
 		}
 	}
 	return a
@@ -99,4 +108,47 @@ func TestAPIRateLimit(t *testing.T) {
 	}
 	// The WebSocket is not the HTTP API: alice still connects.
 	secDial(t, gw, "alice")
+}
+
+// invalidateFrom POSTs an invalidation of every answer, signed with
+// secret, from the source address src.
+func invalidateFrom(t *testing.T, gw *systest.Gateway, src string, secret []byte) apiAnswer {
+	t.Helper()
+	body := []byte(`{}`)
+	req, err := http.NewRequest("POST", gw.HTTP+gateway.InvalidatePath, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(signature.Header, signature.Sign(secret, time.Now(), body))
+	return sendFrom(t, src, req)
+}
+
+// POST /api/authz/invalidate is limited per source address, like the rest
+// of the API, before its signature is checked: a flood of badly signed
+// invalidations costs little.
+func TestAPIRateLimitInvalidate(t *testing.T) {
+	// About one request in 100 s comes back: no token refills during the
+	// test however slow the machine, and Retry-After says 100.
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{
+		Policy: gateway.PolicyApp, AppSubject: "app.authz", AppSecret: appSecret,
+		APIAddressRateLimit: 0.01, APIAddressRateBurst: 2,
+	}})
+	gw := sys.Gateway()
+	if a := invalidateFrom(t, gw, "127.0.0.1", appSecret); a.status != http.StatusAccepted {
+		t.Fatalf("a valid invalidation within the limit: %+v, want 202", a)
+	}
+	if a := invalidateFrom(t, gw, "127.0.0.1", []byte("another secret, also 32 bytes long!")); a.status != http.StatusUnauthorized {
+		t.Errorf("a badly signed invalidation within the limit: %+v, want 401", a)
+	}
+	a := invalidateFrom(t, gw, "127.0.0.1", appSecret)
+	if a.status != http.StatusTooManyRequests || a.err.Error != protocol.CodeRateLimited || a.retryAfter != "100" || !strings.Contains(a.err.Message, "this address") {
+		t.Errorf("a valid invalidation over the limit: %+v, want 429 rate_limited with Retry-After 100", a)
+	}
+	// Another address has a bucket of its own.
+	if a := invalidateFrom(t, gw, "127.0.0.2", appSecret); a.status != http.StatusAccepted {
+		t.Errorf("a valid invalidation from 127.0.0.2: %+v, want 202", a)
+	}
+	if v := metricValue(t, gw, "greendot_gateway_api_rate_limited_total", map[string]string{"by": "address"}); v != 1 {
+		t.Errorf("address refusals counted = %v, want 1", v)
+	}
 }

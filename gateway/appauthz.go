@@ -79,8 +79,12 @@ func (s *Service) invalidated(ctx context.Context, data []byte) {
 
 // postInvalidate answers POST /api/authz/invalidate: an invalidation
 // signed with the app secret, published on InvalidateSubject for every
-// gateway.
+// gateway. The source address is limited as for the rest of the API,
+// before the signature is checked.
 func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
+	if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r)) {
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4<<10))
 	if err != nil {
 		writeError(w, http.StatusRequestEntityTooLarge, "bad_request", "body over 4 KiB")
