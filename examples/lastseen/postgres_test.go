@@ -31,7 +31,11 @@ func postgresBin() (string, bool) {
 	if len(matches) == 0 {
 		return "", false
 	}
-	return filepath.Dir(matches[len(matches)-1]), true
+	dir := filepath.Dir(matches[len(matches)-1])
+	if _, err := os.Stat(filepath.Join(dir, "postgres")); err != nil {
+		return "", false
+	}
+	return dir, true
 }
 
 // lockedBuffer keeps a server's log for the test's failure messages.
