@@ -383,12 +383,7 @@ func (w *worker) roomChurn(settle time.Duration) Reply {
 	lat, lag, rejoin := newHist(), newHist(), newHist()
 	w.leavesSeen.Store(0)
 	w.joinsSeen.Store(0)
-	w.latency.Store(lat)
-	w.phase.Store(phaseRoomChurn)
-	defer func() {
-		w.phase.Store(phaseHold)
-		w.latency.Store(nil)
-	}()
+	defer w.measure(phaseRoomChurn, lat)()
 	var leaves, joins, failed, skipped atomic.Int64
 	var wg sync.WaitGroup
 	slots := 2 * (plan.Pairs + plan.Hold)
@@ -463,12 +458,7 @@ func (w *worker) typing(d, settle time.Duration) Reply {
 	}
 	lat, lag := newHist(), newHist()
 	w.signalsSeen.Store(0)
-	w.latency.Store(lat)
-	w.phase.Store(phaseTyping)
-	defer func() {
-		w.phase.Store(phaseHold)
-		w.latency.Store(nil)
-	}()
+	defer w.measure(phaseTyping, lat)()
 	var sent, skipped int64
 	w.paceFrom(time.Unix(0, plan.Start), plan.Rate, d, -1, lag, func(j int) {
 		v := w.local(j%rooms*plan.Size + j/rooms%plan.Size)

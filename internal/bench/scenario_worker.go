@@ -138,12 +138,7 @@ func (w *worker) mismatches() int64 {
 // status of every target it follows.
 func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 	lat, lag := newHist(), newHist()
-	w.latency.Store(lat)
-	w.phase.Store(phasePropagate)
-	defer func() {
-		w.phase.Store(phaseHold)
-		w.latency.Store(nil)
-	}()
+	defer w.measure(phasePropagate, lat)()
 	var sent, expected, skipped int64
 	if n := len(w.targets); n > 0 {
 		w.pace(rate, d, -1, lag, func(i int) {

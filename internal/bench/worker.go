@@ -49,6 +49,17 @@ const (
 	phaseEnd
 )
 
+// measure enters phase, in which what is seen is timed into lat, and
+// returns the function that ends it: back to holding, timing nothing.
+func (w *worker) measure(phase int32, lat *hist) (end func()) {
+	w.latency.Store(lat)
+	w.phase.Store(phase)
+	return func() {
+		w.phase.Store(phaseHold)
+		w.latency.Store(nil)
+	}
+}
+
 // statusCycle is the order in which targets change status: each change is
 // identified by its status among the last len(statusCycle) changes.
 var statusCycle = [...]presence.Status{presence.Busy, presence.Away, presence.Online}
