@@ -1,6 +1,9 @@
 package gateway
 
 import (
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 )
@@ -65,5 +68,25 @@ func TestChangeLog(t *testing.T) {
 	l.trim(l.seq + 10)
 	if len(l.list) != 0 || len(l.since(l.seq)) != 0 {
 		t.Errorf("trim beyond the newest: %d changes kept", len(l.list))
+	}
+}
+
+// TestFirstUsers: the selection of a room's first users is the head of
+// its sorted ids, for rooms smaller and larger than the limit, ids in any
+// order.
+func TestFirstUsers(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, size := range []int{0, 1, 5, 100, 101, 1000, 10000} {
+		users := make(map[string]int, size)
+		for len(users) < size {
+			users["u"+strconv.Itoa(rng.IntN(10*size))] = 1
+		}
+		sorted := slices.Sorted(maps.Keys(users))
+		for _, n := range []int{0, 1, 10, 100, 20000} {
+			want := sorted[:min(n, size)]
+			if got := firstUsers(users, n); !slices.Equal(got, want) {
+				t.Errorf("%d users, first %d: got %d ids %.5v, want %d ids %.5v", size, n, len(got), got, len(want), want)
+			}
+		}
 	}
 }

@@ -394,11 +394,11 @@ func (v *roomView) shows(userID string) bool { return v.shown == nil || v.shown[
 func (r *room) show(c *conn, id string, maxUsers int) *protocol.RoomState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	users := slices.Sorted(maps.Keys(r.users))
+	users := firstUsers(r.users, maxUsers)
 	v := &roomView{seen: r.log.seq}
-	st := &protocol.RoomState{Type: protocol.TypeRoomState, ID: id, Room: r.id, Count: len(users)}
-	if len(users) > maxUsers {
-		users, st.Truncated = users[:maxUsers], true
+	st := &protocol.RoomState{Type: protocol.TypeRoomState, ID: id, Room: r.id, Count: len(r.users)}
+	if len(r.users) > maxUsers {
+		st.Truncated = true
 		v.shown = make(map[string]bool, maxUsers)
 		for _, u := range users {
 			v.shown[u] = true
@@ -407,6 +407,30 @@ func (r *room) show(c *conn, id string, maxUsers int) *protocol.RoomState {
 	st.Members = r.membersLocked(users)
 	r.locals[c] = v
 	return st
+}
+
+// firstUsers returns the n smallest user ids of users, in order: a
+// selection, not a sort of them all, as a room of 10,000 shows its first
+// 100 to each connection that joins it.
+func firstUsers(users map[string]int, n int) []string {
+	switch {
+	case len(users) <= n:
+		return slices.Sorted(maps.Keys(users))
+	case n <= 0:
+		return nil
+	}
+	first := make([]string, 0, n+1)
+	for u := range users {
+		if len(first) == n && u >= first[n-1] {
+			continue
+		}
+		i, _ := slices.BinarySearch(first, u)
+		first = slices.Insert(first, i, u)
+		if len(first) > n {
+			first = first[:n]
+		}
+	}
+	return first
 }
 
 // hide stops showing the room to c.
@@ -562,11 +586,7 @@ func snapshotOf(roomID string, entries []presence.RoomEntry, maxUsers int) *room
 	for _, m := range r.members {
 		r.users[m.userID]++
 	}
-	users := slices.Sorted(maps.Keys(r.users))
-	out := &roomSnapshot{Room: roomID, Count: len(users)}
-	if len(users) > maxUsers {
-		users, out.Truncated = users[:maxUsers], true
-	}
-	out.Members = r.membersLocked(users)
+	out := &roomSnapshot{Room: roomID, Count: len(r.users), Truncated: len(r.users) > maxUsers}
+	out.Members = r.membersLocked(firstUsers(r.users, maxUsers))
 	return out
 }
