@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -553,21 +554,29 @@ func (h *roomHub) onLeaseEnded(msg *nats.Msg) {
 }
 
 // relist lists every room again, after NATS came back: events may have
-// been missed meanwhile.
+// been missed meanwhile. A listing that fails is tried again until it
+// succeeds.
 func (h *roomHub) relist(ctx context.Context) {
-	for _, r := range h.all() {
+	retryEach(ctx, h.all(), func(r *room) error {
 		select {
 		case <-r.ready:
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		}
-		if r.err != nil {
-			continue
+		if r.err != nil || !h.holds(r) {
+			return nil
 		}
-		if err := r.list(ctx); err != nil && ctx.Err() == nil {
-			h.log.Warn("list room again", "room", r.id, "err", err)
-		}
-	}
+		return r.list(ctx)
+	}, func(r *room, err error, pause time.Duration) {
+		h.log.Warn("list room again", "room", r.id, "err", err, "retry_in", pause)
+	})
+}
+
+// holds reports whether r is the table of its room, still in use.
+func (h *roomHub) holds(r *room) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rooms[r.id] == r
 }
 
 // roomSnapshot is a room as a listing of its keys shows it: the HTTP

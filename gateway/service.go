@@ -508,19 +508,19 @@ func (s *Service) watchNATS(ctx context.Context) {
 
 // resync reads the state of every watched user and delivers what is newer
 // than what the watchers have, through the dispatcher.
+// A read that fails is tried again until it succeeds.
 func (s *Service) resync(ctx context.Context) {
-	for _, u := range s.hub.Users() {
-		if ctx.Err() != nil {
-			return
-		}
+	retryEach(ctx, s.hub.Users(), func(u string) error {
 		p, rev, at, err := s.presenceOf(ctx, u)
 		if err != nil {
-			s.log.Warn("resync", "user_id", u, "err", err)
-			continue
+			return err
 		}
 		ev := presence.Event{UserID: u, Status: p.Status, LastSeen: p.LastSeen, Rev: rev, At: at}
 		s.call(ctx, func() { s.deliver(&ev) })
-	}
+		return nil
+	}, func(u string, err error, pause time.Duration) {
+		s.log.Warn("resync", "user_id", u, "err", err, "retry_in", pause)
+	})
 }
 
 // Ready reports whether the gateway serves: NATS connected, buckets
