@@ -507,8 +507,8 @@ func (s *Service) watchNATS(ctx context.Context) {
 }
 
 // resync reads the state of every watched user and delivers what is newer
-// than what the watchers have, through the dispatcher.
-// A read that fails is tried again until it succeeds.
+// than what the watchers have, through the dispatcher. A read that fails
+// is tried again until it succeeds.
 func (s *Service) resync(ctx context.Context) {
 	retryEach(ctx, s.hub.Users(), func(u string) error {
 		p, rev, at, err := s.presenceOf(ctx, u)
