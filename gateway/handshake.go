@@ -14,8 +14,8 @@ import (
 	"github.com/gobwas/ws"
 	"github.com/nats-io/nuid"
 
-	"github.com/greendot/greendot/gateway/internal/netpoll"
 	"github.com/greendot/greendot/gateway/internal/socket"
+	"github.com/greendot/greendot/internal/netpoll"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )

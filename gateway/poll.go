@@ -8,8 +8,8 @@ import (
 
 	"github.com/gobwas/ws"
 
-	"github.com/greendot/greendot/gateway/internal/netpoll"
 	"github.com/greendot/greendot/gateway/internal/socket"
+	"github.com/greendot/greendot/internal/netpoll"
 )
 
 // readPool holds read buffers; a buffer is held only while a socket is

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/gateway/internal/netpoll"
+	"github.com/greendot/greendot/internal/netpoll"
 )
 
 // pair returns a detached server end and a client end of a loopback TCP

@@ -1,10 +1,12 @@
 // Package netpoll tells which of many sockets are readable, so that a
-// gateway can hold idle connections without a goroutine or a buffer each.
+// process (the gateway, the load generator's workers) can hold idle
+// connections without a goroutine or a buffer each.
 //
 // On Linux it is a thin layer over epoll (golang.org/x/sys/unix): one
 // epoll instance per Poller, one-shot (a descriptor is reported once, then
-// again only after Resume), a 64-bit tag per file descriptor. Elsewhere Supported is false and the gateway falls back to a
-// goroutine per connection.
+// again only after Resume), a 64-bit tag per file descriptor. Elsewhere
+// Supported is false and its user falls back to a goroutine per
+// connection.
 package netpoll
 
 import "errors"
