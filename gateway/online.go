@@ -68,10 +68,11 @@ func newOnlineIndex(showLastSeen func(ctx context.Context, watcher, target strin
 }
 
 // sync reads every status record and takes what is newer than what the
-// index has.
+// index has. After the first sync (on the NATS connection coming back),
+// what changed is delivered to the watchers like an event.
 func (o *onlineIndex) sync(ctx context.Context, store *presence.Store) error {
 	err := store.ScanStatus(ctx, func(userID string, rec presence.Record, rev uint64) error {
-		o.take(onlineEntry{p: rec.Presence(userID), rev: rev, at: rec.Updated}, false)
+		o.take(onlineEntry{p: rec.Presence(userID), rev: rev, at: rec.Updated})
 		return nil
 	})
 	if err != nil {
@@ -86,13 +87,13 @@ func (o *onlineIndex) sync(ctx context.Context, store *presence.Store) error {
 // apply takes one presence event. It runs on the dispatcher and does not
 // block.
 func (o *onlineIndex) apply(ev *presence.Event) {
-	o.take(onlineEntry{p: ev.Presence(), rev: ev.Rev, at: ev.At}, true)
+	o.take(onlineEntry{p: ev.Presence(), rev: ev.Rev, at: ev.At})
 }
 
 // take records a user's presence at a revision, if it is newer than what
 // the index has and changes what others see, and queues it for the
-// watchers when notify is set.
-func (o *onlineIndex) take(e onlineEntry, notify bool) {
+// watchers once the first sync is done (before it, no socket watches).
+func (o *onlineIndex) take(e onlineEntry) {
 	u := e.p.UserID
 	o.mu.Lock()
 	prev, was := o.users[u]
@@ -117,7 +118,7 @@ func (o *onlineIndex) take(e onlineEntry, notify bool) {
 		o.mu.Unlock()
 		return
 	}
-	deliver := notify && o.synced && len(o.all) > 0
+	deliver := o.synced && len(o.all) > 0
 	if deliver {
 		o.changed[u] = e
 	}

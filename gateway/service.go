@@ -483,7 +483,8 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 }
 
 // watchNATS reacts to the NATS connection coming back: events may have
-// been missed meanwhile, so every watched user's state is read again. (The
+// been missed meanwhile, so every watched user's state (and under the
+// everyone policy, every user's) is read again, until the reads succeed. (The
 // lease tells whether the connections are still registered.) Under the app
 // policy, invalidations may have been missed too: every cached answer of
 // the app is dropped and the live subscriptions are decided again, before
@@ -499,9 +500,11 @@ func (s *Service) watchNATS(ctx context.Context) {
 		s.resync(ctx)
 		s.rooms.relist(ctx)
 		if s.online != nil {
-			if err := s.online.sync(ctx, s.store); err != nil && ctx.Err() == nil {
-				s.log.Warn("resync global presence", "err", err)
-			}
+			retryEach(ctx, []*onlineIndex{s.online}, func(o *onlineIndex) error {
+				return o.sync(ctx, s.store)
+			}, func(_ *onlineIndex, err error, pause time.Duration) {
+				s.log.Warn("resync global presence", "err", err, "retry_in", pause)
+			})
 		}
 	})
 }
