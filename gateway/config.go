@@ -193,7 +193,9 @@ type Config struct {
 	// WriteTimeout bounds one write to a socket; a socket that cannot take
 	// a frame in time is closed as too slow. Zero means 10s.
 	WriteTimeout time.Duration
-	// ReadWorkers bounds how many sockets are read at once; zero means 256.
+	// ReadWorkers bounds how many sockets are read at once: the goroutines
+	// that read readable sockets, started as needed and kept; zero means
+	// 256.
 	ReadWorkers int
 	// WriteWorkers bounds how many sockets are written to at once by the
 	// batch flusher; zero means 64.

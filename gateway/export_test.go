@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 // PendingUpdates returns how many presence changes wait to be written to
@@ -69,3 +71,12 @@ func (s *Service) RoomConns(roomID string) []string {
 // NATSClientID returns the server's id of the gateway's NATS connection,
 // for a test that cuts it.
 func (s *Service) NATSClientID() (uint64, error) { return s.nc.GetClientID() }
+
+// Heartbeats returns how many heartbeats the gateway has read.
+func (s *Service) Heartbeats() float64 {
+	var m dto.Metric
+	if err := s.metrics.heartbeats.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/gobwas/ws"
 
@@ -51,13 +52,29 @@ func (s *Service) watchSocket(c *conn) {
 	}
 }
 
-// pollLoop waits for readable sockets and reads each on a goroutine of its
-// own, at most ReadWorkers at once, until the poller is closed (see Serve).
-// It returns when every reader has.
+// pollLoop waits for readable sockets and has a reader (readerPool) read
+// each, until the poller is closed (see Serve). It returns when every
+// reader has.
 func (s *Service) pollLoop(context.Context) {
+	readers := newReaderPool(s.cfg.ReadWorkers, s.readAndResume)
+	defer readers.stop()
+	var sweeper sync.WaitGroup
+	done := make(chan struct{})
+	defer sweeper.Wait()
+	defer close(done)
+	sweeper.Go(func() {
+		t := time.NewTicker(readerIdle)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				readers.sweep(now)
+			}
+		}
+	})
 	events := make([]netpoll.Event, 0, 256)
-	var readers sync.WaitGroup
-	defer readers.Wait()
 	for {
 		var err error
 		events, err = s.poller.Wait(events[:0], -1)
@@ -68,27 +85,27 @@ func (s *Service) pollLoop(context.Context) {
 			return
 		}
 		for _, ev := range events {
-			c := s.registry.get(ev.Tag)
-			if c == nil {
-				continue
+			if c := s.registry.get(ev.Tag); c != nil {
+				readers.run(c)
 			}
-			s.readSem <- struct{}{}
-			readers.Go(func() {
-				defer func() { <-s.readSem }()
-				if !s.readReady(c) {
-					return
-				}
-				c.pollMu.Lock()
-				var err error
-				if !c.closed.Load() {
-					err = s.poller.Resume(c.fd, c.tag)
-				}
-				c.pollMu.Unlock()
-				if err != nil {
-					s.end(c, endClean, 0, "socket unusable")
-				}
-			})
 		}
+	}
+}
+
+// readAndResume reads a readable socket and, if its connection is still
+// open, gives it back to the poller.
+func (s *Service) readAndResume(c *conn) {
+	if !s.readReady(c) {
+		return
+	}
+	c.pollMu.Lock()
+	var err error
+	if !c.closed.Load() {
+		err = s.poller.Resume(c.fd, c.tag)
+	}
+	c.pollMu.Unlock()
+	if err != nil {
+		s.end(c, endClean, 0, "socket unusable")
 	}
 }
 
@@ -110,10 +127,18 @@ func (s *Service) readLoop(c *conn) {
 // readEnded ends c as a read's error says, and reports whether c is still
 // open.
 func (s *Service) readEnded(c *conn, err error) bool {
+	if err == nil {
+		return c.open()
+	}
+	s.readFailed(c, err)
+	return false
+}
+
+// readFailed ends c as a failed read's error says. (Apart from readEnded,
+// so that the open connection's path allocates nothing.)
+func (s *Service) readFailed(c *conn, err error) {
 	var fe *socket.FrameError
 	switch {
-	case err == nil:
-		return c.open()
 	case errors.As(err, &fe):
 		s.end(c, endClean, fe.Code, fe.Reason)
 	case errors.Is(err, io.EOF):
@@ -122,5 +147,4 @@ func (s *Service) readEnded(c *conn, err error) bool {
 	default:
 		s.end(c, endClean, 0, "socket closed")
 	}
-	return false
 }

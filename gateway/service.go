@@ -64,14 +64,13 @@ type Service struct {
 	calls  chan func()
 
 	// Made by Serve, once the buckets are open.
-	store   *presence.Store
-	keys    *registrar
-	authz   *authz.Authorizer
-	online  *onlineIndex
-	rooms   *roomHub
-	poller  *netpoll.Poller
-	readSem chan struct{}
-	regSem  chan struct{} // upgrades being registered (MaxRegistering)
+	store  *presence.Store
+	keys   *registrar
+	authz  *authz.Authorizer
+	online *onlineIndex
+	rooms  *roomHub
+	poller *netpoll.Poller
+	regSem chan struct{} // upgrades being registered (MaxRegistering)
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
@@ -314,7 +313,6 @@ func (s *Service) open(ctx context.Context, addr string) error {
 			return err
 		}
 	}
-	s.readSem = make(chan struct{}, s.cfg.ReadWorkers)
 	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
 	return nil
 }

@@ -73,14 +73,13 @@ func (c *Conn) Closed() bool { return c.closed.Load() }
 func (c *Conn) ReadReady(buf []byte, maxMsg int, sink Sink) error {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	var (
-		n    int
-		rerr error
-	)
-	if err := c.raw.Read(func(fd uintptr) bool {
-		n, rerr = unix.Read(int(fd), buf)
-		return true
-	}); err != nil {
+	r := rawReads.Get().(*rawRead)
+	r.buf = buf
+	err := c.raw.Read(r.fn)
+	n, rerr := r.n, r.err
+	r.buf, r.err = nil, nil
+	rawReads.Put(r)
+	if err != nil {
 		return err
 	}
 	switch {
@@ -90,6 +89,26 @@ func (c *Conn) ReadReady(buf []byte, maxMsg int, sink Sink) error {
 		return io.EOF
 	}
 	return c.dec.Decode(buf[:n], maxMsg, sink)
+}
+
+// rawRead is one read of a descriptor, for RawConn.Read. Its function is
+// made once and rawReads are pooled, so that a read allocates nothing.
+type rawRead struct {
+	buf []byte
+	n   int
+	err error
+	fn  func(fd uintptr) bool
+}
+
+var rawReads = sync.Pool{New: func() any {
+	r := new(rawRead)
+	r.fn = r.read
+	return r
+}}
+
+func (r *rawRead) read(fd uintptr) bool {
+	r.n, r.err = unix.Read(int(fd), r.buf)
+	return true
 }
 
 // ReadLoop reads the socket with blocking reads into buf until the

@@ -1,0 +1,121 @@
+package gateway
+
+import (
+	"sync"
+	"time"
+)
+
+// readerIdle is how long a reader of readerPool may wait for work before
+// it ends.
+const readerIdle = 10 * time.Second
+
+// readerPool runs work (the reads of readable sockets) on goroutines it
+// keeps, at most max at once, so that reading a heartbeat neither starts
+// a goroutine nor allocates. The reader that became free last is used
+// first, so a quiet gateway keeps using the same few; readers with no work
+// for readerIdle end (see sweep).
+type readerPool[T any] struct {
+	do  func(T)
+	max int
+
+	mu      sync.Mutex
+	free    sync.Cond    // a reader became free, or the pool stopped
+	idle    []*reader[T] // free readers, the longest free first
+	running int
+	stopped bool
+	wg      sync.WaitGroup
+}
+
+// reader is one goroutine of a readerPool; work hands it what to do.
+type reader[T any] struct {
+	work  chan T // capacity 1: handing work never blocks
+	since time.Time
+}
+
+func newReaderPool[T any](max int, do func(T)) *readerPool[T] {
+	p := &readerPool[T]{do: do, max: max}
+	p.free.L = &p.mu
+	return p
+}
+
+// run has a free reader do x, starting one if none is free and fewer than
+// max run, or else waiting for one. It does nothing once the pool stopped.
+func (p *readerPool[T]) run(x T) {
+	p.mu.Lock()
+	for len(p.idle) == 0 && p.running >= p.max && !p.stopped {
+		p.free.Wait()
+	}
+	if p.stopped {
+		p.mu.Unlock()
+		return
+	}
+	if n := len(p.idle); n > 0 {
+		r := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.mu.Unlock()
+		r.work <- x
+		return
+	}
+	p.running++
+	p.mu.Unlock()
+	r := &reader[T]{work: make(chan T, 1)}
+	p.wg.Go(func() { p.loop(r, x) })
+}
+
+// loop does x, then what the pool hands r, until it is told to end.
+func (p *readerPool[T]) loop(r *reader[T], x T) {
+	for {
+		p.do(x)
+		p.mu.Lock()
+		if p.stopped {
+			p.running--
+			p.mu.Unlock()
+			return
+		}
+		r.since = time.Now()
+		p.idle = append(p.idle, r)
+		p.free.Signal()
+		p.mu.Unlock()
+		var ok bool
+		if x, ok = <-r.work; !ok {
+			return
+		}
+	}
+}
+
+// sweep ends the readers free for longer than readerIdle at now.
+func (p *readerPool[T]) sweep(now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for n < len(p.idle) && now.Sub(p.idle[n].since) >= readerIdle {
+		close(p.idle[n].work)
+		p.idle[n] = nil
+		n++
+	}
+	p.idle = append(p.idle[:0], p.idle[n:]...)
+	p.running -= n
+}
+
+// size returns how many readers run, free or not.
+func (p *readerPool[T]) size() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.running
+}
+
+// stop ends every reader once it has done its work, and returns when all
+// have. run does nothing after it.
+func (p *readerPool[T]) stop() {
+	p.mu.Lock()
+	p.stopped = true
+	for _, r := range p.idle {
+		close(r.work)
+	}
+	p.running -= len(p.idle)
+	p.idle = nil
+	p.free.Broadcast()
+	p.mu.Unlock()
+	p.wg.Wait()
+}

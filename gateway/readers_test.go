@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// TestReaderPoolReuses: work handed one at a time is done by one reader,
+// which stays for the next.
+func TestReaderPoolReuses(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var done atomic.Int32
+		p := newReaderPool(4, func(int) { done.Add(1) })
+		defer p.stop()
+		for i := range 10 {
+			p.run(i)
+			synctest.Wait()
+		}
+		if done.Load() != 10 || p.size() != 1 {
+			t.Errorf("done %d with %d readers, want 10 with 1", done.Load(), p.size())
+		}
+	})
+}
+
+// TestReaderPoolBound: at most max readers work at once; more work waits
+// for one to be free, and is then done.
+func TestReaderPoolBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var started, done atomic.Int32
+		p := newReaderPool(2, func(int) {
+			started.Add(1)
+			<-release
+			done.Add(1)
+		})
+		defer p.stop()
+		p.run(1)
+		p.run(2)
+		handed := make(chan struct{})
+		go func() {
+			p.run(3)
+			close(handed)
+		}()
+		synctest.Wait()
+		select {
+		case <-handed:
+			t.Fatal("a third piece of work was taken while two readers were busy")
+		default:
+		}
+		if started.Load() != 2 || p.size() != 2 {
+			t.Fatalf("%d started with %d readers, want 2 with 2", started.Load(), p.size())
+		}
+		release <- struct{}{}
+		<-handed
+		close(release)
+		synctest.Wait()
+		if done.Load() != 3 || p.size() != 2 {
+			t.Errorf("done %d with %d readers, want 3 with 2", done.Load(), p.size())
+		}
+	})
+}
+
+// TestReaderPoolSweep: readers free for readerIdle end; a reader that
+// worked since stays; new work starts a reader again.
+func TestReaderPoolSweep(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var done atomic.Int32
+		p := newReaderPool(4, func(block bool) {
+			if block {
+				<-release
+			}
+			done.Add(1)
+		})
+		defer p.stop()
+		p.run(true)
+		p.run(true)
+		p.run(true)
+		synctest.Wait()
+		close(release)
+		synctest.Wait()
+		time.Sleep(readerIdle / 2)
+		p.run(false) // the reader that became free last works again
+		synctest.Wait()
+		time.Sleep(readerIdle / 2)
+		p.sweep(time.Now())
+		if p.size() != 1 {
+			t.Fatalf("%d readers after the sweep, want the 1 that worked since", p.size())
+		}
+		time.Sleep(readerIdle / 2)
+		p.sweep(time.Now())
+		if p.size() != 0 {
+			t.Fatalf("%d readers after the second sweep, want none", p.size())
+		}
+		p.run(false)
+		synctest.Wait()
+		if done.Load() != 5 || p.size() != 1 {
+			t.Errorf("done %d with %d readers, want 5 with 1", done.Load(), p.size())
+		}
+	})
+}
+
+// TestReaderPoolStop: stop waits for work being done, ends every reader,
+// and work handed after it is not done.
+func TestReaderPoolStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var done atomic.Int32
+		p := newReaderPool(4, func(block bool) {
+			if block {
+				<-release
+			}
+			done.Add(1)
+		})
+		p.run(false)
+		p.run(true)
+		synctest.Wait()
+		stopped := make(chan struct{})
+		go func() {
+			p.stop()
+			close(stopped)
+		}()
+		synctest.Wait()
+		select {
+		case <-stopped:
+			t.Fatal("stop returned while a reader worked")
+		default:
+		}
+		close(release)
+		<-stopped
+		p.run(false)
+		synctest.Wait()
+		if done.Load() != 2 || p.size() != 0 {
+			t.Errorf("done %d with %d readers, want 2 with 0", done.Load(), p.size())
+		}
+	})
+}
