@@ -197,6 +197,13 @@ type Config struct {
 	// that read readable sockets, started as needed and kept; zero means
 	// 256.
 	ReadWorkers int
+	// MemoryTrimInterval is how often the gateway looks whether its process
+	// is quiet and holds free memory worth giving back to the operating
+	// system (see memtrim.go); zero never does. It is process-wide (it
+	// collects and returns the whole process's free heap), so unlike the
+	// other fields zero is not replaced by the default: DefaultConfig has
+	// DefaultMemoryTrimInterval, a Config of an app's own has none.
+	MemoryTrimInterval time.Duration
 	// WriteWorkers bounds how many sockets are written to at once by the
 	// batch flusher; zero means 64.
 	WriteWorkers int
@@ -227,23 +234,25 @@ const (
 	DefaultOfflineGrace      = 3 * time.Second
 	DefaultAwayAfter         = 5 * time.Minute
 	DefaultBatchInterval     = 50 * time.Millisecond
-	DefaultMaxMessageSize    = 4096
-	DefaultMaxSubscriptions  = 500
-	DefaultMaxSubscribeIDs   = 100
-	DefaultMaxQueryIDs       = 500
-	DefaultOnlineLimit       = 1000
-	DefaultMaxConnsPerUser   = 32
-	DefaultMaxRegistering    = 128
-	DefaultTokenMaxWatch     = 1000
-	DefaultAppTimeout        = 2 * time.Second
-	DefaultAppCacheTTL       = time.Minute
-	DefaultRoomMetaMax       = 1024
-	DefaultMaxRoomsPerConn   = 10
-	DefaultRoomMembersMax    = 100
-	DefaultRoomUpdateRate    = 10
-	DefaultRoomUpdateBurst   = 20
-	DefaultSignalRate        = 5
-	DefaultSignalBurst       = 10
+	// DefaultMemoryTrimInterval is DefaultConfig's MemoryTrimInterval.
+	DefaultMemoryTrimInterval = 10 * time.Second
+	DefaultMaxMessageSize     = 4096
+	DefaultMaxSubscriptions   = 500
+	DefaultMaxSubscribeIDs    = 100
+	DefaultMaxQueryIDs        = 500
+	DefaultOnlineLimit        = 1000
+	DefaultMaxConnsPerUser    = 32
+	DefaultMaxRegistering     = 128
+	DefaultTokenMaxWatch      = 1000
+	DefaultAppTimeout         = 2 * time.Second
+	DefaultAppCacheTTL        = time.Minute
+	DefaultRoomMetaMax        = 1024
+	DefaultMaxRoomsPerConn    = 10
+	DefaultRoomMembersMax     = 100
+	DefaultRoomUpdateRate     = 10
+	DefaultRoomUpdateBurst    = 20
+	DefaultSignalRate         = 5
+	DefaultSignalBurst        = 10
 )
 
 // MinAppSecretLen is the shortest AppSecret accepted, in bytes.
@@ -290,6 +299,7 @@ func DefaultConfig() Config {
 		HandshakeTimeout:    10 * time.Second,
 		WriteTimeout:        10 * time.Second,
 		ReadWorkers:         256,
+		MemoryTrimInterval:  DefaultMemoryTrimInterval,
 		WriteWorkers:        64,
 		KVMaxPending:        4096,
 	}
@@ -394,6 +404,8 @@ func (c Config) Validate() error {
 		return bad("rate limits must not be negative")
 	case c.HandshakeTimeout < 0 || c.WriteTimeout < 0 || c.DrainPeriod < 0:
 		return bad("timeouts must not be negative")
+	case c.MemoryTrimInterval < 0:
+		return bad("memory trim interval %v: want 0 (never) or more", c.MemoryTrimInterval)
 	case c.ReadWorkers < 0 || c.WriteWorkers < 0 || c.KVMaxPending < 0:
 		return bad("worker counts must not be negative")
 	}

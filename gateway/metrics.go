@@ -29,6 +29,7 @@ type gatewayMetrics struct {
 	heartbeats    prometheus.Counter
 	eventsIn      prometheus.Counter
 	eventsDropped prometheus.Counter
+	memoryTrims   prometheus.Counter
 
 	statusConflicts prometheus.Counter
 	kicks           prometheus.Counter
@@ -82,6 +83,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Presence and self events received from NATS."),
 		eventsDropped: f.Counter("greendot_gateway_events_dropped_total",
 			"Events dropped because they were not newer than what watchers already had."),
+		memoryTrims: f.Counter("greendot_gateway_memory_trims_total",
+			"Times the quiet gateway collected and gave its process's free memory back to the operating system (--memory-trim-interval)."),
 		statusConflicts: f.Counter("greendot_gateway_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		kicks: f.Counter("greendot_gateway_kicks_total",

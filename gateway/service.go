@@ -200,6 +200,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	io := newGroup()
 	defer io.stop()
 	io.Go(func(ctx context.Context) { s.keys.sweep(ctx, s.registry, s.end) })
+	if s.cfg.MemoryTrimInterval > 0 {
+		io.Go(func(ctx context.Context) { s.memoryTrim(ctx, s.cfg.MemoryTrimInterval) })
+	}
 	if s.poller != nil {
 		io.Go(s.pollLoop)
 		io.Go(func(ctx context.Context) {

@@ -121,7 +121,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		}
 		cfg.HeartbeatInterval = c.Duration("heartbeat-interval")
 	}
-	if err := notNegative(c, "offline-grace", "drain-period", "jwt-leeway"); err != nil {
+	if err := notNegative(c, "offline-grace", "drain-period", "jwt-leeway", "memory-trim-interval"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
@@ -195,6 +195,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.ReadWorkers = c.Int("read-workers")
 	cfg.WriteWorkers = c.Int("write-workers")
 	cfg.KVMaxPending = c.Int("kv-max-pending")
+	cfg.MemoryTrimInterval = c.Duration("memory-trim-interval")
 	cfg.DrainPeriod = c.Duration("drain-period")
 
 	v, err := tokenVerifier(c)

@@ -181,6 +181,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catTuning, "read-workers", d.ReadWorkers, "sockets read at once"),
 		intFlag(catTuning, "write-workers", d.WriteWorkers, "sockets written to at once by the batch flusher"),
 		intFlag(catTuning, "kv-max-pending", d.KVMaxPending, "asynchronous connection key writes in flight"),
+		durationFlag(catTuning, "memory-trim-interval", d.MemoryTrimInterval, "how often to look whether the process is quiet and holds free memory worth giving back to the system (collected, then returned); 0 never"),
 	}
 }
 
