@@ -55,7 +55,8 @@ type Options struct {
 // concurrently with Read; Read must be called from one goroutine at a time.
 type Conn struct {
 	nc  net.Conn
-	rd  *wsutil.Reader
+	rd  *wsutil.Reader // nil after TakeReading
+	br  *bufio.Reader  // what the handshake read past its response; may be nil
 	ctl wsutil.ControlHandler
 	wmu sync.Mutex
 
@@ -107,7 +108,7 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 	if br != nil {
 		src = io.MultiReader(br, nc)
 	}
-	c := &Conn{nc: nc}
+	c := &Conn{nc: nc, br: br}
 	c.ctl = wsutil.ControlHandler{Src: nil, Dst: writerFunc(c.writeLocked), State: ws.StateClientSide}
 	c.rd = &wsutil.Reader{Source: src, State: ws.StateClientSide, CheckUTF8: true}
 	c.ctl.Src = c.rd
@@ -174,9 +175,52 @@ func (c *Conn) WriteBytes(b []byte) error {
 	return err
 }
 
+// ErrReadingTaken is returned by Read after TakeReading.
+var ErrReadingTaken = errors.New("client: the connection is read by its owner (TakeReading)")
+
+// TakeReading is for a caller that reads the socket itself instead of
+// calling Read, such as a process holding many connections that learns
+// which are readable from epoll rather than keeping a goroutine blocked in
+// Read on each. It returns the bytes Dial read past the hello frame, which
+// come before anything still in the socket, and releases the reader and
+// its buffer. Read must not be called after it (it returns
+// ErrReadingTaken); the caller answers pings and close frames itself, with
+// SendRaw.
+//
+// If swap is not nil, the connection is replaced by what swap returns for
+// it (the same socket, held another way), for the writes, NetConn, Close
+// and Abort. If swap fails, c is left as it was and its error is
+// returned. TakeReading must be called before any concurrent use of c.
+func (c *Conn) TakeReading(swap func(net.Conn) (net.Conn, error)) ([]byte, error) {
+	if c.rd == nil {
+		return nil, ErrReadingTaken
+	}
+	var rest []byte
+	if c.br != nil && c.br.Buffered() > 0 {
+		b, _ := c.br.Peek(c.br.Buffered())
+		rest = append([]byte(nil), b...)
+	}
+	if swap != nil {
+		nc, err := swap(c.nc)
+		if err != nil {
+			return nil, err
+		}
+		c.nc = nc
+	}
+	if c.br != nil {
+		ws.PutReader(c.br)
+		c.br = nil
+	}
+	c.rd, c.ctl = nil, wsutil.ControlHandler{}
+	return rest, nil
+}
+
 // Read returns the next server message, decoded, and its raw JSON. Pings
 // are answered on the way. A close frame returns a *CloseError.
 func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
+	if c.rd == nil {
+		return protocol.ServerMessage{}, nil, ErrReadingTaken
+	}
 	for {
 		h, err := c.rd.NextFrame()
 		if err == nil && c.onFrame != nil {
