@@ -1,0 +1,182 @@
+package bench
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"unicode/utf8"
+
+	"github.com/gobwas/ws"
+)
+
+// maxServerMessage bounds one message a gateway sends (a room_state of a
+// large room is the largest): a decoder never holds more.
+const maxServerMessage = 64 << 20
+
+var (
+	errMessageTooBig = errors.New("server message too big")
+	errBadUTF8       = errors.New("server text is not valid UTF-8")
+)
+
+// frameSink receives what a frameDecoder finds: each whole message (its op
+// code is that of its first frame: text or binary) and each control frame,
+// in order. The payload is valid only during the call. An error stops the
+// decoding and is returned by decode.
+type frameSink interface {
+	frame(op ws.OpCode, payload []byte) error
+}
+
+// frameDecoder turns the bytes a gateway sends, cut into reads anywhere,
+// into messages and control frames, as a client reads them (frames are not
+// masked). Between reads it holds only the start of an incomplete frame and
+// the fragments of a message in progress, and nothing once they are
+// complete: the decoder of an idle connection holds no memory.
+//
+// A frameDecoder is not safe for concurrent use. The zero value is ready.
+type frameDecoder struct {
+	// partial is the start of an incomplete frame; nil otherwise.
+	partial []byte
+	// frag is the payload of a fragmented message so far, fragOp its op
+	// code; fragmented reports that one is in progress.
+	frag       []byte
+	fragOp     ws.OpCode
+	fragmented bool
+}
+
+// decode decodes data, which follows what earlier calls left, and passes
+// each complete message and control frame to sink. data is not retained:
+// an incomplete frame at its end is copied. It returns the first error of
+// the stream (a protocol violation) or of sink; the connection then ends.
+func (d *frameDecoder) decode(data []byte, sink frameSink) error {
+	var own []byte // the decoder's buffer, when data is in it
+	if len(d.partial) > 0 {
+		own = append(d.partial, data...)
+		data, d.partial = own, nil
+	}
+	for len(data) > 0 {
+		h, hlen, err := parseFrameHeader(data)
+		if err != nil {
+			return err
+		}
+		if hlen == 0 {
+			d.keep(own, data, 0)
+			return nil
+		}
+		state := ws.StateClientSide
+		if d.fragmented {
+			state = state.Set(ws.StateFragmented)
+		}
+		if err := ws.CheckHeader(h, state); err != nil {
+			return err
+		}
+		if h.Length > maxServerMessage || int64(len(d.frag))+h.Length > maxServerMessage {
+			return errMessageTooBig
+		}
+		if int64(len(data)-hlen) < h.Length {
+			d.keep(own, data, hlen+int(h.Length))
+			return nil
+		}
+		payload := data[hlen : hlen+int(h.Length)]
+		data = data[hlen+int(h.Length):]
+		switch {
+		case h.OpCode.IsControl():
+			err = sink.frame(h.OpCode, payload)
+		case h.OpCode != ws.OpContinuation && h.Fin:
+			err = d.message(h.OpCode, payload, sink)
+		default: // the start or a continuation of a fragmented message
+			if h.OpCode != ws.OpContinuation {
+				d.fragOp = h.OpCode
+			}
+			d.frag = append(d.frag, payload...)
+			d.fragmented = true
+			if h.Fin {
+				msg, op := d.frag, d.fragOp
+				d.frag, d.fragmented = nil, false
+				err = d.message(op, msg, sink)
+			}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// message passes a whole message to sink, checking that text is UTF-8 as
+// the client's reader does.
+func (d *frameDecoder) message(op ws.OpCode, payload []byte, sink frameSink) error {
+	if op == ws.OpText && !utf8.Valid(payload) {
+		return errBadUTF8
+	}
+	return sink.frame(op, payload)
+}
+
+// keep keeps data, the start of an incomplete frame of need bytes (0 when
+// its header is incomplete). own is the decoder's buffer data is in, if it
+// is: it is reused when its size fits, so that a large frame arriving in
+// many reads is copied once, not once per read.
+func (d *frameDecoder) keep(own, data []byte, need int) {
+	need = max(need, len(data))
+	if own != nil && cap(own) >= need && cap(own) <= 2*need {
+		if &own[0] != &data[0] { // frames before it were taken
+			copy(own, data)
+		}
+		d.partial = own[:len(data)]
+		return
+	}
+	d.partial = append(make([]byte, 0, need), data...)
+}
+
+// end reports why the stream ended at the end of the input: io.EOF at a
+// frame boundary, io.ErrUnexpectedEOF within a frame, as the client's
+// reader says.
+func (d *frameDecoder) end() error {
+	if len(d.partial) > 0 || d.fragmented {
+		return io.ErrUnexpectedEOF
+	}
+	return io.EOF
+}
+
+// buffered reports how many bytes the decoder holds between calls.
+func (d *frameDecoder) buffered() int { return len(d.partial) + len(d.frag) }
+
+// parseFrameHeader parses the frame header at the start of data, as
+// ws.ReadHeader does, without a reader: it returns the header and its
+// length, or a zero length when data holds only part of it.
+func parseFrameHeader(data []byte) (h ws.Header, n int, err error) {
+	if len(data) < 2 {
+		return h, 0, nil
+	}
+	h.Fin = data[0]&0x80 != 0
+	h.Rsv = (data[0] & 0x70) >> 4
+	h.OpCode = ws.OpCode(data[0] & 0x0f)
+	h.Masked = data[1]&0x80 != 0
+	n = 2
+	switch length := data[1] & 0x7f; length {
+	case 126:
+		if len(data) < n+2 {
+			return h, 0, nil
+		}
+		h.Length = int64(binary.BigEndian.Uint16(data[n:]))
+		n += 2
+	case 127:
+		if len(data) < n+8 {
+			return h, 0, nil
+		}
+		if data[n]&0x80 != 0 {
+			return h, 0, ws.ErrHeaderLengthMSB
+		}
+		h.Length = int64(binary.BigEndian.Uint64(data[n:]))
+		n += 8
+	default:
+		h.Length = int64(length)
+	}
+	if h.Masked {
+		if len(data) < n+4 {
+			return h, 0, nil
+		}
+		copy(h.Mask[:], data[n:n+4])
+		n += 4
+	}
+	return h, n, nil
+}
