@@ -282,6 +282,7 @@ func (r *runner) connect(ctx context.Context) error {
 	r.add("connections", float64(connected), "count", fmt.Sprintf("= %d", r.l.Total()))
 	r.add("connections failed", float64(failed), "count", "= 0")
 	r.add("dial errors (retried)", float64(sum(replies, "dial_errors")), "count", "")
+	r.add("connections read through epoll", float64(sum(replies, "polled")), "count", "")
 	r.add("connections lost while connecting", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
 	r.add("connect rate while connecting", float64(connected)/elapsed.Seconds(), "conn/s", "")
 	r.add("connect time p50", h.ms(50), "ms", "")

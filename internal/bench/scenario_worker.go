@@ -3,7 +3,6 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -305,20 +304,12 @@ func closeGracefully(l *live) bool {
 		}
 	}
 	if !answered {
-		abortHard(l.c)
+		l.abort(true)
 		<-l.done
 		return false
 	}
-	_ = l.c.Abort()
+	l.abort(false)
 	return true
-}
-
-// abortHard closes a socket with a reset, leaving no TIME_WAIT.
-func abortHard(c *client.Conn) {
-	if tc, ok := c.NetConn().(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Abort()
 }
 
 // storm arms the worker for a restart of the given gateways: each
@@ -459,8 +450,10 @@ func (w *worker) shutdown() {
 		v.cur = nil
 		v.mu.Unlock()
 		if l != nil {
-			abortHard(l.c)
+			// With a reset, leaving no TIME_WAIT.
+			l.abort(true)
 		}
 	}
 	w.readers.Wait()
+	w.stopPoller()
 }

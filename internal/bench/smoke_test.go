@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -59,15 +60,38 @@ func TestSmoke(t *testing.T) {
 		InProcessWorkers: true,
 	}
 	tests := []struct {
-		name  string
-		edit  func(*bench.Config)
-		want  map[string]float64 // figure -> exact value
-		equal [][2]string        // figures that must be equal
+		name string
+		// scenario is name, unless set.
+		scenario string
+		// goroutines reads each socket with a goroutine of its own, as
+		// where there is no poller.
+		goroutines bool
+		edit       func(*bench.Config)
+		want       map[string]float64 // figure -> exact value
+		equal      [][2]string        // figures that must be equal
 	}{
 		{
 			name: "idle",
 			edit: func(c *bench.Config) { c.Targets, c.Watchers, c.Duration = 0, 0, time.Second },
 			want: map[string]float64{"connections held by the gateways": 300},
+		},
+		{
+			name:       "idle with a goroutine per socket",
+			scenario:   "idle",
+			goroutines: true,
+			edit:       func(c *bench.Config) { c.Targets, c.Watchers, c.Duration = 0, 0, time.Second },
+			want: map[string]float64{
+				"connections held by the gateways": 300,
+				"connections read through epoll":   0,
+			},
+		},
+		{
+			// Watchers' subscriptions and the changes they see, and the
+			// death of targets, through sockets read the old way.
+			name:       "death with a goroutine per socket",
+			scenario:   "death",
+			goroutines: true,
+			want:       map[string]float64{"targets silenced": 30, "false offline": 0, "connections read through epoll": 0},
 		},
 		{
 			name: "propagation",
@@ -132,6 +156,12 @@ func TestSmoke(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := base
 			cfg.Scenario = tt.name
+			if tt.scenario != "" {
+				cfg.Scenario = tt.scenario
+			}
+			if tt.goroutines {
+				defer bench.ReadWithGoroutines()()
+			}
 			if tt.edit != nil {
 				tt.edit(&cfg)
 			}
@@ -164,6 +194,10 @@ func TestSmoke(t *testing.T) {
 				common["subscriptions denied"] = 0
 				common["false offline (at subscribe)"] = 0
 			}
+			if runtime.GOOS == "linux" && !tt.goroutines {
+				// Every socket is read through the workers' poller.
+				common["connections read through epoll"] = 300
+			}
 			for name, want := range common {
 				if got := get(name); got != want {
 					t.Errorf("%s = %v, want %v", name, got, want)
@@ -179,7 +213,7 @@ func TestSmoke(t *testing.T) {
 					t.Errorf("%s = %v, want %s = %v", pair[0], a, pair[1], b)
 				}
 			}
-			switch tt.name {
+			switch cfg.Scenario {
 			case "death":
 				if seen, want := get("offline seen by watchers"), get("offline sightings expected"); seen != want {
 					t.Errorf("offline seen by watchers = %v, want %v", seen, want)

@@ -138,7 +138,15 @@ type worker struct {
 	phase      atomic.Int32
 	hbStop     chan struct{}
 	hbDone     sync.WaitGroup
-	readers    sync.WaitGroup
+	readers    sync.WaitGroup // one per live connection until it ends
+
+	// The poller reading the sockets, started on first use; noPoll once
+	// it could not be.
+	pollMu sync.Mutex
+	poll   *poller
+	noPoll bool
+	// polledConns counts the connections attached to the poller.
+	polledConns atomic.Int64
 
 	// Counters and histograms of the command in progress.
 	errs *errSamples
@@ -216,6 +224,8 @@ type live struct {
 	// lost is set when the connection ended without this worker closing
 	// it: the gateway closed it, or it broke.
 	lost atomic.Bool
+	// How it is read, when through the worker's poller.
+	polled
 }
 
 // suspect is an offline event a watcher saw while the target had a
@@ -439,24 +449,42 @@ func (w *worker) dial(v *vconn) (*client.Conn, error) {
 	if ms := c.Hello.TTLMS; ms > 0 {
 		w.ttl.Store(ms * int64(time.Millisecond))
 	}
+	// What the worker needs of the hello is read: its strings need not
+	// stay for as long as the connection.
+	c.Hello = protocol.ServerMessage{}
 	return c, nil
 }
 
-// attach makes c v's connection and starts reading it. It returns the
+// attach makes c v's connection and starts reading it: through the
+// worker's poller when it can, else with a goroutine. It returns the
 // connection it replaces, if any.
 func (w *worker) attach(v *vconn, c *client.Conn) *live {
 	l := &live{c: c, done: make(chan struct{})}
+	var rest []byte
+	p := w.pollerFor()
+	if p != nil {
+		var ok bool
+		if rest, ok = p.takeSocket(l, v); !ok {
+			p = nil
+		}
+	}
 	v.mu.Lock()
 	old := v.cur
 	v.cur, v.down = l, 0
 	v.lastSent = time.Now().UnixNano()
 	v.mu.Unlock()
 	w.readers.Add(1)
-	go w.read(v, l)
+	if p == nil {
+		go w.read(v, l)
+		return old
+	}
+	w.polledConns.Add(1)
+	p.start(l, rest)
 	return old
 }
 
-// read reads l until it fails, handling what watchers are told.
+// read reads l with a goroutine of its own until it fails, handling what
+// watchers are told: where the socket is not read through the poller.
 func (w *worker) read(v *vconn, l *live) {
 	defer w.readers.Done()
 	defer close(l.done)
@@ -466,36 +494,40 @@ func (w *worker) read(v *vconn, l *live) {
 			w.lost(v, l, err)
 			return
 		}
-		now := time.Now().UnixNano()
-		switch m.Type {
-		case protocol.TypePresenceInit:
-			w.observe(v, m.Users, now, true)
-			if m.ID != "" && v.inits != nil {
-				select {
-				case v.inits <- subAnswer{id: m.ID}:
-				default:
-				}
+		w.message(v, &m, time.Now().UnixNano())
+	}
+}
+
+// message handles a message v was sent, read at now.
+func (w *worker) message(v *vconn, m *protocol.ServerMessage, now int64) {
+	switch m.Type {
+	case protocol.TypePresenceInit:
+		w.observe(v, m.Users, now, true)
+		if m.ID != "" && v.inits != nil {
+			select {
+			case v.inits <- subAnswer{id: m.ID}:
+			default:
 			}
-		case protocol.TypePresenceBatch:
-			w.observe(v, m.Updates, now, false)
-		case protocol.TypeDenied:
-			w.denied.Add(1)
-			w.errs.add("denied %s: %s", m.UserID, m.Reason)
-		case protocol.TypeError:
-			w.serverErrors.Add(1)
-			w.errs.add("error frame: %s: %s", m.Code, m.Message)
-			if m.ID != "" && v.inits != nil {
-				select {
-				case v.inits <- subAnswer{id: m.ID, err: m.Code + ": " + m.Message}:
-				default:
-				}
-			}
-			if m.ID != "" {
-				w.answerJoin(v, m.ID, m.Code+": "+m.Message)
-			}
-		case protocol.TypeRoomState, protocol.TypeRoomDiff, protocol.TypeRoomSignal, protocol.TypeRoomDenied:
-			w.roomFrame(v, &m, now)
 		}
+	case protocol.TypePresenceBatch:
+		w.observe(v, m.Updates, now, false)
+	case protocol.TypeDenied:
+		w.denied.Add(1)
+		w.errs.add("denied %s: %s", m.UserID, m.Reason)
+	case protocol.TypeError:
+		w.serverErrors.Add(1)
+		w.errs.add("error frame: %s: %s", m.Code, m.Message)
+		if m.ID != "" && v.inits != nil {
+			select {
+			case v.inits <- subAnswer{id: m.ID, err: m.Code + ": " + m.Message}:
+			default:
+			}
+		}
+		if m.ID != "" {
+			w.answerJoin(v, m.ID, m.Code+": "+m.Message)
+		}
+	case protocol.TypeRoomState, protocol.TypeRoomDiff, protocol.TypeRoomSignal, protocol.TypeRoomDenied:
+		w.roomFrame(v, m, now)
 	}
 }
 
@@ -783,6 +815,7 @@ func (w *worker) reply(counts map[string]int64, hists map[string]*hist) Reply {
 func (w *worker) connect() Reply {
 	connectHist := newHist()
 	var connected, failed, dialErrors atomic.Int64
+	polled0 := w.polledConns.Load()
 	sem := make(chan struct{}, w.setup.ConnectConcurrency)
 	var wg sync.WaitGroup
 	one := func(v *vconn) {
@@ -829,6 +862,7 @@ func (w *worker) connect() Reply {
 		"connected":   connected.Load(),
 		"failed":      failed.Load(),
 		"dial_errors": dialErrors.Load(),
+		"polled":      w.polledConns.Load() - polled0,
 		"elapsed_ns":  int64(elapsed),
 	}, map[string]*hist{"connect": connectHist})
 }
