@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -39,8 +38,11 @@ const (
 	readsPerWake = 8
 )
 
-// readWorkers bounds the goroutines reading readable sockets at once.
-var readWorkers = max(8, 4*runtime.GOMAXPROCS(0))
+// readWorkers is how many goroutines read readable sockets (each holds a
+// buffer while it reads). Too few, and a socket waits behind a
+// burst of others: a room_diff sent to thousands of members delayed a large
+// room_state arriving in several reads.
+const readWorkers = 64
 
 var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); return &b }}
 
@@ -48,9 +50,9 @@ var readBufs = sync.Pool{New: func() any { b := make([]byte, readBufSize); retur
 type poller struct {
 	w  *worker
 	np *netpoll.Poller
-	// sem holds a token per socket being read.
-	sem  chan struct{}
-	loop sync.WaitGroup
+	// ready hands readable sockets to the readers.
+	ready chan *live
+	loop  sync.WaitGroup
 
 	mu    sync.Mutex
 	lives map[uint64]*live // by tag
@@ -91,7 +93,7 @@ func (w *worker) pollerFor() *poller {
 			w.errs.add("no poller, a goroutine reads each socket: %v", err)
 			return nil
 		}
-		p := &poller{w: w, np: np, sem: make(chan struct{}, readWorkers), lives: make(map[uint64]*live)}
+		p := &poller{w: w, np: np, ready: make(chan *live), lives: make(map[uint64]*live)}
 		p.loop.Go(p.run)
 		w.poll = p
 	}
@@ -145,13 +147,22 @@ func (p *poller) start(l *live, rest []byte) {
 	p.done(l, err)
 }
 
-// run waits for readable sockets and reads each on a goroutine, at most
-// readWorkers at once, until the poller is closed. It returns when every
-// reader has.
+// run waits for readable sockets and hands each to one of readWorkers
+// goroutines, until the poller is closed. It returns when every reader has.
+// The readers last as long as the poller, so that their stacks, grown by
+// decoding, are not grown again for every socket read.
 func (p *poller) run() {
-	events := make([]netpoll.Event, 0, 256)
 	var readers sync.WaitGroup
+	for range readWorkers {
+		readers.Go(func() {
+			for l := range p.ready {
+				p.done(l, p.read(l))
+			}
+		})
+	}
 	defer readers.Wait()
+	defer close(p.ready)
+	events := make([]netpoll.Event, 0, 256)
 	for {
 		var err error
 		events, err = p.np.Wait(events[:0], -1)
@@ -175,11 +186,7 @@ func (p *poller) run() {
 			}
 			l.reading = true
 			l.pmu.Unlock()
-			p.sem <- struct{}{}
-			readers.Go(func() {
-				defer func() { <-p.sem }()
-				p.done(l, p.read(l))
-			})
+			p.ready <- l
 		}
 	}
 }
