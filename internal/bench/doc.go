@@ -10,7 +10,11 @@
 // sockets and dialing from several loopback source addresses so that
 // neither the per-process file limit nor the ephemeral port range is the
 // bound. Workers read commands as JSON lines on stdin and answer each with
-// one JSON line on stdout (RunWorker).
+// one JSON line on stdout (RunWorker). A worker holds its sockets as the
+// gateway does: on Linux one epoll instance (package netpoll) tells which
+// are readable, and a few goroutines read those with pooled buffers, so an
+// idle socket has no goroutine and no buffer of its own; elsewhere, or for
+// a socket without a descriptor, a goroutine per socket reads it.
 //
 // The scenarios (idle, propagation, death, churn, storm) each run for a
 // bounded time and count, and produce Figures: named, measured values with
