@@ -2,6 +2,7 @@ package client
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -160,11 +161,24 @@ func (c *Conn) Send(v any) error {
 	return c.SendRaw(ws.OpText, data)
 }
 
-// SendRaw writes one frame with the given op code and payload.
+// SendRaw writes one frame with the given op code and payload, masked
+// with a new key, in one write: so the frame leaves in one segment, as a
+// browser sends it, and the server reads it in one go. payload is not
+// changed.
 func (c *Conn) SendRaw(op ws.OpCode, payload []byte) error {
+	h := ws.Header{Fin: true, OpCode: op, Length: int64(len(payload)), Masked: true, Mask: ws.NewMask()}
+	b := bytes.NewBuffer(make([]byte, 0, ws.HeaderSize(h)+len(payload)))
+	if err := ws.WriteHeader(b, h); err != nil {
+		return err
+	}
+	n := b.Len()
+	b.Write(payload)
+	frame := b.Bytes()
+	ws.Cipher(frame[n:], h.Mask, 0)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return wsutil.WriteClientMessage(c.nc, op, payload)
+	_, err := c.nc.Write(frame)
+	return err
 }
 
 // WriteBytes writes bytes as they are, for hand-made frames.
@@ -272,9 +286,7 @@ func (c *Conn) SetReadDeadline(t time.Time) error { return c.nc.SetReadDeadline(
 
 // Close sends a normal close frame and closes the connection.
 func (c *Conn) Close() error {
-	c.wmu.Lock()
-	_ = wsutil.WriteClientMessage(c.nc, ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
-	c.wmu.Unlock()
+	_ = c.SendRaw(ws.OpClose, ws.NewCloseFrameBody(ws.StatusNormalClosure, ""))
 	return c.nc.Close()
 }
 
