@@ -13,18 +13,6 @@ import (
 	"github.com/greendot/greendot/internal/netpoll"
 )
 
-// readPool holds read buffers; a buffer is held only while a socket is
-// being read.
-var readPool sync.Pool
-
-func (s *Service) readBuf() *[]byte {
-	if b, ok := readPool.Get().(*[]byte); ok && len(*b) >= s.readSize() {
-		return b
-	}
-	b := make([]byte, s.readSize())
-	return &b
-}
-
 // readSize is the size of a read buffer: room for a few whole messages.
 func (s *Service) readSize() int { return max(16<<10, 2*(s.cfg.MaxMessageSize+ws.MaxHeaderSize)) }
 
@@ -56,7 +44,7 @@ func (s *Service) watchSocket(c *conn) {
 // each, until the poller is closed (see Serve). It returns when every
 // reader has.
 func (s *Service) pollLoop(context.Context) {
-	readers := newReaderPool(s.cfg.ReadWorkers, s.readAndResume)
+	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readAndResume)
 	defer readers.stop()
 	var sweeper sync.WaitGroup
 	done := make(chan struct{})
@@ -94,8 +82,8 @@ func (s *Service) pollLoop(context.Context) {
 
 // readAndResume reads a readable socket and, if its connection is still
 // open, gives it back to the poller.
-func (s *Service) readAndResume(c *conn) {
-	if !s.readReady(c) {
+func (s *Service) readAndResume(c *conn, rb *socket.ReadBuffer) {
+	if !s.readEnded(c, c.sock.ReadReady(rb, s.cfg.MaxMessageSize, c)) {
 		return
 	}
 	c.pollMu.Lock()
@@ -109,19 +97,9 @@ func (s *Service) readAndResume(c *conn) {
 	}
 }
 
-// readReady reads what a readable socket holds, without blocking, and
-// handles it. It reports whether the connection is still open.
-func (s *Service) readReady(c *conn) bool {
-	bp := s.readBuf()
-	defer readPool.Put(bp)
-	return s.readEnded(c, c.sock.ReadReady(*bp, s.cfg.MaxMessageSize, c))
-}
-
 // readLoop reads c with a goroutine of its own, where there is no poller.
 func (s *Service) readLoop(c *conn) {
-	bp := s.readBuf()
-	defer readPool.Put(bp)
-	s.readEnded(c, c.sock.ReadLoop(*bp, s.cfg.MaxMessageSize, c))
+	s.readEnded(c, c.sock.ReadLoop(make([]byte, s.readSize()), s.cfg.MaxMessageSize, c))
 }
 
 // readEnded ends c as a read's error says, and reports whether c is still

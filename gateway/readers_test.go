@@ -12,14 +12,22 @@ import (
 func TestReaderPoolReuses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var done atomic.Int32
-		p := newReaderPool(4, func(int) { done.Add(1) })
+		var states []*int
+		p := newReaderPool(4, func() *int {
+			st := new(int)
+			states = append(states, st)
+			return st
+		}, func(_ int, st *int) {
+			*st++
+			done.Add(1)
+		})
 		defer p.stop()
 		for i := range 10 {
 			p.run(i)
 			synctest.Wait()
 		}
-		if done.Load() != 10 || p.size() != 1 {
-			t.Errorf("done %d with %d readers, want 10 with 1", done.Load(), p.size())
+		if done.Load() != 10 || p.size() != 1 || len(states) != 1 || *states[0] != 10 {
+			t.Errorf("done %d with %d readers and %d states, want 10 with 1, its state used for all", done.Load(), p.size(), len(states))
 		}
 	})
 }
@@ -30,7 +38,7 @@ func TestReaderPoolBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var started, done atomic.Int32
-		p := newReaderPool(2, func(int) {
+		p := newReaderPool(2, func() struct{} { return struct{}{} }, func(int, struct{}) {
 			started.Add(1)
 			<-release
 			done.Add(1)
@@ -68,7 +76,7 @@ func TestReaderPoolSweep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
-		p := newReaderPool(4, func(block bool) {
+		p := newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
 			if block {
 				<-release
 			}
@@ -108,7 +116,7 @@ func TestReaderPoolStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
-		p := newReaderPool(4, func(block bool) {
+		p := newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
 			if block {
 				<-release
 			}

@@ -64,21 +64,18 @@ func (c *Conn) Fd() (int, bool) {
 // Closed reports whether Close was called.
 func (c *Conn) Closed() bool { return c.closed.Load() }
 
-// ReadReady reads what the socket holds, without blocking, into buf, and
+// ReadReady reads what the socket holds, without blocking, into rb, and
 // passes each message and control frame to sink. The socket must have a
 // descriptor (Fd) and have been reported readable. It returns nil when the
 // connection stays open; io.EOF when the peer hung up or reset it without
 // a close frame; a *FrameError for a protocol violation; or the error of
 // the socket.
-func (c *Conn) ReadReady(buf []byte, maxMsg int, sink Sink) error {
+func (c *Conn) ReadReady(rb *ReadBuffer, maxMsg int, sink Sink) error {
 	c.rmu.Lock()
 	defer c.rmu.Unlock()
-	r := rawReads.Get().(*rawRead)
-	r.buf = buf
-	err := c.raw.Read(r.fn)
-	n, rerr := r.n, r.err
-	r.buf, r.err = nil, nil
-	rawReads.Put(r)
+	err := c.raw.Read(rb.fn)
+	n, rerr := rb.n, rb.err
+	rb.err = nil
 	if err != nil {
 		return err
 	}
@@ -88,26 +85,29 @@ func (c *Conn) ReadReady(buf []byte, maxMsg int, sink Sink) error {
 	case rerr != nil || n == 0:
 		return io.EOF
 	}
-	return c.dec.Decode(buf[:n], maxMsg, sink)
+	return c.dec.Decode(rb.buf[:n], maxMsg, sink)
 }
 
-// rawRead is one read of a descriptor, for RawConn.Read. Its function is
-// made once and rawReads are pooled, so that a read allocates nothing.
-type rawRead struct {
+// ReadBuffer is what one reading goroutine reads sockets into with
+// ReadReady: a buffer, and the state of a read of a descriptor whose
+// function (for RawConn.Read) is made once, so that a read allocates
+// nothing. It is not safe for concurrent use.
+type ReadBuffer struct {
 	buf []byte
 	n   int
 	err error
 	fn  func(fd uintptr) bool
 }
 
-var rawReads = sync.Pool{New: func() any {
-	r := new(rawRead)
-	r.fn = r.read
-	return r
-}}
+// NewReadBuffer returns a ReadBuffer of size bytes.
+func NewReadBuffer(size int) *ReadBuffer {
+	rb := &ReadBuffer{buf: make([]byte, size)}
+	rb.fn = rb.read
+	return rb
+}
 
-func (r *rawRead) read(fd uintptr) bool {
-	r.n, r.err = unix.Read(int(fd), r.buf)
+func (rb *ReadBuffer) read(fd uintptr) bool {
+	rb.n, rb.err = unix.Read(int(fd), rb.buf)
 	return true
 }
 
