@@ -1,10 +1,11 @@
 package socket
 
 import (
-	"encoding/binary"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/internal/wsframe"
 )
 
 // FrameError is a protocol violation found while decoding client frames.
@@ -66,7 +67,7 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 		d.partial = nil
 	}
 	for len(data) > 0 {
-		h, hlen, err := parseHeader(data)
+		h, hlen, err := wsframe.ParseHeader(data)
 		if err != nil {
 			return errProtocol(err)
 		}
@@ -133,48 +134,6 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 		}
 	}
 	return nil
-}
-
-// parseHeader parses the frame header at the start of data, as
-// ws.ReadHeader does, without a reader: it returns the header and its
-// length, or a zero length when data holds only part of it. It does not
-// allocate.
-func parseHeader(data []byte) (h ws.Header, n int, err error) {
-	if len(data) < 2 {
-		return h, 0, nil
-	}
-	h.Fin = data[0]&0x80 != 0
-	h.Rsv = (data[0] & 0x70) >> 4
-	h.OpCode = ws.OpCode(data[0] & 0x0f)
-	h.Masked = data[1]&0x80 != 0
-	n = 2
-	switch length := data[1] & 0x7f; length {
-	case 126:
-		if len(data) < n+2 {
-			return h, 0, nil
-		}
-		h.Length = int64(binary.BigEndian.Uint16(data[n:]))
-		n += 2
-	case 127:
-		if len(data) < n+8 {
-			return h, 0, nil
-		}
-		if data[n]&0x80 != 0 {
-			return h, 0, ws.ErrHeaderLengthMSB
-		}
-		h.Length = int64(binary.BigEndian.Uint64(data[n:]))
-		n += 8
-	default:
-		h.Length = int64(length)
-	}
-	if h.Masked {
-		if len(data) < n+4 {
-			return h, 0, nil
-		}
-		copy(h.Mask[:], data[n:n+4])
-		n += 4
-	}
-	return h, n, nil
 }
 
 // stopped keeps what follows the frame at which the sink asked to stop, so
