@@ -313,12 +313,7 @@ func TestAdminWatchersOfEveryone(t *testing.T) {
 	ctx := context.Background()
 	dave := sys.Dial(gw, "dave", "web")
 	defer systest.KeepAlive(dave, systest.Heartbeat)()
-	if err := dave.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
-		t.Fatal(err)
-	}
-	systest.Await(t, dave, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool {
-		return m.Type == protocol.TypePresenceInit && m.ID == "all"
-	})
+	watchEveryone(t, dave)
 	ws, err := adminclient.Watchers(ctx, sys.NC, "alice", 5*time.Second)
 	if err != nil || len(ws) != 1 {
 		t.Fatalf("watchers = %+v, %v", ws, err)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -25,12 +26,7 @@ func TestEveryoneReadAgainAfterReconnect(t *testing.T) {
 	gw := sys.Gateway()
 	dave := sys.Dial(gw, "dave", "web")
 	defer systest.KeepAlive(dave, systest.Heartbeat)()
-	if err := dave.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
-		t.Fatal(err)
-	}
-	systest.Await(t, dave, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool {
-		return m.Type == protocol.TypePresenceInit && m.ID == "all"
-	})
+	watchEveryone(t, dave)
 
 	_, _, _, err := sys.Store.UpdateStatus(context.Background(), "carol", func(r *presence.Record) error {
 		r.SetConn("elsewhere", presence.ConnInfo{Gateway: "gw-other", Lease: "E1", Since: time.Now().UnixMilli()})
@@ -58,5 +54,17 @@ func TestEveryoneReadAgainAfterReconnect(t *testing.T) {
 			}
 		}
 		return false
+	})
+}
+
+// watchEveryone subscribes c to every user ("all": true) and returns the
+// presence_init that answers it.
+func watchEveryone(t *testing.T, c *client.Conn) protocol.ServerMessage {
+	t.Helper()
+	if err := c.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
+		t.Fatal(err)
+	}
+	return systest.Await(t, c, systest.EventTimeout, "presence_init all", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypePresenceInit && m.ID == "all"
 	})
 }

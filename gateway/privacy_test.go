@@ -364,12 +364,7 @@ func TestInvisibleNeverLeaks(t *testing.T) {
 		}
 		return nil
 	})
-	if err := global.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
-		t.Fatal(err)
-	}
-	init := systest.Await(t, global, systest.EventTimeout, "presence_init all", func(m protocol.ServerMessage) bool {
-		return m.Type == protocol.TypePresenceInit && m.ID == "all"
-	})
+	init := watchEveryone(t, global)
 	if p, ok := presenceOf(init, "ghost"); !ok || p.Status != presence.Online || *init.OnlineCount != 4 {
 		t.Fatalf("global presence_init = %+v, want ghost online among 4", init)
 	}
@@ -455,12 +450,7 @@ func TestInvisibleNeverLeaks(t *testing.T) {
 			t.Errorf("GET online lists the invisible ghost: %+v", o)
 		}
 	}
-	if err := other.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: "all", All: true}); err != nil {
-		t.Fatal(err)
-	}
-	ga := systest.Await(t, other, systest.EventTimeout, "presence_init all", func(m protocol.ServerMessage) bool {
-		return m.Type == protocol.TypePresenceInit && m.ID == "all"
-	})
+	ga := watchEveryone(t, other)
 	if _, ok := presenceOf(ga, "ghost"); ok || ga.OnlineCount == nil || *ga.OnlineCount != 4 || len(ga.Users) != 4 {
 		t.Errorf("global snapshot = %+v, want the 4 others (friend, global, marker, other) and no ghost", ga)
 	}

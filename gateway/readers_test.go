@@ -76,12 +76,7 @@ func TestReaderPoolSweep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
-		p := newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
-			if block {
-				<-release
-			}
-			done.Add(1)
-		})
+		p := blockingPool(release, &done)
 		defer p.stop()
 		p.run(true)
 		p.run(true)
@@ -116,12 +111,7 @@ func TestReaderPoolStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
-		p := newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
-			if block {
-				<-release
-			}
-			done.Add(1)
-		})
+		p := blockingPool(release, &done)
 		p.run(false)
 		p.run(true)
 		synctest.Wait()
@@ -143,5 +133,16 @@ func TestReaderPoolStop(t *testing.T) {
 		if done.Load() != 2 || p.size() != 0 {
 			t.Errorf("done %d with %d readers, want 2 with 0", done.Load(), p.size())
 		}
+	})
+}
+
+// blockingPool returns a pool of 4 readers whose work, true or false, is
+// counted in done once done, after release is closed when it is true.
+func blockingPool(release <-chan struct{}, done *atomic.Int32) *readerPool[bool, struct{}] {
+	return newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
+		if block {
+			<-release
+		}
+		done.Add(1)
 	})
 }
