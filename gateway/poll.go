@@ -13,8 +13,11 @@ import (
 	"github.com/greendot/greendot/internal/netpoll"
 )
 
-// readSize is the size of a read buffer: room for a few whole messages.
-func (s *Service) readSize() int { return max(16<<10, 2*(s.cfg.MaxMessageSize+ws.MaxHeaderSize)) }
+// readSize is the size of a read buffer: room for a whole message of the
+// largest size, and no more, as every reader keeps its buffer (a frame
+// that does not fit is read over several wake-ups; the decoder keeps its
+// start).
+func (s *Service) readSize() int { return max(4<<10, s.cfg.MaxMessageSize+ws.MaxHeaderSize) }
 
 // watchSocket starts reading c: through the poller, or with a goroutine of
 // its own where there is none (Serve waits for those after closing every
@@ -40,11 +43,23 @@ func (s *Service) watchSocket(c *conn) {
 	}
 }
 
+// readBatchSize is how many readable sockets one reader is handed at
+// once, from one wake-up of the poller: heartbeats come in bursts, and a
+// reader per socket of a burst would keep dozens of readers (and their
+// buffers) busy for what one reads in a few microseconds each.
+const readBatchSize = 8
+
+// readBatch is the sockets one reader reads in a row.
+type readBatch struct {
+	n  int
+	cs [readBatchSize]*conn
+}
+
 // pollLoop waits for readable sockets and has a reader (readerPool) read
-// each, until the poller is closed (see Serve). It returns when every
-// reader has.
+// them, in batches, until the poller is closed (see Serve). It returns
+// when every reader has.
 func (s *Service) pollLoop(context.Context) {
-	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readAndResume)
+	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readBatch)
 	defer readers.stop()
 	var sweeper sync.WaitGroup
 	done := make(chan struct{})
@@ -72,11 +87,26 @@ func (s *Service) pollLoop(context.Context) {
 			}
 			return
 		}
+		var b readBatch
 		for _, ev := range events {
-			if c := s.registry.get(ev.Tag); c != nil {
-				readers.run(c)
+			if b.cs[b.n] = s.registry.get(ev.Tag); b.cs[b.n] == nil {
+				continue
+			}
+			if b.n++; b.n == readBatchSize {
+				readers.run(b)
+				b = readBatch{}
 			}
 		}
+		if b.n > 0 {
+			readers.run(b)
+		}
+	}
+}
+
+// readBatch reads the sockets of b, one after the other, with rb.
+func (s *Service) readBatch(b readBatch, rb *socket.ReadBuffer) {
+	for _, c := range b.cs[:b.n] {
+		s.readAndResume(c, rb)
 	}
 }
 
