@@ -42,9 +42,9 @@ func (h heapFigures) spare() uint64 {
 }
 
 // worthTrimming reports whether the process, having allocated allocated
-// bytes since the last look, is quiet (less than 1/32 of its live heap and
-// 256 KiB) and holds enough to give back (a spare of at least 4 MiB and an
-// eighth of the live heap).
+// bytes since the last look, is quiet (at most 1/32 of its live heap plus
+// 256 KiB) and holds enough to give back (a spare of at least 4 MiB and of
+// an eighth of the live heap).
 func worthTrimming(allocated uint64, h heapFigures) bool {
 	quiet := allocated <= h.live/32+256<<10
 	spare := h.spare()
