@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -211,13 +212,13 @@ func (p *poller) read(l *live) error {
 			rerr error
 		)
 		if err := raw.Read(func(fd uintptr) bool {
-			n, rerr = readSocket(fd, buf)
+			n, rerr = netpoll.ReadNow(int(fd), buf)
 			return true
 		}); err != nil {
 			return err
 		}
 		switch {
-		case rerr == errEOF:
+		case rerr == io.EOF:
 			return l.dec.end()
 		case rerr != nil:
 			return rerr

@@ -2,18 +2,7 @@
 
 package bench
 
-import (
-	"errors"
-	"net"
-)
-
-// errEOF is readSocket's end of the stream.
-var errEOF = errors.New("EOF")
-
-// readSocket is not used where there is no poller.
-func readSocket(uintptr, []byte) (int, error) {
-	return 0, errors.New("bench: no poller on this platform")
-}
+import "net"
 
 // setLingerZero makes closing nc reset it, leaving no TIME_WAIT.
 func setLingerZero(nc net.Conn) {

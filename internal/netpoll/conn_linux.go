@@ -85,21 +85,17 @@ func (c *Conn) Read(b []byte) (int, error) {
 	}
 	defer c.mu.RUnlock()
 	for {
-		n, err := unix.Read(int(c.fd), b)
-		switch err {
-		case nil:
-			if n == 0 && len(b) > 0 {
-				return 0, io.EOF
-			}
+		n, err := ReadNow(int(c.fd), b)
+		switch {
+		case err == io.EOF:
+			return 0, io.EOF
+		case err != nil:
+			return 0, &net.OpError{Op: "read", Net: "tcp", Err: err}
+		case n > 0 || len(b) == 0:
 			return n, nil
-		case unix.EINTR:
-			continue
-		case unix.EAGAIN:
-			if err := c.wait(unix.POLLIN, c.rdl.Load()); err != nil {
-				return 0, err
-			}
-		default:
-			return 0, &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", err)}
+		}
+		if err := c.wait(unix.POLLIN, c.rdl.Load()); err != nil {
+			return 0, err
 		}
 	}
 }

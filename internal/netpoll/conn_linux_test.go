@@ -145,3 +145,53 @@ func TestConnCloseWakesWriter(t *testing.T) {
 		t.Errorf("Control after Close: %v", err)
 	}
 }
+
+// TestReadNow: nothing when the socket holds nothing, what it holds once
+// the poller reports it readable, and io.EOF once the peer closed it.
+func TestReadNow(t *testing.T) {
+	c, _, client := pair(t)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	p, err := netpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Release() }()
+	defer func() { _ = p.Close() }()
+	if err := p.Add(fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	readable := func() {
+		t.Helper()
+		if evs, err := p.Wait(nil, 10_000); err != nil || len(evs) != 1 {
+			t.Fatalf("poll: %v, %v; want the socket readable", evs, err)
+		}
+	}
+	buf := make([]byte, 64)
+	if n, err := netpoll.ReadNow(fd, buf); n != 0 || err != nil {
+		t.Fatalf("an empty socket: %d bytes, %v; want 0 and nil", n, err)
+	}
+	if _, err := client.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	readable()
+	if n, err := netpoll.ReadNow(fd, buf); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read %q, %v; want hello", buf[:n], err)
+	}
+	if err := p.Resume(fd, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	readable()
+	if n, err := netpoll.ReadNow(fd, buf); n != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after the peer closed: %d bytes, %v; want 0 and io.EOF", n, err)
+	}
+}

@@ -5,6 +5,8 @@ package netpoll
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -127,4 +129,25 @@ func (p *Poller) Close() error {
 // that called Wait has returned.
 func (p *Poller) Release() error {
 	return errors.Join(unix.Close(p.epfd), unix.Close(p.wakefd))
+}
+
+// ReadNow reads what the socket fd holds into b, without waiting: n > 0
+// bytes; 0 and nil when it holds nothing now (or b is empty); 0 and io.EOF
+// when the peer closed it; or the read's error, an *os.SyscallError. It is
+// the read of a socket the poller reported readable.
+func ReadNow(fd int, b []byte) (int, error) {
+	for {
+		n, err := unix.Read(fd, b)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return 0, nil
+		case err != nil:
+			return 0, os.NewSyscallError("read", err)
+		case n == 0 && len(b) > 0:
+			return 0, io.EOF
+		}
+		return n, nil
+	}
 }

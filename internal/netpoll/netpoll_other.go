@@ -32,3 +32,6 @@ func (p *Poller) Close() error { return nil }
 
 // Release does nothing on this platform.
 func (p *Poller) Release() error { return nil }
+
+// ReadNow always fails on this platform.
+func ReadNow(fd int, b []byte) (int, error) { return 0, errUnsupported }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
+
+	"github.com/greendot/greendot/internal/netpoll"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,14 +78,13 @@ func (c *Conn) ReadReady(rb *ReadBuffer, maxMsg int, sink Sink) error {
 	err := c.raw.Read(rb.fn)
 	n, rerr := rb.n, rb.err
 	rb.err = nil
-	if err != nil {
-		return err
-	}
 	switch {
-	case rerr == unix.EAGAIN || rerr == unix.EINTR:
-		return nil
-	case rerr != nil || n == 0:
-		return io.EOF
+	case err != nil:
+		return err
+	case rerr != nil:
+		return io.EOF // the peer hung up, or the socket failed: gone
+	case n == 0:
+		return nil // nothing now
 	}
 	return c.dec.Decode(rb.buf[:n], maxMsg, sink)
 }
@@ -107,7 +108,7 @@ func NewReadBuffer(size int) *ReadBuffer {
 }
 
 func (rb *ReadBuffer) read(fd uintptr) bool {
-	rb.n, rb.err = unix.Read(int(fd), rb.buf)
+	rb.n, rb.err = netpoll.ReadNow(int(fd), rb.buf)
 	return true
 }
 
@@ -323,7 +324,7 @@ func (c *Conn) discardBuffered() {
 	for range 256 {
 		n := 0
 		_ = c.raw.Read(func(fd uintptr) bool {
-			n, _ = unix.Read(int(fd), buf[:])
+			n, _ = netpoll.ReadNow(int(fd), buf[:])
 			return true
 		})
 		if n <= 0 {
