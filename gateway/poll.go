@@ -59,7 +59,7 @@ type readBatch struct {
 // them, in batches, until the poller is closed (see Serve). It returns
 // when every reader has.
 func (s *Service) pollLoop(context.Context) {
-	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readBatch)
+	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readSockets)
 	defer readers.stop()
 	var sweeper sync.WaitGroup
 	done := make(chan struct{})
@@ -103,8 +103,8 @@ func (s *Service) pollLoop(context.Context) {
 	}
 }
 
-// readBatch reads the sockets of b, one after the other, with rb.
-func (s *Service) readBatch(b readBatch, rb *socket.ReadBuffer) {
+// readSockets reads the sockets of b, one after the other, with rb.
+func (s *Service) readSockets(b readBatch, rb *socket.ReadBuffer) {
 	for _, c := range b.cs[:b.n] {
 		s.readAndResume(c, rb)
 	}
