@@ -214,6 +214,15 @@ func TestPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectViews(t, 10*time.Second, "busy bob", []*liveClient{alice, carol, erin}, truth{"bob": presence.Busy})
+	// More changes of bob than the status bucket keeps: the gateway looks
+	// at presence_feed before a write would drop a revision not copied.
+	for i := range presence.StatusHistory + 2 {
+		st := []presence.Status{presence.Away, presence.Busy}[i%2]
+		if err := bob.setStatus(st, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectViews(t, 10*time.Second, "busy bob again", []*liveClient{alice, carol, erin}, truth{"bob": presence.Busy})
 	// The webhooks process tells the app's backend.
 	hooks.Await(t, "bob", presence.Busy)
 
@@ -250,9 +259,28 @@ func TestPermissions(t *testing.T) {
 	if _, err := adminclient.Watchers(ctx, op, "bob", 5*time.Second); err != nil {
 		t.Errorf("watchers of bob: %v", err)
 	}
+	// frank's record, written StatusHistory times, holds a connection of
+	// a gateway lease that does not exist: the sweep's write that ends it
+	// is the reaper's look at presence_feed.
+	for i := range presence.StatusHistory {
+		if _, _, _, err := store.UpdateStatus(ctx, "frank", func(r *presence.Record) error {
+			r.SetConn("f1", presence.ConnInfo{Gateway: "gwgone", Lease: "1", Since: 1})
+			r.Chosen = []presence.Status{presence.Away, presence.Busy}[i%2]
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := adminclient.Sweep(ctx, op); err != nil {
 		t.Errorf("sweep: %v", err)
 	}
+	waitFor(t, 15*time.Second, "frank offline after the sweep", func() error {
+		rec, _, err := store.Status(ctx, "frank")
+		if err == nil && rec.Status != presence.Offline {
+			return fmt.Errorf("frank is %s", rec.Status)
+		}
+		return err
+	})
 	if replies, err := adminclient.Kick(ctx, op, admin.KickRequest{UserID: "dave"}, 5*time.Second); err != nil || len(replies) != 3 {
 		t.Errorf("kick dave: %v, %v", replies, err)
 	}

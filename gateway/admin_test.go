@@ -338,7 +338,7 @@ func TestAdminMetrics(t *testing.T) {
 	})
 	names := metricstest.Names(gw.Registry())
 	for _, n := range []string{
-		"greendot_gateway_status_conflicts_total", "greendot_gateway_kicks_total",
+		"greendot_gateway_status_conflicts_total", "greendot_gateway_feed_late_writes_total", "greendot_gateway_kicks_total",
 		"greendot_gateway_write_errors_total", "greendot_gateway_slow_socket_closes_total",
 		"greendot_gateway_events_published_total", "greendot_gateway_leases_lost_total",
 		"greendot_gateway_connections_reregistered_total", "greendot_gateway_lease_age_seconds",

@@ -32,6 +32,7 @@ type gatewayMetrics struct {
 	memoryTrims   prometheus.Counter
 
 	statusConflicts prometheus.Counter
+	feedLate        prometheus.Counter
 	kicks           prometheus.Counter
 	apiLimited      *prometheus.CounterVec // by what was over its limit: identity, address
 	eventsOut       prometheus.Counter
@@ -87,6 +88,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Times the quiet gateway collected and gave its process's free memory back to the operating system (--memory-trim-interval)."),
 		statusConflicts: f.Counter("greendot_gateway_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
+		feedLate: f.Counter("greendot_gateway_feed_late_writes_total",
+			"Status writes made after waiting in vain for presence_feed to copy the user's revisions before them, which the feed may skip."),
 		kicks: f.Counter("greendot_gateway_kicks_total",
 			"Connections closed by an operator's kick (greendot.gateway.kick)."),
 		apiLimited: f.CounterVec("greendot_gateway_api_rate_limited_total",

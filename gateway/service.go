@@ -286,6 +286,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		return err
 	}
 	store.OnConflict(s.metrics.statusConflicts.Inc)
+	store.OnFeedLate(s.metrics.feedLate.Inc)
 	s.store = store
 	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
 		return err

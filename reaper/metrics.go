@@ -21,6 +21,7 @@ type reaperMetrics struct {
 	transitions *prometheus.CounterVec // by status: offline
 	removed     *prometheus.CounterVec // by kind: lease, marker, sweep
 	conflicts   prometheus.Counter
+	feedLate    prometheus.Counter
 	sweeps      *prometheus.CounterVec // by result: ok, error
 	sweepTime   prometheus.Histogram
 	leaseEnds   prometheus.Counter
@@ -65,6 +66,8 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 			"Room memberships the reaper ended (keys in presence_rooms held under leases that ended), each with a leave event."),
 		conflicts: f.Counter("greendot_reaper_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
+		feedLate: f.Counter("greendot_reaper_feed_late_writes_total",
+			"Status writes made after waiting in vain for presence_feed to copy the user's revisions before them, which the feed may skip."),
 		sweeps: f.CounterVec("greendot_reaper_sweeps_total",
 			"Full sweeps of presence_status against presence_conns, by result: ok, error.", "result"),
 		sweepTime: f.Histogram("greendot_reaper_sweep_seconds",

@@ -162,6 +162,7 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) opened(store *presence.Store) {
 	s.store = store
 	store.OnConflict(s.metrics.conflicts.Inc)
+	store.OnFeedLate(s.metrics.feedLate.Inc)
 }
 
 var (

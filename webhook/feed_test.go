@@ -127,9 +127,9 @@ func TestFeedRecipe(t *testing.T) {
 	}
 	// The backend stops here. Meanwhile alice changes more often than
 	// presence_status keeps; the backend comes back with the same durable
-	// name and gets every revision. Each write waits for NATS to copy it
-	// into the feed: a burst faster than the copy may skip revisions (the
-	// limit the docs state), which is not what this test is about.
+	// name and gets every revision. These writes are made by hand, as
+	// `nats kv put` makes them, which greendot's writers' wait for the
+	// feed's copy does not cover: each waits for the copy itself.
 	statuses := []presence.Status{presence.Away, presence.Online}
 	var more []uint64
 	for i := range presence.StatusHistory + 5 {

@@ -34,9 +34,10 @@ var secret = []byte("test-secret-0123456789")
 
 // env is an embedded NATS server with greendot's buckets.
 type env struct {
-	srv *server.Server
-	nc  *nats.Conn
-	kv  jetstream.KeyValue
+	srv   *server.Server
+	nc    *nats.Conn
+	kv    jetstream.KeyValue
+	store *presence.Store
 }
 
 func newEnv(t *testing.T) *env {
@@ -56,7 +57,25 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{srv: srv, nc: nc, kv: kv}
+	return &env{srv: srv, nc: nc, kv: kv, store: store}
+}
+
+// choose writes a user's record as greendot's writers do, by
+// compare-and-set through the store: the user, with one connection,
+// chooses status. It returns the revision.
+func (e *env) choose(t *testing.T, user string, status presence.Status) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, rev, written, err := e.store.UpdateStatus(ctx, user, func(r *presence.Record) error {
+		r.SetConn("c1", presence.ConnInfo{Gateway: "gw1", Lease: "1", Since: 1})
+		r.Chosen = status
+		return nil
+	})
+	if err != nil || !written {
+		t.Fatalf("write %s's record: written %v, %v", user, written, err)
+	}
+	return rev
 }
 
 // put writes a user's record as a writer would and returns its revision.

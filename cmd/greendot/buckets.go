@@ -23,9 +23,9 @@ func bucketsCommand() *cli.Command {
 			"operator, with the --replicas every process is given, before the processes start, and again after\n" +
 			"changing --replicas. It is idempotent.\n\n" +
 			"With --feed it also creates the stream presence_feed, which the webhooks processes consume: it\n" +
-			"sources presence_status and keeps every revision it copies for --feed-max-age, however many a user\n" +
-			"makes (the bucket keeps 10 per user: a burst of more than 10 faster than NATS copies them can skip\n" +
-			"intermediate ones, never the newest), so that a receiver outage shorter than that loses none.\n" +
+			"sources presence_status and keeps every revision for --feed-max-age, however many a user makes\n" +
+			"(the bucket keeps 10 per user, and greendot's writers wait for the copy before they would drop one\n" +
+			"not copied yet), so that a receiver outage shorter than that loses none.\n" +
 			"It costs one more JetStream write per status change: create it only if webhooks run.",
 		Flags: concat(natsFlags(), ownEnv("buckets",
 			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume, or bring it up to date"),

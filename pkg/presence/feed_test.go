@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -139,5 +141,209 @@ func TestFeedKeepsEveryRevision(t *testing.T) {
 	hist, err := kv.History(ctx, "alice")
 	if err != nil || len(hist) != presence.StatusHistory {
 		t.Errorf("bucket history: %d, %v", len(hist), err)
+	}
+}
+
+// pauseFeed stops NATS copying StatusBucket's revisions into the feed, by
+// taking its source away; the function it returns gives it back, and the
+// copy goes on from the first revision not copied.
+func pauseFeed(t *testing.T, ctx context.Context, js jetstream.JetStream) (resume func()) {
+	t.Helper()
+	st, err := presence.Feed(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	paused := cfg
+	paused.Sources = nil
+	if _, err := js.UpdateStream(ctx, paused); err != nil {
+		t.Fatalf("pause the feed: %v", err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("resume the feed: %v", err)
+		}
+	}
+}
+
+// flip writes a revision of user's record: its chosen status changes.
+func flip(ctx context.Context, store *presence.Store, user string) (uint64, error) {
+	_, rev, _, err := store.UpdateStatus(ctx, user, func(r *presence.Record) error {
+		if r.Chosen == presence.Busy {
+			r.Chosen = presence.Away
+		} else {
+			r.Chosen = presence.Busy
+		}
+		return nil
+	})
+	return rev, err
+}
+
+// feedRevisions returns the revisions of user's record the feed holds, in
+// its order.
+func feedRevisions(t *testing.T, ctx context.Context, js jetstream.JetStream, user string) []uint64 {
+	t.Helper()
+	st, err := presence.Feed(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := st.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{presence.KeySubject(presence.StatusBucket, user)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var revs []uint64
+	for pending := cons.CachedInfo().NumPending; uint64(len(revs)) < pending; {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("read the feed: %v", err)
+		}
+		rev, ok := presence.FeedRevision(msg.Headers())
+		if !ok {
+			t.Fatalf("feed message without a revision: %v", msg.Headers())
+		}
+		revs = append(revs, rev)
+	}
+	return revs
+}
+
+// TestFeedBurstWaitsForCopy: a user who changes more often than the feed
+// copies, while the bucket keeps only StatusHistory revisions, has each
+// write wait for the copy where the bucket would drop one not copied yet,
+// so the feed loses none of them.
+func TestFeedBurstWaitsForCopy(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	presence.SetFeedWait(store, time.Minute)
+	var late atomic.Int64
+	store.OnFeedLate(func() { late.Add(1) })
+	js := store.JetStream()
+	if _, err := presence.EnsureFeed(ctx, js, presence.BucketOptions{}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	first, err := flip(ctx, store, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if got := feedRevisions(t, ctx, js, "alice"); len(got) != 1 {
+			return fmt.Errorf("feed holds %v", got)
+		}
+		return nil
+	})
+
+	// The writer's looks at the feed are requests on its stream's API.
+	var looks atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET."+presence.FeedStream, func(*nats.Msg) { looks.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	resume := pauseFeed(t, ctx, js)
+	const burst = 3 * presence.StatusHistory
+	var written atomic.Int64
+	revs := make(chan []uint64, 1)
+	errs := make(chan error, 1)
+	go func() {
+		var got []uint64
+		for range burst {
+			rev, err := flip(ctx, store, "alice")
+			if err != nil {
+				errs <- err
+				return
+			}
+			got = append(got, rev)
+			written.Add(1)
+		}
+		revs <- got
+	}()
+	// The first write counts 1 revision not known to be copied; the
+	// StatusHistory-th after it would drop it, and waits.
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := looks.Load(); n < 3 {
+			return fmt.Errorf("the feed was looked at %d times (%d writes)", n, written.Load())
+		}
+		return nil
+	})
+	if n := written.Load(); n != presence.StatusHistory-1 {
+		t.Errorf("%d writes made while the feed was paused, want %d", n, presence.StatusHistory-1)
+	}
+	resume()
+	var got []uint64
+	select {
+	case got = <-revs:
+	case err := <-errs:
+		t.Fatal(err)
+	case <-ctx.Done():
+		t.Fatalf("the burst did not end: %d writes", written.Load())
+	}
+	want := append([]uint64{first}, got...)
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		if fed := feedRevisions(t, ctx, js, "alice"); !slices.Equal(fed, want) {
+			return fmt.Errorf("feed holds revisions %v, want %v", fed, want)
+		}
+		return nil
+	})
+	if n := late.Load(); n != 0 {
+		t.Errorf("%d writes went ahead without the copy", n)
+	}
+}
+
+// TestFeedGateGivesUp: with no feed a burst never waits, and with a feed
+// that does not copy it waits FeedWait at the revisions it would drop,
+// then goes ahead, counted.
+func TestFeedGateGivesUp(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	presence.SetFeedWait(store, 100*time.Millisecond)
+	var late atomic.Int64
+	store.OnFeedLate(func() { late.Add(1) })
+	burst := func(user string) {
+		t.Helper()
+		for range 2*presence.StatusHistory + 1 {
+			if _, err := flip(ctx, store, user); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec, _, err := store.Status(ctx, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Unfed < 1 || rec.Unfed > presence.StatusHistory {
+			t.Errorf("%s's record counts %d revisions not known copied", user, rec.Unfed)
+		}
+	}
+
+	burst("alice")
+	if n := late.Load(); n != 0 {
+		t.Errorf("without a feed, %d writes waited in vain", n)
+	}
+
+	js := store.JetStream()
+	if _, err := presence.EnsureFeed(ctx, js, presence.BucketOptions{}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	pauseFeed(t, ctx, js)
+	burst("bob")
+	if n := late.Load(); n != 2 {
+		t.Errorf("%d writes went ahead without the copy, want 2 (one per %d)", n, presence.StatusHistory)
 	}
 }

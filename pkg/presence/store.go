@@ -39,6 +39,12 @@ type Store struct {
 	// onConflict, if set, is called for every compare-and-set write of
 	// UpdateStatus that lost to another writer.
 	onConflict func()
+	// onFeedLate, if set, is called for every status write that went
+	// ahead after waiting feedWait in vain for FeedStream's copy.
+	onFeedLate func()
+	// feedWait bounds how long a status write waits for FeedStream to
+	// copy the user's revisions before it (see feedGate).
+	feedWait time.Duration
 }
 
 // buckets returns the store's buckets with where each is kept.
@@ -62,7 +68,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait}
 	for _, b := range s.buckets() {
 		if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
 			return nil, err
@@ -83,7 +89,7 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait}
 	for _, b := range s.buckets() {
 		kv, err := js.KeyValue(ctx, b.name)
 		switch {
@@ -106,6 +112,12 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 // use. Call OnConflict before the store is shared; it is not safe to call
 // concurrently with UpdateStatus.
 func (s *Store) OnConflict(fn func()) { s.onConflict = fn }
+
+// OnFeedLate makes the status writes call fn each time one goes ahead
+// after waiting FeedWait in vain for FeedStream to copy the revisions
+// before it, which the feed may then skip (a counter's Inc). Like
+// OnConflict, call it before the store is shared.
+func (s *Store) OnFeedLate(fn func()) { s.onFeedLate = fn }
 
 // JetStream returns the JetStream context the store uses.
 func (s *Store) JetStream() jetstream.JetStream { return s.js }
@@ -149,15 +161,43 @@ type rawEntry struct {
 // was never written gives ErrNotFound with rev 0; a deleted, purged or
 // expired key gives ErrNotFound with the marker's revision.
 func (s *Store) last(ctx context.Context, bucket, key string) (rawEntry, error) {
-	req, err := json.Marshal(struct {
-		LastBySubj string `json:"last_by_subj"`
-	}{KeySubject(bucket, key)})
-	if err != nil {
-		return rawEntry{}, err
+	msg, err := s.lastMsg(ctx, StreamName(bucket), KeySubject(bucket, key))
+	if errors.Is(err, ErrNotFound) {
+		return rawEntry{}, ErrNotFound
 	}
-	msg, err := s.nc.RequestWithContext(ctx, jsAPIPrefix+"STREAM.MSG.GET."+StreamName(bucket), req)
 	if err != nil {
 		return rawEntry{}, fmt.Errorf("get %s %q: %w", bucket, key, err)
+	}
+	e := rawEntry{data: msg.data, rev: msg.seq, op: EntryOp(msg.hdr)}
+	if e.op != jetstream.KeyValuePut {
+		return e, ErrNotFound
+	}
+	return e, nil
+}
+
+// streamMsg is a message read from a stream.
+type streamMsg struct {
+	seq  uint64
+	hdr  nats.Header // nil without headers
+	data []byte
+}
+
+// errNoStream is what lastMsg returns for a stream that does not exist.
+var errNoStream = errors.New("no such stream")
+
+// lastMsg reads the newest message on subject in stream from the stream
+// leader: ErrNotFound when there is none, errNoStream when there is no
+// such stream.
+func (s *Store) lastMsg(ctx context.Context, stream, subject string) (streamMsg, error) {
+	req, err := json.Marshal(struct {
+		LastBySubj string `json:"last_by_subj"`
+	}{subject})
+	if err != nil {
+		return streamMsg{}, err
+	}
+	msg, err := s.nc.RequestWithContext(ctx, jsAPIPrefix+"STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return streamMsg{}, err
 	}
 	var resp struct {
 		Error *struct {
@@ -172,29 +212,27 @@ func (s *Store) last(ctx context.Context, bucket, key string) (rawEntry, error) 
 		} `json:"message"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return rawEntry{}, fmt.Errorf("get %s %q: decode: %w", bucket, key, err)
+		return streamMsg{}, fmt.Errorf("decode: %w", err)
 	}
 	if resp.Error != nil {
-		if resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound) {
-			return rawEntry{}, ErrNotFound
+		switch resp.Error.ErrCode {
+		case int(jetstream.JSErrCodeMessageNotFound):
+			return streamMsg{}, ErrNotFound
+		case int(jetstream.JSErrCodeStreamNotFound):
+			return streamMsg{}, errNoStream
 		}
-		return rawEntry{}, fmt.Errorf("get %s %q: %s (code %d)", bucket, key, resp.Error.Description, resp.Error.ErrCode)
+		return streamMsg{}, fmt.Errorf("%s (code %d)", resp.Error.Description, resp.Error.ErrCode)
 	}
 	if resp.Message == nil {
-		return rawEntry{}, fmt.Errorf("get %s %q: empty response", bucket, key)
+		return streamMsg{}, errors.New("empty response")
 	}
-	e := rawEntry{data: resp.Message.Data, rev: resp.Message.Seq, op: jetstream.KeyValuePut}
+	m := streamMsg{seq: resp.Message.Seq, data: resp.Message.Data}
 	if len(resp.Message.Hdrs) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
-		if err != nil {
-			return rawEntry{}, fmt.Errorf("get %s %q: headers: %w", bucket, key, err)
+		if m.hdr, err = nats.DecodeHeadersMsg(resp.Message.Hdrs); err != nil {
+			return streamMsg{}, fmt.Errorf("headers: %w", err)
 		}
-		e.op = EntryOp(h)
 	}
-	if e.op != jetstream.KeyValuePut {
-		return e, ErrNotFound
-	}
-	return e, nil
+	return m, nil
 }
 
 // EntryOp returns the KV operation a stream message's headers say it is:
@@ -261,6 +299,9 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 			return Record{}, 0, false, err
 		}
 		next.Finish(&cur, s.now())
+		if err := s.feedGate(ctx, userID, &cur, curRev, &next); err != nil {
+			return Record{}, 0, false, err
+		}
 		data, err := json.Marshal(&next)
 		if err != nil {
 			return Record{}, 0, false, err
@@ -357,6 +398,9 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			continue
 		}
 		next.Finish(&cur, s.now())
+		if err := s.feedGate(ctx, userID, &cur, curRev, &next); err != nil {
+			return Write{}, err
+		}
 		data, err := json.Marshal(&next)
 		if err != nil {
 			return Write{}, err
@@ -382,6 +426,53 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		}
 	}
 	return Write{}, fmt.Errorf("write status of %q: %w", userID, ErrConflict)
+}
+
+// FeedWait is how long a status write waits at most for FeedStream to copy
+// the user's revisions before it, when the bucket would otherwise drop one
+// it has not copied yet (see Record.Unfed); then it goes ahead.
+const FeedWait = 5 * time.Second
+
+// feedGate sets next.Unfed for a write of next over cur, at revision curRev.
+// While StatusBucket keeps every revision of the user that FeedStream may
+// not have copied yet, it only counts. When the write would make the
+// bucket drop one of those (cur.Unfed is StatusHistory), it first waits
+// until FeedStream holds cur (or is found not to exist), polling it, for
+// at most feedWait; a write that goes ahead without the copy is counted
+// by onFeedLate. It returns ctx's error if ctx ends first.
+func (s *Store) feedGate(ctx context.Context, userID string, cur *Record, curRev uint64, next *Record) error {
+	next.Unfed = cur.Unfed + 1
+	if cur.Unfed < StatusHistory {
+		return nil
+	}
+	next.Unfed = 1
+	wait, cancel := context.WithTimeout(ctx, s.feedWait)
+	defer cancel()
+	subject := KeySubject(StatusBucket, StatusKey(userID))
+	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
+		m, err := s.lastMsg(wait, FeedStream, subject)
+		if errors.Is(err, errNoStream) {
+			return nil
+		}
+		if err == nil {
+			if rev, ok := FeedRevision(m.hdr); ok && rev >= curRev {
+				return nil
+			}
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-wait.Done():
+			t.Stop()
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if s.onFeedLate != nil {
+				s.onFeedLate()
+			}
+			return nil
+		case <-t.C:
+		}
+	}
 }
 
 // DeleteStatus removes a user's Record, as `nats kv del` would.
