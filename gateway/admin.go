@@ -37,6 +37,7 @@ func (s *Service) startAdmin(addr string) (*admin.Server, error) {
 			"offline_grace":      cfg.OfflineGrace.String(),
 			"away_after":         cfg.AwayAfter.String(),
 			"batch_interval":     cfg.BatchInterval.String(),
+			"batch_pace":         cfg.BatchPace.String(),
 			"max_conns":          cfg.MaxConns,
 			"max_conns_per_user": cfg.MaxConnsPerUser,
 			"max_subscriptions":  cfg.MaxSubscriptions,

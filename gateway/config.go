@@ -84,9 +84,16 @@ type Config struct {
 	// AwayAfter is how long a connection may go without activity before
 	// it counts as idle; zero means 5m.
 	AwayAfter time.Duration
-	// BatchInterval is how often changes are written to watching sockets,
-	// coalesced; zero means 50ms.
+	// BatchInterval is the least time between two frames of changes to
+	// one watching socket, changes that come sooner coalescing until it
+	// has passed; zero means 10ms.
 	BatchInterval time.Duration
+	// BatchPace is the time between frames to a socket whose changes come
+	// continuously: after a quiet spell a socket may have a few frames
+	// (outbox.PaceBurst) a batch interval apart, then one per BatchPace,
+	// its changes coalescing. Zero means 50ms or BatchInterval, whichever
+	// is longer; it may not be shorter than BatchInterval.
+	BatchPace time.Duration
 
 	// DevAuth accepts ?user=<id> as the identity of a WebSocket or HTTP
 	// client, with no proof. Only for development.
@@ -233,7 +240,9 @@ const (
 	DefaultConnTTL           = 30 * time.Second
 	DefaultOfflineGrace      = 3 * time.Second
 	DefaultAwayAfter         = 5 * time.Minute
-	DefaultBatchInterval     = 50 * time.Millisecond
+	DefaultBatchInterval     = 10 * time.Millisecond
+	// DefaultBatchPace is the batch pace when BatchInterval is no longer.
+	DefaultBatchPace = 50 * time.Millisecond
 	// DefaultMemoryTrimInterval is DefaultConfig's MemoryTrimInterval.
 	DefaultMemoryTrimInterval = 10 * time.Second
 	DefaultMaxMessageSize     = 4096
@@ -327,6 +336,9 @@ func (c Config) withDefaults() Config {
 	}
 	c.AwayAfter = cmp.Or(c.AwayAfter, d.AwayAfter)
 	c.BatchInterval = cmp.Or(c.BatchInterval, d.BatchInterval)
+	if c.BatchPace == 0 {
+		c.BatchPace = max(DefaultBatchPace, c.BatchInterval)
+	}
 	c.Policy = cmp.Or(c.Policy, d.Policy)
 	c.AuthzCacheTTL = cmp.Or(c.AuthzCacheTTL, d.AuthzCacheTTL)
 	c.TokenMaxWatch = cmp.Or(c.TokenMaxWatch, d.TokenMaxWatch)
@@ -388,6 +400,10 @@ func (c Config) Validate() error {
 		return bad("batch interval %v: want at least 1ms", c.BatchInterval)
 	case c.BatchInterval > 10*time.Second:
 		return bad("batch interval %v: want at most 10s", c.BatchInterval)
+	case c.BatchPace < 0 || c.BatchPace > 0 && c.BatchPace < c.BatchInterval:
+		return bad("batch pace %v: want at least the batch interval (%v)", c.BatchPace, c.BatchInterval)
+	case c.BatchPace > 10*time.Second:
+		return bad("batch pace %v: want at most 10s", c.BatchPace)
 	case c.AuthzCacheTTL < 0:
 		return bad("authorization cache TTL %v: want a positive duration", c.AuthzCacheTTL)
 	case c.MaxMessageSize < 0 || c.MaxMessageSize > 0 && c.MaxMessageSize < 256 || c.MaxMessageSize > 1<<20:

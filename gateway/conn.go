@@ -131,21 +131,27 @@ func (c *conn) open() bool { return !c.closed.Load() }
 // Deliver queues a change of a watched user (hub.Watcher).
 func (c *conn) Deliver(p presence.Presence, at int64) {
 	if c.box.Add(p, at) {
-		c.env.scheduler.Schedule(c, c.box.FlushedAt())
+		c.schedule()
 	}
 }
 
 // deliverSelf queues the user's own state at status revision rev.
 func (c *conn) deliverSelf(rev uint64, status presence.Status, devices int) {
 	if c.box.AddSelf(rev, status, devices) {
-		c.env.scheduler.Schedule(c, c.box.FlushedAt())
+		c.schedule()
 	}
+}
+
+// schedule hands c to the scheduler, which its box said to do.
+func (c *conn) schedule() {
+	paced, written := c.box.Paced()
+	c.env.scheduler.Schedule(c, paced, written)
 }
 
 // release ends a hold of the box (see outbox.Box.Hold).
 func (c *conn) release() {
 	if c.box.Release() {
-		c.env.scheduler.Schedule(c, c.box.FlushedAt())
+		c.schedule()
 	}
 }
 
@@ -153,7 +159,7 @@ func (c *conn) release() {
 // state changed, and one presence_batch frame (outbox.Flusher).
 func (c *conn) Flush(buf []byte) ([]byte, bool) {
 	if c.closed.Load() {
-		c.box.Take(0)
+		c.box.Take(0, 0)
 		return buf, true
 	}
 	if !c.sock.TryLock() {
@@ -166,7 +172,7 @@ func (c *conn) Flush(buf []byte) ([]byte, bool) {
 // flushLocked writes what waits for the socket, whose lock the caller
 // holds; buf is scratch space, returned for reuse.
 func (c *conn) flushLocked(buf []byte) []byte {
-	updates, self, oldest := c.box.Take(nowNano())
+	updates, self, oldest, rooms := c.box.Take(nowNano(), c.env.scheduler.Pace())
 	m := c.env.metrics
 	if self.Pending {
 		buf = protocol.AppendSelf(buf[:0], self.Status, self.Devices)
@@ -187,7 +193,7 @@ func (c *conn) flushLocked(buf []byte) []byte {
 			m.propagation.Observe(float64(nowNano()/1e6-oldest) / 1e3)
 		}
 	}
-	if c.box.TakeRooms(nowNano()) {
+	if rooms {
 		_ = c.env.flushRooms(c)
 	}
 	return buf

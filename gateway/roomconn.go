@@ -60,7 +60,7 @@ func (rs *connRooms) countLocked() int {
 // roomsChanged tells the scheduler that room frames wait for c.
 func (c *conn) roomsChanged() {
 	if c.box.AddRooms() {
-		c.env.scheduler.Schedule(c, c.box.FlushedAt())
+		c.schedule()
 	}
 }
 

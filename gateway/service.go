@@ -101,7 +101,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		log:       cfg.Logger.With("svc", "gateway"),
 		reg:       metrics.NewRegistry(),
 		registry:  newRegistry(cfg.MaxConnsPerUser),
-		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.WriteWorkers),
+		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.BatchPace, cfg.WriteWorkers),
 		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
 		events:    make(chan *nats.Msg, 64*1024),
 		calls:     make(chan func(), 1024),

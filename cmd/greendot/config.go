@@ -165,6 +165,12 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.OfflineGrace = grace
 	cfg.AwayAfter = c.Duration("away-after")
 	cfg.BatchInterval = c.Duration("batch-interval")
+	if c.IsSet("batch-pace") {
+		if err := positive(c, "batch-pace"); err != nil {
+			return cfg, err
+		}
+		cfg.BatchPace = c.Duration("batch-pace")
+	}
 	cfg.AllowedOrigins = origins
 	cfg.Policy = policy
 	cfg.AuthzCacheTTL = c.Duration("authz-cache-ttl")

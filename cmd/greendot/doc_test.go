@@ -89,8 +89,8 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
   and on by default in ` + "`greendot standalone`" + ` while ` + "`--listen`" + ` is a loopback
   address. On any other address it needs ` + "`--dev-auth`" + ` and ` + "`--dev-auth-allow-public`" + `
   both. Whenever it is on, the log says so at WARN level.
-- **Timings** work down to 1s TTLs and 10ms batches, for tests and demos:
-  ` + "`greendot standalone --conn-ttl 1s --offline-grace 1s --batch-interval 10ms`" + `.
+- **Timings** work down to 1s TTLs and 1ms batches, for tests and demos:
+  ` + "`greendot standalone --conn-ttl 1s --offline-grace 1s --batch-interval 1ms`" + `.
 - **Buckets.** Every process creates the buckets it needs if they are missing.
   Give every process of a deployment the same ` + "`--replicas`" + `: a process with
   another value reconfigures the buckets. The graph commands only create

@@ -63,6 +63,9 @@ func TestBadInput(t *testing.T) {
 		{"negative grace", []string{"gateway", "--dev-auth", "--offline-grace", "-3s"}, "--offline-grace -3s"},
 		{"zero batch", []string{"gateway", "--dev-auth", "--batch-interval", "0s"}, "--batch-interval 0s: want a positive duration"},
 		{"batch too long", []string{"gateway", "--dev-auth", "--batch-interval", "1m"}, "batch interval 1m0s: want at most 10s"},
+		{"zero pace", []string{"gateway", "--dev-auth", "--batch-pace", "0s"}, "--batch-pace 0s: want a positive duration"},
+		{"pace under the interval", []string{"gateway", "--dev-auth", "--batch-interval", "100ms", "--batch-pace", "50ms"}, "batch pace 50ms: want at least the batch interval (100ms)"},
+		{"pace too long", []string{"gateway", "--dev-auth", "--batch-pace", "1m"}, "batch pace 1m0s: want at most 10s"},
 		{"not a duration", []string{"gateway", "--dev-auth", "--away-after", "soon"}, `invalid value "soon" for flag -away-after`},
 		{"zero subscriptions", []string{"gateway", "--dev-auth", "--max-subscriptions", "0"}, "--max-subscriptions 0: want at least 1"},
 		{"negative max conns", []string{"gateway", "--dev-auth", "--max-conns", "-1"}, "--max-conns -1: want at least 0"},
@@ -335,7 +338,7 @@ func TestFlagDefaultsAreTheProcessDefaults(t *testing.T) {
 // them.
 func TestGatewayDerivedDefaults(t *testing.T) {
 	var got gateway.Config
-	parseFlags(t, gatewayCommand().Flags, []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "10ms"}, func(c *cli.Context) error {
+	parseFlags(t, gatewayCommand().Flags, []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "100ms"}, func(c *cli.Context) error {
 		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
 		got = cfg
 		return err
@@ -345,9 +348,12 @@ func TestGatewayDerivedDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := svc.Config()
-	if cfg.HeartbeatInterval != cfg.ConnTTL/2 || cfg.OfflineGrace >= 0 || cfg.BatchInterval.Milliseconds() != 10 {
-		t.Errorf("--conn-ttl 1s --offline-grace 0 --batch-interval 10ms gave heartbeat %v, grace %v, batch %v; want 500ms, none, 10ms",
-			cfg.HeartbeatInterval, cfg.OfflineGrace, cfg.BatchInterval)
+	if cfg.HeartbeatInterval != cfg.ConnTTL/2 || cfg.OfflineGrace >= 0 || cfg.BatchInterval.Milliseconds() != 100 || cfg.BatchPace != cfg.BatchInterval {
+		t.Errorf("--conn-ttl 1s --offline-grace 0 --batch-interval 100ms gave heartbeat %v, grace %v, batch %v, pace %v; want 500ms, none, 100ms, 100ms",
+			cfg.HeartbeatInterval, cfg.OfflineGrace, cfg.BatchInterval, cfg.BatchPace)
+	}
+	if d := gateway.DefaultConfig(); d.BatchInterval != 10*time.Millisecond || gateway.DefaultBatchPace != 50*time.Millisecond {
+		t.Errorf("default batch interval %v, pace %v; want 10ms, 50ms", d.BatchInterval, gateway.DefaultBatchPace)
 	}
 }
 

@@ -24,8 +24,12 @@ type Box struct {
 	queued bool
 	// held counts the holds that keep changes back (see Hold).
 	held int
-	// flushedAt is when changes were last taken for writing, in unix ns.
-	flushedAt atomic.Int64
+	// paced is when the socket's pace allows its next write, as the
+	// generic cell rate algorithm counts (its theoretical arrival time,
+	// unix ns): each write moves it a pace past the later of itself and
+	// the write. written is when it was last written (unix ns). The
+	// scheduler uses both (see Scheduler).
+	paced, written atomic.Int64
 }
 
 // Self is the socket's own user's state, as the socket last learnt it.
@@ -75,7 +79,7 @@ func (b *Box) AddSelf(rev uint64, status presence.Status, devices int) bool {
 }
 
 // AddRooms records that frames of the socket's rooms wait: what they
-// hold is kept by whoever called it, and written when TakeRooms says so,
+// hold is kept by whoever called it, and written when Take says so,
 // on the same schedule as the other changes (and held back by Hold like
 // them). It reports whether the caller must hand the box to the
 // scheduler.
@@ -84,20 +88,6 @@ func (b *Box) AddRooms() bool {
 	defer b.mu.Unlock()
 	b.rooms = true
 	return b.queueLocked()
-}
-
-// TakeRooms reports whether frames of the socket's rooms wait, and
-// forgets it, noting now (unix ns) as the time of the write when they do.
-// While the box is held it reports false and forgets nothing.
-func (b *Box) TakeRooms(now int64) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.held > 0 || !b.rooms {
-		return false
-	}
-	b.rooms = false
-	b.flushedAt.Store(now)
-	return true
 }
 
 // queueLocked marks the box queued and reports whether it was not yet.
@@ -109,23 +99,26 @@ func (b *Box) queueLocked() bool {
 	return true
 }
 
-// Take returns what waits and empties the box, noting now (unix ns) as
-// the time of the write when it returns anything. While the box is held it
-// returns nothing.
-func (b *Box) Take(now int64) (updates []presence.Presence, self Self, oldest int64) {
+// Take returns what waits and empties the box: the changes, the self
+// state, and whether frames of the socket's rooms wait (their contents
+// are the rooms' own, see AddRooms). When it returns anything it counts a
+// write at now (unix ns) against the socket's pace of one per pace (ns).
+// While the box is held it returns nothing.
+func (b *Box) Take(now, pace int64) (updates []presence.Presence, self Self, oldest int64, rooms bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.queued = false
 	if b.held > 0 {
-		return nil, Self{}, 0
+		return nil, Self{}, 0, false
 	}
-	updates, self, oldest = b.pending, b.self, b.oldest
-	b.pending, b.oldest = nil, 0
+	updates, self, oldest, rooms = b.pending, b.self, b.oldest, b.rooms
+	b.pending, b.oldest, b.rooms = nil, 0, false
 	b.self.Pending = false
-	if len(updates) > 0 || self.Pending {
-		b.flushedAt.Store(now)
+	if len(updates) > 0 || self.Pending || rooms {
+		b.paced.Store(max(b.paced.Load(), now) + pace)
+		b.written.Store(now)
 	}
-	return updates, self, oldest
+	return updates, self, oldest, rooms
 }
 
 // Hold keeps the box's changes from being taken until Release: a reply
@@ -155,6 +148,6 @@ func (b *Box) Len() int {
 	return len(b.pending)
 }
 
-// FlushedAt returns when changes were last taken for writing, in unix ns;
-// zero if never.
-func (b *Box) FlushedAt() int64 { return b.flushedAt.Load() }
+// Paced returns the socket's paced time and when it was last written
+// (unix ns; zero if never written), what the scheduler is given.
+func (b *Box) Paced() (paced, written int64) { return b.paced.Load(), b.written.Load() }

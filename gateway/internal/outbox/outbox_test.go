@@ -31,24 +31,24 @@ func TestBoxKeepsTheNewestChangePerUser(t *testing.T) {
 	if b.AddSelf(2, presence.Online, 1) {
 		t.Fatal("an older self state asked to be scheduled")
 	}
-	updates, self, oldest := b.Take(7)
+	updates, self, oldest, rooms := b.Take(7, 10)
 	if want := []presence.Presence{busy, online("carol")}; !slices.Equal(updates, want) {
 		t.Errorf("updates = %v, want %v", updates, want)
 	}
 	if self != (Self{Rev: 3, Status: presence.Away, Devices: 2, Pending: true}) {
 		t.Errorf("self = %+v, want rev 3 away 2 devices", self)
 	}
-	if oldest != 50 {
-		t.Errorf("oldest = %d, want 50", oldest)
+	if oldest != 50 || rooms {
+		t.Errorf("oldest = %d, rooms %v; want 50, none", oldest, rooms)
 	}
-	if b.FlushedAt() != 7 {
-		t.Errorf("flushed at %d, want 7", b.FlushedAt())
+	if paced, written := b.Paced(); paced != 17 || written != 7 {
+		t.Errorf("paced at %d, written at %d; want 17 (the write at 7, and a pace) and 7", paced, written)
 	}
-	if u, s, _ := b.Take(8); len(u) != 0 || s.Pending {
+	if u, s, _, _ := b.Take(8, 10); len(u) != 0 || s.Pending {
 		t.Errorf("second Take = %v, %+v; want nothing", u, s)
 	}
-	if b.FlushedAt() != 7 {
-		t.Error("an empty Take moved the flush time")
+	if paced, written := b.Paced(); paced != 17 || written != 7 {
+		t.Error("an empty Take moved the pace")
 	}
 	if !b.Add(online("dave"), 0) {
 		t.Error("a change after Take did not ask to be scheduled")
@@ -61,7 +61,7 @@ func TestBoxHold(t *testing.T) {
 	if b.Add(online("bob"), 0) {
 		t.Fatal("a held box asked to be scheduled")
 	}
-	if u, _, _ := b.Take(1); u != nil {
+	if u, _, _, _ := b.Take(1, 10); u != nil {
 		t.Fatalf("Take of a held box = %v", u)
 	}
 	b.Hold()
@@ -71,7 +71,7 @@ func TestBoxHold(t *testing.T) {
 	if !b.Release() {
 		t.Fatal("the last release of a box with changes did not ask to be scheduled")
 	}
-	if u, _, _ := b.Take(2); len(u) != 1 {
+	if u, _, _, _ := b.Take(2, 10); len(u) != 1 {
 		t.Fatalf("Take after release = %v, want bob", u)
 	}
 	b.Hold()
@@ -90,19 +90,24 @@ func TestBoxRooms(t *testing.T) {
 	if b.AddRooms() {
 		t.Fatal("a queued box asked to be scheduled again")
 	}
-	b.Take(1)
-	if !b.TakeRooms(1) || b.TakeRooms(2) {
-		t.Fatal("TakeRooms did not report the rooms once")
+	if _, _, _, rooms := b.Take(1, 10); !rooms {
+		t.Fatal("Take did not report the rooms")
+	}
+	if _, _, _, rooms := b.Take(2, 10); rooms {
+		t.Fatal("Take reported the rooms twice")
 	}
 	b.Hold()
-	if b.AddRooms() || b.TakeRooms(3) {
+	if _, _, _, rooms := b.Take(3, 10); b.AddRooms() || rooms {
 		t.Fatal("a held box gave its rooms away")
 	}
 	if !b.Release() {
 		t.Fatal("the release of a box with room changes did not ask to be scheduled")
 	}
-	if !b.TakeRooms(4) || b.FlushedAt() != 4 {
-		t.Errorf("after the release: rooms not taken, or flushed at %d", b.FlushedAt())
+	if _, _, _, rooms := b.Take(40, 10); !rooms {
+		t.Error("after the release: rooms not taken")
+	}
+	if paced, written := b.Paced(); paced != 50 || written != 40 {
+		t.Errorf("after the release: paced at %d, written at %d; want 50, 40", paced, written)
 	}
 }
 
@@ -123,7 +128,7 @@ func (k *sock) Flush(buf []byte) ([]byte, bool) {
 	if k.busy {
 		return buf, false
 	}
-	updates, _, _ := k.box.Take(time.Now().UnixNano())
+	updates, _, _, _ := k.box.Take(time.Now().UnixNano(), k.s.Pace())
 	if len(updates) > 0 {
 		k.wrote = append(k.wrote, time.Since(k.start))
 		k.got = append(k.got, updates)
@@ -133,7 +138,8 @@ func (k *sock) Flush(buf []byte) ([]byte, bool) {
 
 func (k *sock) add(p presence.Presence) {
 	if k.box.Add(p, 0) {
-		k.s.Schedule(k, k.box.FlushedAt())
+		paced, written := k.box.Paced()
+		k.s.Schedule(k, paced, written)
 	}
 }
 
@@ -143,9 +149,15 @@ func (k *sock) writes() ([]time.Duration, [][]presence.Presence) {
 	return slices.Clone(k.wrote), slices.Clone(k.got)
 }
 
+// run runs test with a scheduler whose pace is its interval: a socket is
+// written at most once per interval.
 func run(t *testing.T, interval time.Duration, test func(s *Scheduler, k *sock)) {
+	runPaced(t, interval, interval, test)
+}
+
+func runPaced(t *testing.T, interval, pace time.Duration, test func(s *Scheduler, k *sock)) {
 	synctest.Test(t, func(t *testing.T) {
-		s := NewScheduler(interval, 4)
+		s := NewScheduler(interval, pace, 4)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -258,6 +270,58 @@ func TestManySockets(t *testing.T) {
 			if len(wrote) != 2 || wrote[0] != 0 || wrote[1] != want {
 				t.Fatalf("socket %d written at %v, want at 0 and %v", i, wrote, want)
 			}
+		}
+	})
+}
+
+// TestBurstThenPace: a socket whose changes come no faster than the pace
+// gets each at once, a batch interval apart at least, up to PaceBurst in
+// a row however close; beyond that, one frame per pace, coalesced; and
+// after a quiet while, a whole burst again.
+func TestBurstThenPace(t *testing.T) {
+	const interval, pace = 10 * time.Millisecond, 50 * time.Millisecond
+	runPaced(t, interval, pace, func(s *Scheduler, k *sock) {
+		ms := time.Millisecond
+		// Changes 4 ms apart, the first at 1 ms.
+		time.Sleep(ms)
+		for i := range 40 {
+			k.add(online(fmt.Sprint("u", i)))
+			synctest.Wait()
+			time.Sleep(4 * ms)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		wrote, got := k.writes()
+		// The first at once, then one per interval, the changes between
+		// coalescing: 1, 11, 21, 31, 41 and 51 ms, as the pace's
+		// allowance (four paces) runs out (the pace stands at 301 ms at
+		// the sixth write, less 200); then one per pace: 101, 151, and
+		// 201 for the changes of 153 and 157.
+		want := []time.Duration{1 * ms, 11 * ms, 21 * ms, 31 * ms, 41 * ms, 51 * ms, 101 * ms, 151 * ms, 201 * ms}
+		if !slices.Equal(wrote, want) {
+			t.Fatalf("written at %v, want %v", wrote, want)
+		}
+		n := 0
+		for _, frame := range got {
+			n += len(frame)
+		}
+		if n != 40 {
+			t.Errorf("%d changes written, want all 40", n)
+		}
+
+		// Quiet for a second: a burst again, a batch interval apart.
+		start := time.Now()
+		for i := range 3 {
+			k.add(online(fmt.Sprint("v", i)))
+			synctest.Wait()
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		wrote, _ = k.writes()
+		base := start.Sub(k.start)
+		if want := []time.Duration{base, base + interval}; !slices.Equal(wrote[9:], want) {
+			t.Errorf("after a quiet second, written at %v, want %v", wrote[9:], want)
 		}
 	})
 }

@@ -19,14 +19,26 @@ type Flusher interface {
 
 // Scheduler decides when sockets with changes are written, and writes
 // them on a bounded number of workers, so one slow socket delays only
-// itself. A socket last written at least a batch interval ago is written
-// at once; one written more recently is written a batch interval after
-// that write, its changes coalescing meanwhile in its Box. Schedule is
-// safe for concurrent use; Run runs the scheduler.
+// itself. Two rules decide when, the changes of a socket coalescing in its
+// Box while it waits:
+//
+//   - A socket is written at most once per batch interval.
+//   - Over time, a socket is written at most once per pace on average,
+//     with a burst: one whose changes come no faster than that is written
+//     each time at once (up to PaceBurst times in a row, a batch interval
+//     apart), and one that gets changes faster is written once per pace.
+//     That is the generic cell rate algorithm: Box.Take moves the socket's
+//     paced time, and the socket may be written once its paced time, less
+//     PaceBurst-1 paces, has come.
+//
+// With the pace equal to the batch interval the second rule changes
+// nothing. Schedule is safe for concurrent use; Run runs the scheduler.
 type Scheduler struct {
-	interval int64 // ns
-	retry    time.Duration
-	workers  int
+	interval  int64 // ns
+	pace      int64 // ns
+	tolerance int64 // ns: PaceBurst-1 paces
+	retry     time.Duration
+	workers   int
 
 	mu     sync.Mutex
 	ready  []Flusher // to write now
@@ -36,25 +48,38 @@ type Scheduler struct {
 	queued atomic.Int64
 }
 
+// PaceBurst is how many writes in a row a socket that was quiet may have
+// a batch interval apart before its pace applies.
+const PaceBurst = 5
+
 // NewScheduler returns a scheduler that writes each socket at most once
-// per interval, on workers goroutines. It starts nothing: Run does.
-func NewScheduler(interval time.Duration, workers int) *Scheduler {
+// per interval, and once per pace on average (at least interval), on
+// workers goroutines. It starts nothing: Run does.
+func NewScheduler(interval, pace time.Duration, workers int) *Scheduler {
+	pace = max(pace, interval)
 	return &Scheduler{
-		interval: int64(interval),
-		retry:    min(max(interval/10, time.Millisecond), 5*time.Millisecond),
-		workers:  max(workers, 1),
-		signal:   make(chan struct{}, 1),
+		interval:  int64(interval),
+		pace:      int64(pace),
+		tolerance: (PaceBurst - 1) * int64(pace),
+		retry:     min(max(interval/10, time.Millisecond), 5*time.Millisecond),
+		workers:   max(workers, 1),
+		signal:    make(chan struct{}, 1),
 	}
 }
 
-// Schedule has f written once: at once when flushedAt (unix ns, the last
-// time its socket was written changes) is at least an interval ago, else
-// an interval after it. The caller schedules a socket only when its Box
-// says to (Box.Add, Box.AddSelf, Box.Release), so it is never queued
-// twice.
-func (s *Scheduler) Schedule(f Flusher, flushedAt int64) {
+// Pace returns the pace in ns, which Box.Take counts writes by.
+func (s *Scheduler) Pace() int64 { return s.pace }
+
+// Schedule has f written once: at once when both rules allow (paced and
+// written are its Box's Paced), else as soon as they do. The caller
+// schedules a socket only when its Box says to (Box.Add, Box.AddSelf,
+// Box.AddRooms, Box.Release), so it is never queued twice.
+func (s *Scheduler) Schedule(f Flusher, paced, written int64) {
 	s.queued.Add(1)
-	due := flushedAt + s.interval
+	due := paced - s.tolerance
+	if written != 0 {
+		due = max(due, written+s.interval)
+	}
 	s.mu.Lock()
 	if due <= time.Now().UnixNano() {
 		s.ready = append(s.ready, f)
