@@ -34,12 +34,15 @@ type Service struct {
 	cached atomic.Int64
 
 	// seen holds the events writers published, as the fanout's own
-	// subscriptions saw them.
+	// subscriptions saw them; work reads them from subs, which queue them,
+	// before it looks at the revisions due.
 	seen *seenEvents
 	subs []*nats.Subscription
-	// due carries the revisions whose events wait for Delay to pass, in
-	// the order they were consumed.
-	due chan *pending
+	// due holds the revisions whose events wait for Delay to pass, in the
+	// order they were consumed: handle appends, work takes them. The
+	// consumer's MaxAckPending bounds it.
+	dueMu sync.Mutex
+	due   []*pending
 
 	reg     *prometheus.Registry
 	metrics *fanoutMetrics
@@ -74,7 +77,6 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		log:  cfg.Logger.With("svc", "fanout"),
 		sent: make(map[string]versions),
 		seen: newSeenEvents(),
-		due:  make(chan *pending, maxAckPending),
 		reg:  metrics.NewRegistry(),
 	}
 	s.metrics = newFanoutMetrics(s.reg, s)
@@ -118,10 +120,11 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // opened subscribes to the events writers publish, before the first
-// revision is consumed.
+// revision is consumed. The subscriptions queue them for work, which reads
+// them once per tick: no goroutine wakes for each.
 func (s *Service) opened(*presence.Store) {
 	for _, subj := range []string{presence.EventWildcard, presence.SelfWildcard} {
-		sub, err := s.nc.Subscribe(subj, s.saw)
+		sub, err := s.nc.SubscribeSync(subj)
 		if err != nil {
 			// Without it every revision's events are published again:
 			// duplicates, which gateways drop.
@@ -130,6 +133,20 @@ func (s *Service) opened(*presence.Store) {
 		}
 		_ = sub.SetPendingLimits(-1, 64<<20)
 		s.subs = append(s.subs, sub)
+	}
+}
+
+// readSeen notes the events queued on the subscriptions.
+func (s *Service) readSeen() {
+	for _, sub := range s.subs {
+		n, _, err := sub.Pending()
+		for ; err == nil && n > 0; n-- {
+			m, err := sub.NextMsg(0)
+			if err != nil {
+				break
+			}
+			s.saw(m)
+		}
 	}
 }
 
@@ -165,7 +182,9 @@ func (s *Service) handle(msg jetstream.Msg) {
 		_ = msg.Ack()
 		return
 	}
-	s.due <- p
+	s.dueMu.Lock()
+	s.due = append(s.due, p)
+	s.dueMu.Unlock()
 }
 
 // process decodes a revision and returns the events it calls for, or nil
@@ -228,7 +247,9 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 // work publishes, once Delay has passed since each revision was written,
 // the events its writer did not publish, and acknowledges the revision,
 // until ctx is canceled; then it finishes at once the revisions it holds,
-// and ends the subscriptions.
+// and ends the subscriptions. It looks every tick (a fifth of Delay, at
+// most 50ms): a revision's events wait at most that long past Delay, and
+// no goroutine wakes per revision or per event seen.
 func (s *Service) work(ctx context.Context) {
 	defer func() {
 		for _, sub := range s.subs {
@@ -237,31 +258,39 @@ func (s *Service) work(ctx context.Context) {
 	}()
 	prune := time.NewTicker(seenFor)
 	defer prune.Stop()
-	t := time.NewTimer(time.Hour)
-	defer t.Stop()
+	tick := time.NewTicker(min(max(s.cfg.Delay/5, time.Millisecond), 50*time.Millisecond))
+	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			for {
-				select {
-				case p := <-s.due:
-					s.finish(p)
-				default:
-					return
-				}
-			}
+			s.readSeen()
+			s.finishDue(time.Time{})
+			return
 		case now := <-prune.C:
 			s.seen.prune(now.Add(-seenFor))
-		case p := <-s.due:
-			if wait := time.Until(p.due); wait > 0 {
-				t.Reset(wait)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-				}
-			}
-			s.finish(p)
+		case now := <-tick.C:
+			s.readSeen()
+			s.finishDue(now)
 		}
+	}
+}
+
+// finishDue finishes, in the order they were consumed, the revisions due
+// at now (all of them for the zero time), up to the first that is not.
+func (s *Service) finishDue(now time.Time) {
+	s.dueMu.Lock()
+	n := 0
+	for n < len(s.due) && (now.IsZero() || !s.due[n].due.After(now)) {
+		n++
+	}
+	batch := s.due[:n:n]
+	s.due = s.due[n:]
+	if len(s.due) == 0 {
+		s.due = nil // let the backing array go
+	}
+	s.dueMu.Unlock()
+	for _, p := range batch {
+		s.finish(p)
 	}
 }
 
