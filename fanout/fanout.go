@@ -40,9 +40,11 @@ type Service struct {
 	subs []*nats.Subscription
 	// due holds the revisions whose events wait for Delay to pass, in the
 	// order they were consumed: handle appends, work takes them. The
-	// consumer's MaxAckPending bounds it.
+	// consumer's MaxAckPending bounds it. wake tells work that due is no
+	// longer empty.
 	dueMu sync.Mutex
 	due   []*pending
+	wake  chan struct{}
 
 	reg     *prometheus.Registry
 	metrics *fanoutMetrics
@@ -77,6 +79,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		log:  cfg.Logger.With("svc", "fanout"),
 		sent: make(map[string]versions),
 		seen: newSeenEvents(),
+		wake: make(chan struct{}, 1),
 		reg:  metrics.NewRegistry(),
 	}
 	s.metrics = newFanoutMetrics(s.reg, s)
@@ -183,8 +186,15 @@ func (s *Service) handle(msg jetstream.Msg) {
 		return
 	}
 	s.dueMu.Lock()
+	first := len(s.due) == 0
 	s.due = append(s.due, p)
 	s.dueMu.Unlock()
+	if first {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // process decodes a revision and returns the events it calls for, or nil
@@ -247,9 +257,10 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 // work publishes, once Delay has passed since each revision was written,
 // the events its writer did not publish, and acknowledges the revision,
 // until ctx is canceled; then it finishes at once the revisions it holds,
-// and ends the subscriptions. It looks every tick (a fifth of Delay, at
-// most 50ms): a revision's events wait at most that long past Delay, and
-// no goroutine wakes per revision or per event seen.
+// and ends the subscriptions. While revisions wait it looks every tick (a
+// fifth of Delay, at most 50ms): a revision's events wait at most that
+// long past Delay, and no goroutine wakes per revision or per event seen;
+// while none wait it does not tick at all.
 func (s *Service) work(ctx context.Context) {
 	defer func() {
 		for _, sub := range s.subs {
@@ -258,9 +269,16 @@ func (s *Service) work(ctx context.Context) {
 	}()
 	prune := time.NewTicker(seenFor)
 	defer prune.Stop()
-	tick := time.NewTicker(min(max(s.cfg.Delay/5, time.Millisecond), 50*time.Millisecond))
+	step := min(max(s.cfg.Delay/5, time.Millisecond), 50*time.Millisecond)
+	tick := time.NewTicker(step)
+	tick.Stop()
 	defer tick.Stop()
+	ticking := false
 	for {
+		var tc <-chan time.Time
+		if ticking {
+			tc = tick.C
+		}
 		select {
 		case <-ctx.Done():
 			s.readSeen()
@@ -268,16 +286,27 @@ func (s *Service) work(ctx context.Context) {
 			return
 		case now := <-prune.C:
 			s.seen.prune(now.Add(-seenFor))
-		case now := <-tick.C:
+		case <-s.wake:
+			if !ticking {
+				tick.Reset(step)
+				ticking = true
+			}
+		case now := <-tc:
 			s.readSeen()
-			s.finishDue(now)
+			if !s.finishDue(now) {
+				// Nothing waits: the next revision's wake starts the
+				// ticks again (one handled meanwhile sent it already).
+				tick.Stop()
+				ticking = false
+			}
 		}
 	}
 }
 
 // finishDue finishes, in the order they were consumed, the revisions due
-// at now (all of them for the zero time), up to the first that is not.
-func (s *Service) finishDue(now time.Time) {
+// at now (all of them for the zero time), up to the first that is not, and
+// reports whether any still wait.
+func (s *Service) finishDue(now time.Time) bool {
 	s.dueMu.Lock()
 	n := 0
 	for n < len(s.due) && (now.IsZero() || !s.due[n].due.After(now)) {
@@ -288,10 +317,12 @@ func (s *Service) finishDue(now time.Time) {
 	if len(s.due) == 0 {
 		s.due = nil // let the backing array go
 	}
+	waiting := len(s.due) > 0
 	s.dueMu.Unlock()
 	for _, p := range batch {
 		s.finish(p)
 	}
+	return waiting
 }
 
 // finish publishes what a revision calls for that its writer did not,
