@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"testing"
+	"unsafe"
 
 	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/internal/metricstest"
@@ -39,5 +40,14 @@ func TestHeartbeatPathAllocs(t *testing.T) {
 		if v, ok := metricstest.Value(s.Registry(), name, labels...); !ok || v < 100 {
 			t.Errorf("%s %v = %v (%v), want at least 100", name, labels, v, ok)
 		}
+	}
+}
+
+// TestConnFitsItsSizeClass: a connection object is allocated in Go's 448-byte
+// size class; a field that made it larger would cost every connection 32
+// bytes more (the next class is 480), idle or not.
+func TestConnFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(conn{}); n > 448 {
+		t.Errorf("a connection takes %d bytes, more than the 448 of its size class", n)
 	}
 }

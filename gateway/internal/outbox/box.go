@@ -13,23 +13,25 @@ type Box struct {
 	mu      sync.Mutex
 	pending []presence.Presence // the newest change per watched user
 	self    Self
-	// rooms reports that frames of the socket's rooms wait (their
-	// contents are the rooms' own, see AddRooms).
-	rooms bool
 	// oldest is when the oldest pending change was written, in unix ms;
 	// zero when unknown.
 	oldest int64
-	// queued reports that the box was handed to a scheduler and not taken
-	// since.
-	queued bool
-	// held counts the holds that keep changes back (see Hold).
-	held int
 	// paced is when the socket's pace allows its next write, as the
 	// generic cell rate algorithm counts (its theoretical arrival time,
 	// unix ns): each write moves it a pace past the later of itself and
 	// the write. written is when it was last written (unix ns). The
 	// scheduler uses both (see Scheduler).
 	paced, written atomic.Int64
+	// held counts the holds that keep changes back (see Hold).
+	held int32
+	// rooms reports that frames of the socket's rooms wait (their
+	// contents are the rooms' own, see AddRooms).
+	rooms bool
+	// queued reports that the box was handed to a scheduler and not taken
+	// since.
+	queued bool
+	// (The fields are in this order so that a Box, and with it a
+	// gateway's connection, takes no more memory than it must.)
 }
 
 // Self is the socket's own user's state, as the socket last learnt it.
