@@ -195,3 +195,68 @@ func TestReadNow(t *testing.T) {
 		t.Fatalf("after the peer closed: %d bytes, %v; want 0 and io.EOF", n, err)
 	}
 }
+
+// TestPollerWait: Wait returns nothing when its time is up, waits without
+// a bound after that for a descriptor to become readable, and ends with
+// ErrClosed when the poller is closed while it waits.
+func TestPollerWait(t *testing.T) {
+	c, _, client := pair(t)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	p, err := netpoll.New()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = p.Release() }()
+	if err := p.Add(fd, 7); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := p.Wait(nil, 1); err != nil || len(evs) != 0 {
+		t.Fatalf("nothing readable, 1 ms: %v, %v; want no events", evs, err)
+	}
+
+	type result struct {
+		evs []netpoll.Event
+		err error
+	}
+	waited := make(chan result, 1)
+	go func() {
+		evs, err := p.Wait(nil, -1)
+		waited <- result{evs, err}
+	}()
+	if _, err := client.Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-waited:
+		if r.err != nil || len(r.evs) != 1 || r.evs[0].Tag != 7 || r.evs[0].Hangup {
+			t.Fatalf("after a write: %v, %v; want tag 7 readable", r.evs, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a readable socket did not end the wait")
+	}
+
+	// The socket is reported once until Resume: this wait ends only with
+	// the poller.
+	go func() {
+		evs, err := p.Wait(nil, -1)
+		waited <- result{evs, err}
+	}()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-waited:
+		if !errors.Is(r.err, netpoll.ErrClosed) || len(r.evs) != 0 {
+			t.Fatalf("after Close: %v, %v; want ErrClosed", r.evs, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the wait")
+	}
+}
