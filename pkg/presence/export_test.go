@@ -4,3 +4,10 @@ import "time"
 
 // SetFeedWait sets how long s's status writes wait for FeedStream's copy.
 func SetFeedWait(s *Store, d time.Duration) { s.feedWait = d }
+
+// UnfedOf returns the unfed count of a stored status record.
+func UnfedOf(data []byte) (int, error) {
+	var r Record
+	n, _, err := decodeStored(data, &r, "", 0)
+	return n, err
+}

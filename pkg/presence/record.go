@@ -47,12 +47,9 @@ type Record struct {
 	SelfVer uint64 `json:"sv,omitempty"`
 	// Updated is when this revision was written, in unix milliseconds.
 	Updated int64 `json:"updated,omitempty"`
-	// Unfed counts the user's revisions, this one included, written since
-	// the last one known to be copied into FeedStream (or found to have
-	// no FeedStream to be copied into). The Store sets it: a write that
-	// would make it more than StatusHistory first waits for the copy,
-	// since the bucket then drops the user's oldest revision.
-	Unfed int `json:"uf,omitempty"`
+
+	// The stored record also has "uf", which the Store keeps apart (see
+	// stored): Record keeps to its size, as writers hold many.
 }
 
 // ConnInfo is what a Record keeps of one connection.

@@ -265,15 +265,41 @@ const (
 // (and a zero Record) when the user has none; rev is then the revision to
 // create it at.
 func (s *Store) Status(ctx context.Context, userID string) (Record, uint64, error) {
+	var r Record
+	_, rev, err := s.statusUnfed(ctx, userID, &r)
+	return r, rev, err
+}
+
+// stored is a Record as StatusBucket keeps it: with unfed, the user's
+// revisions, this one included, written since the last one known to be
+// copied into FeedStream (or found to have no FeedStream to be copied
+// into). The Store counts it: a write that would make it more than
+// StatusHistory first waits for the copy (see feedGate), since the bucket
+// then drops the user's oldest revision.
+type stored struct {
+	*Record
+	Unfed int `json:"uf,omitempty"`
+}
+
+// statusUnfed reads a user's record into r, as Status does, and returns
+// its unfed count too.
+func (s *Store) statusUnfed(ctx context.Context, userID string, r *Record) (unfed int, rev uint64, err error) {
 	e, err := s.last(ctx, StatusBucket, StatusKey(userID))
 	if err != nil {
-		return Record{}, e.rev, err
+		return 0, e.rev, err
 	}
-	var r Record
-	if err := json.Unmarshal(e.data, &r); err != nil {
-		return Record{}, e.rev, fmt.Errorf("decode status of %q: %w", userID, err)
+	return decodeStored(e.data, r, userID, e.rev)
+}
+
+// decodeStored decodes a stored record at revision rev into r and returns
+// its unfed count.
+func decodeStored(data []byte, r *Record, userID string, rev uint64) (int, uint64, error) {
+	st := stored{Record: r}
+	if err := json.Unmarshal(data, &st); err != nil {
+		*r = Record{}
+		return 0, rev, fmt.Errorf("decode status of %q: %w", userID, err)
 	}
-	return r, e.rev, nil
+	return st.Unfed, rev, nil
 }
 
 // UpdateStatus changes a user's Record by compare-and-set. It reads the
@@ -287,7 +313,8 @@ func (s *Store) Status(ctx context.Context, userID string) (Record, uint64, erro
 // current record with written false; any other error is returned as is.
 func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Record) error) (rec Record, rev uint64, written bool, err error) {
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
-		cur, curRev, err := s.Status(ctx, userID)
+		var cur Record
+		unfed, curRev, err := s.statusUnfed(ctx, userID, &cur)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return Record{}, 0, false, err
 		}
@@ -299,10 +326,11 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 			return Record{}, 0, false, err
 		}
 		next.Finish(&cur, s.now())
-		if err := s.feedGate(ctx, userID, &cur, curRev, &next); err != nil {
+		unfed, err = s.feedGate(ctx, userID, unfed, curRev)
+		if err != nil {
 			return Record{}, 0, false, err
 		}
-		data, err := json.Marshal(&next)
+		data, err := json.Marshal(stored{&next, unfed})
 		if err != nil {
 			return Record{}, 0, false, err
 		}
@@ -375,10 +403,12 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			*cache = Cached{data: e.data, Rev: e.rev, Valid: true}
 		}
 		var cur Record
+		unfed := 0
 		if len(cache.data) > 0 {
-			if err := json.Unmarshal(cache.data, &cur); err != nil {
+			var err error
+			if unfed, _, err = decodeStored(cache.data, &cur, userID, cache.Rev); err != nil {
 				cache.Valid = false
-				return Write{}, fmt.Errorf("decode status of %q: %w", userID, err)
+				return Write{}, err
 			}
 		}
 		curRev := cache.Rev
@@ -398,10 +428,11 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			continue
 		}
 		next.Finish(&cur, s.now())
-		if err := s.feedGate(ctx, userID, &cur, curRev, &next); err != nil {
+		unfed, err := s.feedGate(ctx, userID, unfed, curRev)
+		if err != nil {
 			return Write{}, err
 		}
-		data, err := json.Marshal(&next)
+		data, err := json.Marshal(stored{&next, unfed})
 		if err != nil {
 			return Write{}, err
 		}
@@ -430,33 +461,32 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 
 // FeedWait is how long a status write waits at most for FeedStream to copy
 // the user's revisions before it, when the bucket would otherwise drop one
-// it has not copied yet (see Record.Unfed); then it goes ahead.
+// it has not copied yet (see stored); then it goes ahead.
 const FeedWait = 5 * time.Second
 
-// feedGate sets next.Unfed for a write of next over cur, at revision curRev.
-// While StatusBucket keeps every revision of the user that FeedStream may
-// not have copied yet, it only counts. When the write would make the
-// bucket drop one of those (cur.Unfed is StatusHistory), it first waits
-// until FeedStream holds cur (or is found not to exist), polling it, for
-// at most feedWait; a write that goes ahead without the copy is counted
-// by onFeedLate. It returns ctx's error if ctx ends first.
-func (s *Store) feedGate(ctx context.Context, userID string, cur *Record, curRev uint64, next *Record) error {
-	next.Unfed = cur.Unfed + 1
-	if cur.Unfed < StatusHistory {
-		return nil
+// feedGate returns the unfed count of a write over the record at revision
+// curRev, whose count is unfed (see stored). While StatusBucket keeps
+// every revision of the user that FeedStream may not have copied yet, it
+// only counts. When the write would make the bucket drop one of those
+// (unfed is StatusHistory), it first waits until FeedStream holds curRev
+// (or is found not to exist), polling it, for at most feedWait; a write
+// that goes ahead without the copy is counted by onFeedLate. It returns
+// ctx's error if ctx ends first.
+func (s *Store) feedGate(ctx context.Context, userID string, unfed int, curRev uint64) (int, error) {
+	if unfed < StatusHistory {
+		return unfed + 1, nil
 	}
-	next.Unfed = 1
 	wait, cancel := context.WithTimeout(ctx, s.feedWait)
 	defer cancel()
 	subject := KeySubject(StatusBucket, StatusKey(userID))
 	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		m, err := s.lastMsg(wait, FeedStream, subject)
 		if errors.Is(err, errNoStream) {
-			return nil
+			return 1, nil
 		}
 		if err == nil {
 			if rev, ok := FeedRevision(m.hdr); ok && rev >= curRev {
-				return nil
+				return 1, nil
 			}
 		}
 		t := time.NewTimer(pause)
@@ -464,12 +494,12 @@ func (s *Store) feedGate(ctx context.Context, userID string, cur *Record, curRev
 		case <-wait.Done():
 			t.Stop()
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return 0, ctx.Err()
 			}
 			if s.onFeedLate != nil {
 				s.onFeedLate()
 			}
-			return nil
+			return 1, nil
 		case <-t.C:
 		}
 	}
