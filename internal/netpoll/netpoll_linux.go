@@ -8,8 +8,6 @@ import (
 	"io"
 	"os"
 	"sync/atomic"
-	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,25 +23,11 @@ const Supported = true
 // goroutine reading it is the only one. Add, Resume and Remove are safe for
 // concurrent use with each other and with Wait; Wait must be called from
 // one goroutine at a time.
-//
-// Wait parks its goroutine in the Go runtime's own poller, which watches
-// the epoll descriptor (readable while it holds events), rather than
-// blocking a thread in epoll_wait: a thread blocked in a system call keeps
-// its scheduler slot busy, and then the runtime's monitor never sleeps
-// for long, which cost an idle gateway about a fifth of its CPU.
 type Poller struct {
 	epfd   int
-	file   *os.File        // epfd, as the runtime's poller watches it
-	rc     syscall.RawConn // file's
-	wakefd int             // an eventfd that Close writes to, to end a blocked Wait
+	wakefd int // an eventfd that Close writes to, to end a blocked Wait
 	closed atomic.Bool
-
-	// Wait's own, made once so that a wait allocates nothing.
-	raw      []unix.EpollEvent
-	n        int
-	err      error
-	poll     func(uintptr) bool
-	deadline bool // a read deadline is set on file
+	raw    []unix.EpollEvent
 }
 
 // New creates a Poller.
@@ -52,43 +36,19 @@ func New() (*Poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	// Non-blocking, so that os.NewFile hands it to the runtime's poller.
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		_ = unix.Close(epfd)
-		return nil, fmt.Errorf("epoll descriptor non-blocking: %w", err)
-	}
-	file := os.NewFile(uintptr(epfd), "epoll")
-	rc, err := file.SyscallConn()
-	if err != nil {
-		_ = file.Close()
-		return nil, fmt.Errorf("epoll descriptor: %w", err)
-	}
 	wakefd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		_ = file.Close()
+		_ = unix.Close(epfd)
 		return nil, fmt.Errorf("eventfd: %w", err)
 	}
 	ev := unix.EpollEvent{Events: unix.EPOLLIN}
 	setTag(&ev, wakeTag)
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wakefd, &ev); err != nil {
-		_ = file.Close()
+		_ = unix.Close(epfd)
 		_ = unix.Close(wakefd)
 		return nil, fmt.Errorf("epoll_ctl add eventfd: %w", err)
 	}
-	p := &Poller{epfd: epfd, file: file, rc: rc, wakefd: wakefd, raw: make([]unix.EpollEvent, 256)}
-	p.poll = p.pollNow
-	return p, nil
-}
-
-// pollNow takes the events epoll holds, without waiting, and reports
-// whether there were any (or an error): if not, the runtime parks the
-// goroutine in Wait until the epoll descriptor is readable.
-func (p *Poller) pollNow(uintptr) bool {
-	p.n, p.err = unix.EpollWait(p.epfd, p.raw, 0)
-	if errors.Is(p.err, unix.EINTR) {
-		p.n, p.err = 0, nil
-	}
-	return p.n != 0 || p.err != nil
+	return &Poller{epfd: epfd, wakefd: wakefd, raw: make([]unix.EpollEvent, 256)}, nil
 }
 
 const watchEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
@@ -126,30 +86,18 @@ func (p *Poller) Remove(fd int) error {
 // Wait blocks until at least one descriptor is readable or msec
 // milliseconds pass (-1 waits forever), and appends the events to dst.
 func (p *Poller) Wait(dst []Event, msec int) ([]Event, error) {
-	if msec >= 0 || p.deadline {
-		var deadline time.Time
-		if msec >= 0 {
-			deadline = time.Now().Add(time.Duration(msec) * time.Millisecond)
-		}
-		if err := p.file.SetReadDeadline(deadline); err != nil {
-			return dst, fmt.Errorf("epoll deadline: %w", err)
-		}
-		p.deadline = msec >= 0
-	}
 	for {
 		if p.closed.Load() {
 			return dst, ErrClosed
 		}
-		err := p.rc.Read(p.poll)
-		switch {
-		case errors.Is(err, os.ErrDeadlineExceeded):
-			return dst, nil
-		case err != nil:
-			return dst, fmt.Errorf("wait for the epoll descriptor: %w", err)
-		case p.err != nil:
-			return dst, fmt.Errorf("epoll_wait: %w", p.err)
+		n, err := unix.EpollWait(p.epfd, p.raw, msec)
+		if errors.Is(err, unix.EINTR) {
+			continue
 		}
-		for _, ev := range p.raw[:p.n] {
+		if err != nil {
+			return dst, fmt.Errorf("epoll_wait: %w", err)
+		}
+		for _, ev := range p.raw[:n] {
 			if tagOf(&ev) == wakeTag {
 				continue
 			}
@@ -180,7 +128,7 @@ func (p *Poller) Close() error {
 // Release frees the poller's own descriptors; call it after the goroutine
 // that called Wait has returned.
 func (p *Poller) Release() error {
-	return errors.Join(p.file.Close(), unix.Close(p.wakefd))
+	return errors.Join(unix.Close(p.epfd), unix.Close(p.wakefd))
 }
 
 // ReadNow reads what the socket fd holds into b, without waiting: n > 0
