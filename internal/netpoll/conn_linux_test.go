@@ -146,9 +146,11 @@ func TestConnCloseWakesWriter(t *testing.T) {
 	}
 }
 
-// TestReadNow: nothing when the socket holds nothing, what it holds once
-// the poller reports it readable, and io.EOF once the peer closed it.
-func TestReadNow(t *testing.T) {
+// polled returns the descriptor of a detached server end, a poller that
+// watches it with tag (released when the test ends; the test closes it),
+// and the client end.
+func polled(t *testing.T, tag uint64) (int, *netpoll.Poller, net.Conn) {
+	t.Helper()
 	c, _, client := pair(t)
 	raw, err := c.SyscallConn()
 	if err != nil {
@@ -162,11 +164,18 @@ func TestReadNow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = p.Release() }()
-	defer func() { _ = p.Close() }()
-	if err := p.Add(fd, 1); err != nil {
+	t.Cleanup(func() { _ = p.Release() })
+	if err := p.Add(fd, tag); err != nil {
 		t.Fatal(err)
 	}
+	return fd, p, client
+}
+
+// TestReadNow: nothing when the socket holds nothing, what it holds once
+// the poller reports it readable, and io.EOF once the peer closed it.
+func TestReadNow(t *testing.T) {
+	fd, p, client := polled(t, 1)
+	defer func() { _ = p.Close() }()
 	readable := func() {
 		t.Helper()
 		if evs, err := p.Wait(nil, 10_000); err != nil || len(evs) != 1 {
@@ -200,23 +209,7 @@ func TestReadNow(t *testing.T) {
 // a bound after that for a descriptor to become readable, and ends with
 // ErrClosed when the poller is closed while it waits.
 func TestPollerWait(t *testing.T) {
-	c, _, client := pair(t)
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		t.Fatal(err)
-	}
-	p, err := netpoll.New()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = p.Release() }()
-	if err := p.Add(fd, 7); err != nil {
-		t.Fatal(err)
-	}
+	_, p, client := polled(t, 7)
 	if evs, err := p.Wait(nil, 1); err != nil || len(evs) != 0 {
 		t.Fatalf("nothing readable, 1 ms: %v, %v; want no events", evs, err)
 	}

@@ -209,22 +209,31 @@ func feedRevisions(t *testing.T, ctx context.Context, js jetstream.JetStream, us
 	return revs
 }
 
+// feedStore returns a context for the test, a connection to an embedded
+// server and a store over it whose status writes wait at most wait for the
+// feed's copy, and the count of those that waited in vain.
+func feedStore(t *testing.T, wait time.Duration) (context.Context, *nats.Conn, *presence.Store, *atomic.Int64) {
+	t.Helper()
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	presence.SetFeedWait(store, wait)
+	late := new(atomic.Int64)
+	store.OnFeedLate(func() { late.Add(1) })
+	return ctx, nc, store, late
+}
+
 // TestFeedBurstWaitsForCopy: a user who changes more often than the feed
 // copies, while the bucket keeps only StatusHistory revisions, has each
 // write wait for the copy where the bucket would drop one not copied yet,
 // so the feed loses none of them.
 func TestFeedBurstWaitsForCopy(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, srv)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	presence.SetFeedWait(store, time.Minute)
-	var late atomic.Int64
-	store.OnFeedLate(func() { late.Add(1) })
+	ctx, nc, store, late := feedStore(t, time.Minute)
 	js := store.JetStream()
 	if _, err := presence.EnsureFeed(ctx, js, presence.BucketOptions{}, time.Hour); err != nil {
 		t.Fatal(err)
@@ -305,17 +314,7 @@ func TestFeedBurstWaitsForCopy(t *testing.T) {
 // that does not copy it waits FeedWait at the revisions it would drop,
 // then goes ahead, counted.
 func TestFeedGateGivesUp(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, srv)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	presence.SetFeedWait(store, 100*time.Millisecond)
-	var late atomic.Int64
-	store.OnFeedLate(func() { late.Add(1) })
+	ctx, _, store, late := feedStore(t, 100*time.Millisecond)
 	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
 	if err != nil {
 		t.Fatal(err)
