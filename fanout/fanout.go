@@ -319,8 +319,9 @@ func (s *Service) finishDue(now time.Time) bool {
 	}
 	waiting := len(s.due) > 0
 	s.dueMu.Unlock()
-	for _, p := range batch {
+	for i, p := range batch {
 		s.finish(p)
+		batch[i] = nil // the array may live on under s.due
 	}
 	return waiting
 }

@@ -8,6 +8,5 @@ func SetFeedWait(s *Store, d time.Duration) { s.feedWait = d }
 // UnfedOf returns the unfed count of a stored status record.
 func UnfedOf(data []byte) (int, error) {
 	var r Record
-	n, _, err := decodeStored(data, &r, "", 0)
-	return n, err
+	return decodeStored(data, &r, "")
 }

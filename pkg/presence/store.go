@@ -288,18 +288,19 @@ func (s *Store) statusUnfed(ctx context.Context, userID string, r *Record) (unfe
 	if err != nil {
 		return 0, e.rev, err
 	}
-	return decodeStored(e.data, r, userID, e.rev)
+	unfed, err = decodeStored(e.data, r, userID)
+	return unfed, e.rev, err
 }
 
-// decodeStored decodes a stored record at revision rev into r and returns
-// its unfed count.
-func decodeStored(data []byte, r *Record, userID string, rev uint64) (int, uint64, error) {
+// decodeStored decodes userID's stored record into r and returns its
+// unfed count.
+func decodeStored(data []byte, r *Record, userID string) (int, error) {
 	st := stored{Record: r}
 	if err := json.Unmarshal(data, &st); err != nil {
 		*r = Record{}
-		return 0, rev, fmt.Errorf("decode status of %q: %w", userID, err)
+		return 0, fmt.Errorf("decode status of %q: %w", userID, err)
 	}
-	return st.Unfed, rev, nil
+	return st.Unfed, nil
 }
 
 // UpdateStatus changes a user's Record by compare-and-set. It reads the
@@ -406,7 +407,7 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		unfed := 0
 		if len(cache.data) > 0 {
 			var err error
-			if unfed, _, err = decodeStored(cache.data, &cur, userID, cache.Rev); err != nil {
+			if unfed, err = decodeStored(cache.data, &cur, userID); err != nil {
 				cache.Valid = false
 				return Write{}, err
 			}
