@@ -326,12 +326,7 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 			}
 			return Record{}, 0, false, err
 		}
-		next.Finish(&cur, s.now())
-		unfed, err = s.feedGate(ctx, userID, unfed, curRev)
-		if err != nil {
-			return Record{}, 0, false, err
-		}
-		data, err := json.Marshal(stored{&next, unfed})
+		data, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
 		if err != nil {
 			return Record{}, 0, false, err
 		}
@@ -428,12 +423,7 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			attempt--
 			continue
 		}
-		next.Finish(&cur, s.now())
-		unfed, err := s.feedGate(ctx, userID, unfed, curRev)
-		if err != nil {
-			return Write{}, err
-		}
-		data, err := json.Marshal(stored{&next, unfed})
+		data, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
 		if err != nil {
 			return Write{}, err
 		}
@@ -458,6 +448,18 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		}
 	}
 	return Write{}, fmt.Errorf("write status of %q: %w", userID, ErrConflict)
+}
+
+// encodeNext finishes next, written over cur (whose unfed count is unfed,
+// at revision curRev), and returns it as StatusBucket stores it, with its
+// own count; it waits for FeedStream's copy first when feedGate says so.
+func (s *Store) encodeNext(ctx context.Context, userID string, cur, next *Record, unfed int, curRev uint64) ([]byte, error) {
+	next.Finish(cur, s.now())
+	unfed, err := s.feedGate(ctx, userID, unfed, curRev)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(stored{next, unfed})
 }
 
 // FeedWait is how long a status write waits at most for FeedStream to copy
