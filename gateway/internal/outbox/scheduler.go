@@ -76,10 +76,8 @@ func (s *Scheduler) Pace() int64 { return s.pace }
 // Box.AddRooms, Box.Release), so it is never queued twice.
 func (s *Scheduler) Schedule(f Flusher, paced, written int64) {
 	s.queued.Add(1)
-	due := paced - s.tolerance
-	if written != 0 {
-		due = max(due, written+s.interval)
-	}
+	// A socket never written (zeros) is due at once under both rules.
+	due := max(paced-s.tolerance, written+s.interval)
 	s.mu.Lock()
 	if due <= time.Now().UnixNano() {
 		s.ready = append(s.ready, f)
