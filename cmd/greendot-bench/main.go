@@ -166,6 +166,8 @@ func flags() []cli.Flag {
 			Usage: "most connections per gateway process, when --gateways is not set"},
 		&cli.StringSliceFlag{Category: catSystem, Name: "gateway-arg", EnvVars: env("gateway-arg"),
 			Usage: "another flag for the gateways started (--gateway-arg=--read-workers=64; repeat for more)"},
+		&cli.StringSliceFlag{Category: catSystem, Name: "gateway-env", EnvVars: env("gateway-env"),
+			Usage: "a NAME=VALUE variable for the environment of the gateways started (--gateway-env=GOMAXPROCS=1; repeat for more)"},
 
 		&cli.DurationFlag{Category: catTimings, Name: "conn-ttl", EnvVars: env("conn-ttl"), DefaultText: "the gateway's default",
 			Usage: "the gateways' --conn-ttl"},
@@ -241,6 +243,7 @@ func config(c *cli.Context) (bench.Config, error) {
 		Gateways:           c.Int("gateways"),
 		ConnsPerGateway:    c.Int("conns-per-gateway"),
 		GatewayArgs:        c.StringSlice("gateway-arg"),
+		GatewayEnv:         c.StringSlice("gateway-env"),
 		ConnTTL:            c.Duration("conn-ttl"),
 		HeartbeatInterval:  c.Duration("heartbeat-interval"),
 		BatchInterval:      c.Duration("batch-interval"),

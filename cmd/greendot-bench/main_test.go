@@ -85,6 +85,9 @@ func TestCommandLine(t *testing.T) {
 		{name: "log level", args: []string{"--log-level", "loud"}, err: `--log-level "loud": want debug, info, warn or error`},
 		{name: "unknown flag", args: []string{"--nats"}, err: "flag provided but not defined: -nats (see --help)"},
 		{name: "bad scenario", args: []string{"--scenario", "calm", "--greendot", "/bin/true"}, err: `scenario "calm": want idle`},
+		{name: "bad gateway env", args: []string{"--gateway-env", "GOMAXPROCS", "--greendot", "/bin/true"}, err: `gateway environment variable "GOMAXPROCS": want NAME=VALUE`},
+		{name: "bad gateway env name", args: []string{"--gateway-env", "1X=2", "--greendot", "/bin/true"}, err: `gateway environment variable "1X=2": want NAME=VALUE`},
+		{name: "gateway env for gateways not started", args: []string{"--gateway-env", "GOMAXPROCS=1", "--gateway-url", "127.0.0.1:1", "--greendot", "/bin/true"}, err: "--gateway-env is for the gateways the bench starts"},
 		// Outside greendot's module, without --greendot, the binary its
 		// gateways run cannot be built.
 		{name: "no greendot", args: []string{"--conns", "10"}, err: "no greendot binary given (--greendot), and cannot build greendot: "},

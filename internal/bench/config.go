@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -91,6 +93,9 @@ type Config struct {
 	GatewayURLs []string `json:"gateway_urls,omitempty"`
 	// GatewayArgs are more flags for the gateways started.
 	GatewayArgs []string `json:"gateway_args,omitempty"`
+	// GatewayEnv are NAME=VALUE variables added to the environment of the
+	// gateways started (GOMAXPROCS=1, say).
+	GatewayEnv []string `json:"gateway_env,omitempty"`
 	// Timings of the gateways started; zero leaves the gateway's default.
 	ConnTTL           time.Duration `json:"conn_ttl,omitempty"`
 	HeartbeatInterval time.Duration `json:"heartbeat_interval,omitempty"`
@@ -265,6 +270,10 @@ func (c *Config) Validate() error {
 		return bad("storm signal %q: want term or kill", c.StormSignal)
 	case c.StormGateways < 0 || c.StormGateways > c.Gateways:
 		return bad("storm gateways %d: want 0 (all) to %d", c.StormGateways, c.Gateways)
+	case len(c.GatewayEnv) > 0 && len(c.GatewayURLs) > 0:
+		return bad("--gateway-env is for the gateways the bench starts: it cannot use --gateway-url")
+	case badEnv(c.GatewayEnv) >= 0:
+		return bad("gateway environment variable %q: want NAME=VALUE, the name of letters, digits and _, not starting with a digit", c.GatewayEnv[badEnv(c.GatewayEnv)])
 	case c.Repeat < 1 || c.Repeat > 100:
 		return bad("repeat %d: want 1 to 100", c.Repeat)
 	case c.ConnTTL < 0 || c.HeartbeatInterval < 0 || c.BatchInterval < 0 || c.OfflineGrace < 0 || c.Jitter < 0 || c.DialTimeout < 0:
@@ -309,6 +318,27 @@ func (c *Config) layout() Layout {
 		Gateways: c.Gateways,
 		Sources:  c.Sources,
 	}
+}
+
+// badEnv returns the index of the first of vars that is not NAME=VALUE
+// with a name envName accepts, or -1.
+func badEnv(vars []string) int {
+	return slices.IndexFunc(vars, func(kv string) bool {
+		name, _, ok := strings.Cut(kv, "=")
+		return !ok || !envName(name)
+	})
+}
+
+// envName reports whether name is ASCII letters, digits and underscores,
+// not starting with a digit.
+func envName(name string) bool {
+	for i, r := range name {
+		letter := r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !letter && (i == 0 || r < '0' || r > '9') {
+			return false
+		}
+	}
+	return name != ""
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -129,6 +129,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(bw, "Machine: %s, %d cores, %s GiB, Linux %s, %s.\n", m.CPU, m.Cores, m.MemoryGB, m.Kernel, m.Go)
 	fmt.Fprintf(bw, "Layout: %d targets, %d watchers following %d each, %d idle; %d gateways, %d workers, %d source addresses.\n",
 		c.Targets, c.Watchers, c.Follows, c.Conns-c.Targets-c.Watchers, c.Gateways, c.Workers, c.Sources)
+	if len(c.GatewayArgs)+len(c.GatewayEnv) > 0 {
+		fmt.Fprintf(bw, "Gateways started with: %s.\n", strings.Join(append(slices.Clone(c.GatewayEnv), c.GatewayArgs...), " "))
+	}
 	var loads []string
 	for _, run := range r.Runs {
 		loads = append(loads, fmt.Sprintf("%.2f→%.2f", run.LoadBefore[0], run.LoadAfter[0]))

@@ -347,6 +347,8 @@ type gatewaySample struct {
 	// status records and its lease.
 	writes float64
 	conns  float64
+	// procs is its GOMAXPROCS.
+	procs float64
 }
 
 // sample is the system's state at one moment.
@@ -402,6 +404,7 @@ func (r *runner) sample(ctx context.Context) sample {
 			}
 			gs.writes += m["greendot_gateway_lease_refreshes_total"]
 			gs.conns = m["greendot_gateway_connections"]
+			gs.procs = m["go_sched_gomaxprocs_threads"]
 			gs.rss = int64(m["process_resident_memory_bytes"])
 			gs.cpu = time.Duration(m["process_cpu_seconds_total"] * float64(time.Second))
 			if g.proc != nil {
@@ -479,7 +482,7 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 
 	var conns float64
 	var rssBase, rssAfter, heapBase, heapAfter int64
-	var writes float64
+	var writes, procs float64
 	for i := range b.gateways {
 		g0, g1, g2 := baseline.gateways[i], a.gateways[i], b.gateways[i]
 		if !g0.ok || !g2.ok {
@@ -500,6 +503,7 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 		rssAfter += g2.rss
 		heapBase += g0.heap
 		heapAfter += g2.heap
+		procs = max(procs, g2.procs)
 	}
 	if conns == 0 {
 		return fmt.Errorf("%w: the gateways hold no connections", ErrSystem)
@@ -510,6 +514,7 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 	r.add("gateway heap in use per connection", float64(heapAfter-heapBase)/conns, "bytes", "")
 	r.add("gateways RSS before connecting", float64(rssBase)/mib, "MiB", "")
 	r.add("gateways RSS holding the connections", float64(rssAfter)/mib, "MiB", "")
+	r.add("gateway GOMAXPROCS (the most of any)", procs, "threads", "")
 	if w := b.procs["workers"]; w.rss > 0 && !r.cfg.InProcessWorkers {
 		// Workers start after the baseline: this is their whole RSS.
 		r.add("bench workers RSS per connection", float64(w.rss)/conns, "bytes", "")

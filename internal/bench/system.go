@@ -135,7 +135,7 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 			StopSignal: syscall.SIGKILL,
 			Args:       s.gatewayArgs(i, addr),
 			Log:        filepath.Join(dir, fmt.Sprintf("gateway-%d.log", i)),
-		})
+		}, cfg.GatewayEnv...)
 		if err != nil {
 			return nil, err
 		}
@@ -149,9 +149,10 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 	return s, nil
 }
 
-// start starts a process of the greendot binary.
-func (s *sut) start(o system.ChildOptions) (*system.Child, error) {
-	o.Path, o.Env = s.cfg.Greendot, childEnv()
+// start starts a process of the greendot binary, with env (NAME=VALUE)
+// added to its environment.
+func (s *sut) start(o system.ChildOptions, env ...string) (*system.Child, error) {
+	o.Path, o.Env = s.cfg.Greendot, append(childEnv(), env...)
 	c, err := s.sys.StartChild(o)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSystem, err)
