@@ -221,6 +221,7 @@ func (c *Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
+	badVar := badEnv(c.GatewayEnv)
 	known := false
 	for _, s := range Scenarios {
 		known = known || s == c.Scenario
@@ -272,8 +273,8 @@ func (c *Config) Validate() error {
 		return bad("storm gateways %d: want 0 (all) to %d", c.StormGateways, c.Gateways)
 	case len(c.GatewayEnv) > 0 && len(c.GatewayURLs) > 0:
 		return bad("--gateway-env is for the gateways the bench starts: it cannot use --gateway-url")
-	case badEnv(c.GatewayEnv) >= 0:
-		return bad("gateway environment variable %q: want NAME=VALUE, the name of letters, digits and _, not starting with a digit", c.GatewayEnv[badEnv(c.GatewayEnv)])
+	case badVar >= 0:
+		return bad("gateway environment variable %q: want NAME=VALUE, the name of letters, digits and _, not starting with a digit", c.GatewayEnv[badVar])
 	case c.Repeat < 1 || c.Repeat > 100:
 		return bad("repeat %d: want 1 to 100", c.Repeat)
 	case c.ConnTTL < 0 || c.HeartbeatInterval < 0 || c.BatchInterval < 0 || c.OfflineGrace < 0 || c.Jitter < 0 || c.DialTimeout < 0:
