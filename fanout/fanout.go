@@ -98,11 +98,14 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			MaxAckPending: maxAckPending,
 		},
 		PullMaxMessages: 1000,
-		Admin:           s.adminConfig(),
-		NotReady:        ErrNotReady,
-		Opened:          s.opened,
-		Work:            s.work,
-		Handle:          s.handle,
+		// A revision's events are due Delay after its write: the fanout
+		// can wait for a batch, which NATS sends it in a few writes.
+		PullEvery: tickOf(cfg.Delay),
+		Admin:     s.adminConfig(),
+		NotReady:  ErrNotReady,
+		Opened:    s.opened,
+		Work:      s.work,
+		Handle:    s.handle,
 	})
 	if err != nil {
 		return nil, err
@@ -269,7 +272,7 @@ func (s *Service) work(ctx context.Context) {
 	}()
 	prune := time.NewTicker(seenFor)
 	defer prune.Stop()
-	step := min(max(s.cfg.Delay/5, time.Millisecond), 50*time.Millisecond)
+	step := tickOf(s.cfg.Delay)
 	tick := time.NewTicker(step)
 	tick.Stop()
 	defer tick.Stop()
@@ -301,6 +304,12 @@ func (s *Service) work(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// tickOf returns how often the fanout looks at revisions waiting for
+// delay to pass: a fifth of it, from 1ms to 50ms.
+func tickOf(delay time.Duration) time.Duration {
+	return min(max(delay/5, time.Millisecond), 50*time.Millisecond)
 }
 
 // finishDue finishes, in the order they were consumed, the revisions due

@@ -50,6 +50,9 @@ type Config struct {
 	// PullOptions are further options of Consume, such as the priority
 	// group of a consumer with a pinned client.
 	PullOptions []jetstream.PullConsumeOpt
+	// PullEvery, if set, reads the consumer in batches instead of one
+	// message at a time (see Stream.PullEvery).
+	PullEvery time.Duration
 	// Admin describes the process's micro service. A nil Admin.Ready means
 	// the Consumer's Ready.
 	Admin admin.ServiceConfig
@@ -98,6 +101,16 @@ type Stream struct {
 	PullMaxMessages int
 	// PullOptions are further options of Consume.
 	PullOptions []jetstream.PullConsumeOpt
+	// PullEvery, if set, reads the consumer in batches: while messages
+	// come, one pull request per PullEvery, answered at once with what
+	// waits (up to PullMaxMessages, and again at once when that many
+	// did); while none come, one request that waits for the next. The
+	// server then writes a batch to the connection in a few writes
+	// rather than one per message, and the client's goroutines wake once
+	// per batch; a message waits up to PullEvery longer. For consumers
+	// that can afford that wait (the fanout's). PullOptions must be
+	// empty.
+	PullEvery time.Duration
 	// Handle takes one message of the stream, as Config.Handle does.
 	Handle func(msg jetstream.Msg)
 }
@@ -137,10 +150,13 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 		return nil, fmt.Errorf("%w: no message handler", ErrInvalidConfig)
 	case cfg.PullMaxMessages < 0:
 		return nil, fmt.Errorf("%w: pull max messages %d", ErrInvalidConfig, cfg.PullMaxMessages)
+	case cfg.PullEvery < 0 || cfg.PullEvery > 0 && len(cfg.PullOptions) > 0:
+		return nil, fmt.Errorf("%w: pull every %v: want 0, or more and no pull options", ErrInvalidConfig, cfg.PullEvery)
 	}
 	for _, m := range cfg.More {
-		if m.Bucket == "" || m.Consumer.Durable == "" || m.Handle == nil || m.PullMaxMessages < 0 {
-			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler and a pull limit of 0 or more", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
+		if m.Bucket == "" || m.Consumer.Durable == "" || m.Handle == nil || m.PullMaxMessages < 0 ||
+			m.PullEvery < 0 || m.PullEvery > 0 && len(m.PullOptions) > 0 {
+			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler, a pull limit of 0 or more and a pull period of 0 or more (without pull options)", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
 		}
 	}
 	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady}
@@ -182,7 +198,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		c.cfg.Opened(store)
 	}
 	streams := append([]Stream{{
-		Bucket: c.cfg.Bucket, stream: c.cfg.Stream, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages, PullOptions: c.cfg.PullOptions, Handle: c.cfg.Handle,
+		Bucket: c.cfg.Bucket, stream: c.cfg.Stream, Consumer: c.cfg.Consumer, PullMaxMessages: c.cfg.PullMaxMessages,
+		PullOptions: c.cfg.PullOptions, PullEvery: c.cfg.PullEvery, Handle: c.cfg.Handle,
 	}}, c.cfg.More...)
 	conses := make([]jetstream.Consumer, len(streams))
 	for i, st := range streams {
@@ -222,16 +239,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.Work != nil {
 		work.Go(func() { c.cfg.Work(workCtx) })
 	}
-	var ccs []jetstream.ConsumeContext
+	var readers []reader
 	drain := func() {
-		for _, cc := range ccs {
-			cc.Drain()
+		for _, r := range readers {
+			r.stop()
 		}
-		for _, cc := range ccs {
-			<-cc.Closed()
+		for _, r := range readers {
+			r.wait()
 		}
 	}
 	for i, st := range streams {
+		if st.PullEvery > 0 {
+			readers = append(readers, c.pullBatches(conses[i], st))
+			continue
+		}
 		var opts []jetstream.PullConsumeOpt
 		if st.PullMaxMessages > 0 {
 			opts = append(opts, jetstream.PullMaxMessages(st.PullMaxMessages))
@@ -246,7 +267,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			work.Wait()
 			return fmt.Errorf("consume %s on %s: %w", st.Consumer.Durable, st.streamName(), err)
 		}
-		ccs = append(ccs, cc)
+		readers = append(readers, consumeReader{cc})
 	}
 	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket, "stream", streams[0].streamName())
 

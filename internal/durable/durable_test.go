@@ -206,6 +206,14 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 		{"no admin service", func(c *durable.Config) { c.Admin.Name = "" }},
 		{"no handler", func(c *durable.Config) { c.Handle = nil }},
 		{"negative pull", func(c *durable.Config) { c.PullMaxMessages = -1 }},
+		{"negative pull period", func(c *durable.Config) { c.PullEvery = -time.Second }},
+		{"pull period with pull options", func(c *durable.Config) {
+			c.PullEvery = time.Second
+			c.PullOptions = []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(5)}
+		}},
+		{"negative pull period of another consumer", func(c *durable.Config) {
+			c.More = []durable.Stream{{Bucket: presence.StatusBucket, Consumer: jetstream.ConsumerConfig{Durable: "more"}, Handle: func(jetstream.Msg) {}, PullEvery: -1}}
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -267,5 +275,105 @@ func TestPrepareBeforeReady(t *testing.T) {
 	}
 	if j2.has("work started") || j2.has("loop started") {
 		t.Errorf("a failed preparation started goroutines: %v", j2.list())
+	}
+}
+
+// TestPullEvery: a consumer read in batches hands every message to Handle
+// once and in order, more than a batch holds as well as one written after a
+// quiet spell (which a waiting request takes), and a Run canceled while
+// that request waits returns at once, not when it expires.
+func TestPullEvery(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx := context.Background()
+	var j journal
+	handled := make(chan string, 100)
+	cfg := testConfig(&j, handled)
+	cfg.PullEvery = 20 * time.Millisecond
+	cfg.PullMaxMessages = 10
+	c, err := durable.New(natstest.Connect(t, srv), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(user string) {
+		t.Helper()
+		if _, _, _, err := store.UpdateStatus(ctx, user, func(r *presence.Record) error {
+			r.SetConn("c1", presence.ConnInfo{Gateway: "gw1"})
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(users ...string) {
+		t.Helper()
+		for _, u := range users {
+			select {
+			case subject := <-handled:
+				if want := presence.KeySubject(presence.StatusBucket, u); subject != want {
+					t.Fatalf("handled %s, want %s", subject, want)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s not handled within 20s", u)
+			}
+		}
+	}
+
+	// Written before Run: 25 wait, more than a batch of 10.
+	var users []string
+	for i := range 25 {
+		users = append(users, fmt.Sprintf("u%02d", i))
+		write(users[i])
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	expect(users...)
+
+	// Nothing waits now: the reader waits for the next message.
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		info, err := store.JetStream().Consumer(ctx, presence.StreamName(presence.StatusBucket), "durable-test")
+		if err != nil {
+			return err
+		}
+		if info.CachedInfo().NumWaiting == 0 {
+			return errors.New("no request waits")
+		}
+		return nil
+	})
+	write("late")
+	expect("late")
+	select {
+	case subject := <-handled:
+		t.Fatalf("handled %s again", subject)
+	default:
+	}
+
+	// Canceled while a request waits: Run returns long before it expires.
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+		info, err := store.JetStream().Consumer(ctx, presence.StreamName(presence.StatusBucket), "durable-test")
+		if err != nil {
+			return err
+		}
+		if info.CachedInfo().NumWaiting == 0 {
+			return errors.New("no request waits")
+		}
+		return nil
+	})
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return within 20s of its cancellation")
+	}
+	if d := time.Since(start); d > 15*time.Second {
+		t.Errorf("Run took %v to return: it waited for the request to expire", d)
 	}
 }
