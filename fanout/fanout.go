@@ -33,11 +33,12 @@ type Service struct {
 	// cached is len(sent), for the metrics.
 	cached atomic.Int64
 
-	// seen holds the events writers published, as the fanout's own
-	// subscriptions saw them; work reads them from subs, which queue them,
-	// before it looks at the revisions due.
-	seen *seenEvents
-	subs []*nats.Subscription
+	// seen holds the events writers published, as their reports
+	// (presence.Published) said; work reads the reports from reports,
+	// which queues them, before it looks at the revisions due. reports
+	// is nil if the subscription failed.
+	seen    *seenEvents
+	reports *nats.Subscription
 	// due holds the revisions whose events wait for Delay to pass, in the
 	// order they were consumed: handle appends, work takes them. The
 	// consumer's MaxAckPending bounds it. wake tells work that due is no
@@ -125,47 +126,44 @@ func (s *Service) Run(ctx context.Context) error {
 	return s.consumer.Run(ctx)
 }
 
-// opened subscribes to the events writers publish, before the first
-// revision is consumed. The subscriptions queue them for work, which reads
-// them once per tick: no goroutine wakes for each.
+// opened subscribes to the writers' reports of the events they published,
+// before the first revision is consumed. The subscription queues them for
+// work, which reads them once per tick: no goroutine wakes for each.
 func (s *Service) opened(*presence.Store) {
-	for _, subj := range []string{presence.EventWildcard, presence.SelfWildcard} {
-		sub, err := s.nc.SubscribeSync(subj)
-		if err != nil {
-			// Without it every revision's events are published again:
-			// duplicates, which gateways drop.
-			s.log.Error("subscribe to the events writers publish", "subject", subj, "err", err)
-			continue
-		}
-		_ = sub.SetPendingLimits(-1, 64<<20)
-		s.subs = append(s.subs, sub)
-	}
-}
-
-// readSeen notes the events queued on the subscriptions.
-func (s *Service) readSeen() {
-	for _, sub := range s.subs {
-		n, _, err := sub.Pending()
-		for ; err == nil && n > 0; n-- {
-			m, err := sub.NextMsg(0)
-			if err != nil {
-				break
-			}
-			s.saw(m)
-		}
-	}
-}
-
-// saw notes an event a writer published.
-func (s *Service) saw(m *nats.Msg) {
-	var ev struct {
-		UserID string `json:"user_id"`
-		Rev    uint64 `json:"rev"`
-	}
-	if json.Unmarshal(m.Data, &ev) != nil || ev.UserID == "" {
+	sub, err := s.nc.SubscribeSync(presence.PublishedSubject)
+	if err != nil {
+		// Without it every revision's events are published again:
+		// duplicates, which gateways drop.
+		s.log.Error("subscribe to the writers' reports", "subject", presence.PublishedSubject, "err", err)
 		return
 	}
-	s.seen.note(ev.UserID, m.Subject != presence.EventSubject(ev.UserID), ev.Rev)
+	_ = sub.SetPendingLimits(-1, 64<<20)
+	s.reports = sub
+}
+
+// readSeen notes the reports queued on the subscription.
+func (s *Service) readSeen() {
+	if s.reports == nil {
+		return
+	}
+	n, _, err := s.reports.Pending()
+	for ; err == nil && n > 0; n-- {
+		m, err := s.reports.NextMsg(0)
+		if err != nil {
+			break
+		}
+		s.saw(m)
+	}
+}
+
+// saw notes the events a writer reports it published.
+func (s *Service) saw(m *nats.Msg) {
+	var rep presence.Published
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		s.log.Warn("ignoring an undecodable report of published events", "err", err)
+		return
+	}
+	s.seen.noteAll(&rep)
 }
 
 var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
@@ -266,8 +264,8 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 // while none wait it does not tick at all.
 func (s *Service) work(ctx context.Context) {
 	defer func() {
-		for _, sub := range s.subs {
-			_ = sub.Unsubscribe()
+		if s.reports != nil {
+			_ = s.reports.Unsubscribe()
 		}
 	}()
 	prune := time.NewTicker(seenFor)
@@ -411,13 +409,22 @@ func (e *seenEvents) of(self bool) map[string]seenRev {
 	return e.pub
 }
 
-// note records that an event of user at revision rev was published.
-func (e *seenEvents) note(user string, self bool, rev uint64) {
+// noteAll records the events a writer reports it published.
+func (e *seenEvents) noteAll(rep *presence.Published) {
+	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	m := e.of(self)
-	if rev >= m[user].rev {
-		m[user] = seenRev{rev, time.Now()}
+	for _, self := range []bool{false, true} {
+		m := e.of(self)
+		reported := rep.Pub
+		if self {
+			reported = rep.Self
+		}
+		for user, rev := range reported {
+			if rev >= m[user].rev {
+				m[user] = seenRev{rev, now}
+			}
+		}
 	}
 }
 

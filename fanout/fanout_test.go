@@ -324,17 +324,21 @@ func TestRedelivery(t *testing.T) {
 }
 
 // TestWritersPublishFirst: a writer publishes its revision's events right
-// after its write, and the fanout, which sees them, publishes nothing more;
-// when a writer dies between its write and its publish, the fanout
-// publishes them, once its Delay has passed.
+// after its write and reports them, and the fanout, which reads the
+// report, publishes nothing more; when a writer dies between its write and
+// its publish, or publishes without reporting (an earlier version), the
+// fanout publishes them, once its Delay has passed.
 func TestWritersPublishFirst(t *testing.T) {
 	b := newBench(t, nil)
 	const delay = 500 * time.Millisecond
 	b.startFanout(fanout.Config{Delay: delay})
 	ctx := context.Background()
 	selfs := b.subscribe(presence.SelfWildcard)
+	reports := b.subscribe(presence.PublishedSubject)
+	pub := presence.NewPublisher(b.nc)
+	t.Cleanup(pub.Close)
 
-	// A writer that publishes: one event of each, its own.
+	// A writer that publishes: one event of each, its own, and a report.
 	w, err := b.store.WriteStatus(ctx, "gina", &presence.Cached{}, func(r *presence.Record) error {
 		r.SetConn("g1", presence.ConnInfo{Gateway: "gw1", Lease: "E"})
 		return nil
@@ -342,13 +346,16 @@ func TestWritersPublishFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := presence.Publish(b.nc, "gina", &w); err != nil || n != 2 {
+	if n, err := pub.Publish("gina", &w); err != nil || n != 2 {
 		t.Fatalf("published %d events, %v; want 2", n, err)
 	}
 	if ev := b.nextEvent(); ev.UserID != "gina" || ev.Rev != w.Rev {
 		t.Fatalf("event = %+v, want gina's at %d", ev, w.Rev)
 	}
 	next[presence.SelfEvent](t, selfs)
+	if rep := next[presence.Published](t, reports); rep.Pub["gina"] != w.Rev || rep.Self["gina"] != w.Rev || rep.Len() != 2 {
+		t.Fatalf("report = %+v, want gina's events at %d", rep, w.Rev)
+	}
 
 	// A writer that dies before it publishes: the fanout publishes, after
 	// its delay.
@@ -364,6 +371,27 @@ func TestWritersPublishFirst(t *testing.T) {
 		t.Errorf("self event = %+v, want hank's", ev)
 	}
 	// By now gina's revision was handled too: nothing more of hers.
+	none(t, b.events)
+	none(t, selfs)
+
+	// A writer that publishes the events but reports nothing: the fanout
+	// cannot know, and publishes them again, which watchers drop.
+	rec, rev := b.update("ivy", func(r *presence.Record) { r.SetConn("i1", presence.ConnInfo{Gateway: "gw1", Lease: "E"}) })
+	ev, self, gws := presence.Changes("ivy", &presence.Record{}, &rec, rev)
+	for subject, v := range map[string]any{presence.EventSubject("ivy"): ev, presence.SelfSubject(gws[0]): self} {
+		data, _ := json.Marshal(v)
+		if err := b.nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if ev := b.nextEvent(); ev.UserID != "ivy" || ev.Rev != rev {
+			t.Fatalf("event = %+v, want ivy's at %d, twice", ev, rev)
+		}
+		if ev := next[presence.SelfEvent](t, selfs); ev.UserID != "ivy" || ev.Rev != rev {
+			t.Fatalf("self event = %+v, want ivy's at %d, twice", ev, rev)
+		}
+	}
 	none(t, b.events)
 	none(t, selfs)
 }

@@ -447,6 +447,7 @@ func TestPermissions(t *testing.T) {
 			presence.KeySubject(presence.ConnsBucket, presence.ConnKey("bob", "forged")),
 			presence.KeySubject(presence.LeasesBucket, presence.LeaseKey("gw", "forged")),
 			"presence.event.bob",
+			presence.PublishedSubject, // a forged report would keep the fanout from publishing
 			"$JS.API.STREAM.PURGE." + presence.FeedStream,
 			"$JS.API.STREAM.DELETE." + presence.FeedStream,
 			"$JS.API.STREAM.UPDATE." + presence.FeedStream,

@@ -45,7 +45,10 @@ import (
 //
 // It is safe for concurrent use.
 type registrar struct {
-	nc      *nats.Conn
+	nc *nats.Conn
+	// events publishes the events of the writes, and reports them to the
+	// fanouts.
+	events  *presence.Publisher
 	store   *presence.Store
 	asyncJS jetstream.JetStream
 	cfg     *Config
@@ -172,6 +175,7 @@ func newRegistrar(nc *nats.Conn, store *presence.Store, cfg Config, addr string,
 	ctx, cancel := context.WithCancel(context.Background())
 	return &registrar{
 		nc:      nc,
+		events:  presence.NewPublisher(nc),
 		store:   store,
 		asyncJS: js,
 		cfg:     &cfg,
@@ -456,7 +460,7 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 
 // publish publishes the events a write calls for.
 func (r *registrar) publish(userID string, w *presence.Write) {
-	n, err := presence.Publish(r.nc, userID, w)
+	n, err := r.events.Publish(userID, w)
 	r.metrics.eventsOut.Add(float64(n))
 	if err != nil {
 		r.log.Warn("publish events", "user_id", userID, "err", err)
@@ -781,6 +785,7 @@ func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind,
 // their offline grace are handed to the lease: its last refresh lasts
 // until the latest grace ends, and its end then ends them.
 func (r *registrar) stop(ctx context.Context) {
+	defer r.events.Close() // after the last writes: their events are reported too
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for r.writing() && !r.nc.IsClosed() {

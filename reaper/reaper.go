@@ -28,6 +28,9 @@ type Service struct {
 	log      *slog.Logger
 	nc       *nats.Conn
 	consumer *durable.Consumer
+	// events publishes the events of the reaper's writes, and reports
+	// them to the fanouts.
+	events *presence.Publisher
 	// store is set once Run has opened the buckets.
 	store *presence.Store
 
@@ -93,6 +96,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("svc", "reaper"),
 		nc:      nc,
+		events:  presence.NewPublisher(nc),
 		workers: make([]chan task, cfg.Workers),
 		seed:    maphash.MakeSeed(),
 		reg:     metrics.NewRegistry(),
@@ -155,6 +159,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 // finish what they hold, and returns nil. It returns an error only when
 // the reaper cannot start.
 func (s *Service) Run(ctx context.Context) error {
+	// Once nothing more is written, what was published is reported.
+	defer s.events.Close()
 	return s.consumer.Run(ctx)
 }
 
@@ -461,7 +467,7 @@ func (s *Service) write(ctx context.Context, userID, kind string, remove func(*p
 		return nil
 	}
 	s.metrics.removed.WithLabelValues(kind).Add(float64(n))
-	if _, err := presence.Publish(s.nc, userID, &w); err != nil {
+	if _, err := s.events.Publish(userID, &w); err != nil {
 		s.log.Warn("publish events", "user_id", userID, "err", err)
 	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {

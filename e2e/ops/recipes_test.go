@@ -125,8 +125,8 @@ func TestAliceQuestion(t *testing.T) {
 
 	// The NATS view: the monitoring port's subsz names the connections
 	// with interest in presence.event.alice (the gateway whose socket
-	// watches her, and the fanout's on every user), and connz says whose
-	// they are.
+	// watches her; the fanout reads the writers' reports instead), and
+	// connz says whose they are; the fanout's is on presence.published.
 	mon := "http://" + sc.srv.MonitorAddr().String()
 	var subsz server.Subsz
 	getJSON(t, mon+"/subsz?subs=1&test="+presence.EventSubject("alice"), &subsz)
@@ -134,10 +134,17 @@ func TestAliceQuestion(t *testing.T) {
 	for _, sub := range subsz.Subs {
 		bySubject[sub.Subject] = sub.Cid
 	}
-	if len(subsz.Subs) != 2 || bySubject[presence.EventSubject("alice")] == 0 || bySubject[presence.EventWildcard] == 0 {
-		t.Fatalf("subsz = %+v, want one subscription on %s and the fanout's on %s", subsz.Subs, presence.EventSubject("alice"), presence.EventWildcard)
+	if len(subsz.Subs) != 1 || bySubject[presence.EventSubject("alice")] == 0 {
+		t.Fatalf("subsz = %+v, want one subscription, on %s", subsz.Subs, presence.EventSubject("alice"))
 	}
-	for subject, name := range map[string]string{presence.EventSubject("alice"): "systest gateway", presence.EventWildcard: "ops fanout"} {
+	getJSON(t, mon+"/subsz?subs=1&test="+presence.PublishedSubject, &subsz)
+	for _, sub := range subsz.Subs {
+		bySubject[sub.Subject] = sub.Cid
+	}
+	if len(subsz.Subs) != 1 || bySubject[presence.PublishedSubject] == 0 {
+		t.Fatalf("subsz = %+v, want the fanout's subscription on %s", subsz.Subs, presence.PublishedSubject)
+	}
+	for subject, name := range map[string]string{presence.EventSubject("alice"): "systest gateway", presence.PublishedSubject: "ops fanout"} {
 		var connz server.Connz
 		getJSON(t, mon+"/connz?cid="+strconv.FormatUint(bySubject[subject], 10), &connz)
 		if len(connz.Conns) != 1 || connz.Conns[0].Name != name {

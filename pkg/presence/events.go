@@ -1,10 +1,6 @@
 package presence
 
-import (
-	"encoding/json"
-
-	"github.com/nats-io/nats.go"
-)
+import "encoding/json"
 
 // Changes returns the events a status revision of userID calls for: the
 // public Event when what others see of the user changed from prev to next,
@@ -63,38 +59,3 @@ func EncodeEvent(ev *Event) ([]byte, error) { return json.Marshal(ev) }
 
 // EncodeSelfEvent returns the JSON of a SelfEvent, as published.
 func EncodeSelfEvent(ev *SelfEvent) ([]byte, error) { return json.Marshal(ev) }
-
-// Publish publishes the events a status write of userID calls for
-// (Changes), on nc, and returns how many it published. A write that wrote
-// nothing calls for none. Events are published on core NATS: a write whose
-// events are lost (its writer died) is published by the fanout instead.
-func Publish(nc *nats.Conn, userID string, w *Write) (int, error) {
-	if !w.Written {
-		return 0, nil
-	}
-	pub, self, gws := Changes(userID, &w.Prev, &w.Next, w.Rev)
-	n := 0
-	if pub != nil {
-		data, err := EncodeEvent(pub)
-		if err != nil {
-			return n, err
-		}
-		if err := nc.Publish(EventSubject(userID), data); err != nil {
-			return n, err
-		}
-		n++
-	}
-	if self != nil {
-		data, err := EncodeSelfEvent(self)
-		if err != nil {
-			return n, err
-		}
-		for _, gw := range gws {
-			if err := nc.Publish(SelfSubject(gw), data); err != nil {
-				return n, err
-			}
-			n++
-		}
-	}
-	return n, nil
-}

@@ -1,6 +1,20 @@
 package presence
 
-import "time"
+import (
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// NewPublisherEvery returns a Publisher that reports every d.
+func NewPublisherEvery(nc *nats.Conn, d time.Duration) *Publisher {
+	p := NewPublisher(nc)
+	p.every = d
+	return p
+}
+
+// Split divides a report into reports of at most most entries each.
+func Split(rep Published, most int) []Published { return split(rep, most) }
 
 // SetFeedWait sets how long s's status writes wait for FeedStream's copy.
 func SetFeedWait(s *Store, d time.Duration) { s.feedWait = d }

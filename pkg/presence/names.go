@@ -62,6 +62,9 @@ const (
 	EventWildcard = "presence.event.*"
 	// SelfWildcard matches every gateway's self events.
 	SelfWildcard = "presence.gw.*.self"
+	// PublishedSubject carries the writers' reports of the events they
+	// published (Published), which the fanouts read.
+	PublishedSubject = "presence.published"
 
 	roomPrefix = "presence.room."
 	// RoomWildcard matches every room subject: events, signals and

@@ -1,0 +1,206 @@
+package presence
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Published is a writer's report of events it published (PublishedSubject):
+// per user, the newest revision whose public event (Pub) and whose self
+// events (Self) it published. The fanout, which publishes the events of
+// revisions nobody published, reads these reports rather than every event.
+type Published struct {
+	Pub  map[string]uint64 `json:"pub,omitempty"`
+	Self map[string]uint64 `json:"self,omitempty"`
+}
+
+// Len returns the number of entries of the report.
+func (p *Published) Len() int { return len(p.Pub) + len(p.Self) }
+
+// note records that an event of user at revision rev was published.
+func (p *Published) note(user string, self bool, rev uint64) {
+	m := &p.Pub
+	if self {
+		m = &p.Self
+	}
+	if *m == nil {
+		*m = make(map[string]uint64)
+	}
+	if rev > (*m)[user] {
+		(*m)[user] = rev
+	}
+}
+
+const (
+	// ReportEvery is how long a Publisher gathers the events it published
+	// before it reports them: well within the fanout's delay (250ms by
+	// default), and once per period at most, whatever the rate of
+	// changes. A writer with nothing published sends nothing.
+	ReportEvery = 50 * time.Millisecond
+	// reportMost bounds the entries of one report message (about 30
+	// bytes each): a longer report is sent in several.
+	reportMost = 10_000
+	// reportFlushTimeout bounds the wait for the server to confirm that it
+	// has the events a report names.
+	reportFlushTimeout = 5 * time.Second
+)
+
+// Publisher publishes the events of status writes on a NATS connection and
+// reports what it published to the fanouts (PublishedSubject), at most
+// once per ReportEvery. It is safe for concurrent use.
+//
+// A report names only events the server is known to have: before sending
+// it, the Publisher waits for the server to answer a ping on the
+// connection the events were published on, and if the connection was lost
+// and made again since, it sends nothing, and the fanout publishes those
+// events (again, perhaps: gateways drop what they have).
+type Publisher struct {
+	nc    *nats.Conn
+	every time.Duration // ReportEvery, but in tests
+
+	mu sync.Mutex
+	// pending is what was published since the last report; conn is the
+	// connection's reconnect count when its first event was published.
+	pending Published
+	conn    uint64
+	// armed is set while a report is scheduled or being sent.
+	armed  bool
+	closed bool
+}
+
+// NewPublisher returns a Publisher that publishes on nc. The caller owns
+// nc, and calls Close before it closes nc.
+func NewPublisher(nc *nats.Conn) *Publisher { return &Publisher{nc: nc, every: ReportEvery} }
+
+// Publish publishes the events a status write of userID calls for
+// (Changes), and returns how many it published. A write that wrote
+// nothing calls for none. Events are published on core NATS: a write whose
+// events are lost (its writer died) is published by the fanout instead.
+func (p *Publisher) Publish(userID string, w *Write) (int, error) {
+	if !w.Written {
+		return 0, nil
+	}
+	pub, self, gws := Changes(userID, &w.Prev, &w.Next, w.Rev)
+	n := 0
+	if pub != nil {
+		data, err := EncodeEvent(pub)
+		if err != nil {
+			return n, err
+		}
+		if err := p.nc.Publish(EventSubject(userID), data); err != nil {
+			return n, err
+		}
+		n++
+		p.note(userID, false, w.Rev)
+	}
+	if self != nil {
+		data, err := EncodeSelfEvent(self)
+		if err != nil {
+			return n, err
+		}
+		for _, gw := range gws {
+			if err := p.nc.Publish(SelfSubject(gw), data); err != nil {
+				return n, err
+			}
+			n++
+		}
+		p.note(userID, true, w.Rev)
+	}
+	return n, nil
+}
+
+// note adds a published event to the next report, and schedules it.
+func (p *Publisher) note(user string, self bool, rev uint64) {
+	conn := p.nc.Stats().Reconnects
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if p.pending.Len() > 0 && conn != p.conn {
+		// The connection was made again since those events were
+		// published: they may not have reached the server.
+		p.pending = Published{}
+	}
+	if p.pending.Len() == 0 {
+		p.conn = conn
+	}
+	p.pending.note(user, self, rev)
+	if !p.armed {
+		p.armed = true
+		time.AfterFunc(p.every, p.report)
+	}
+}
+
+// report sends what was noted, and schedules the next report if more was
+// noted meanwhile.
+func (p *Publisher) report() {
+	p.send()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pending.Len() == 0 || p.closed {
+		p.armed = false
+		return
+	}
+	time.AfterFunc(p.every, p.report)
+}
+
+// send sends the pending report, once the server has confirmed it has its
+// events.
+func (p *Publisher) send() {
+	p.mu.Lock()
+	rep, conn := p.pending, p.conn
+	p.pending = Published{}
+	p.mu.Unlock()
+	if rep.Len() == 0 {
+		return
+	}
+	if p.nc.FlushTimeout(reportFlushTimeout) != nil || p.nc.Stats().Reconnects != conn {
+		return
+	}
+	for _, part := range split(rep, reportMost) {
+		data, err := json.Marshal(part)
+		if err != nil {
+			return
+		}
+		if p.nc.Publish(PublishedSubject, data) != nil {
+			return
+		}
+	}
+}
+
+// split divides a report into reports of at most most entries each.
+func split(rep Published, most int) []Published {
+	if rep.Len() <= most {
+		return []Published{rep}
+	}
+	var out []Published
+	var cur Published
+	add := func(self bool, m map[string]uint64) {
+		for user, rev := range m {
+			if cur.Len() == most {
+				out = append(out, cur)
+				cur = Published{}
+			}
+			cur.note(user, self, rev)
+		}
+	}
+	add(false, rep.Pub)
+	add(true, rep.Self)
+	if cur.Len() > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// Close sends what was published and not yet reported, and reports
+// nothing more.
+func (p *Publisher) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.send()
+}

@@ -1,0 +1,171 @@
+package presence_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// TestPublisherReports: a Publisher reports the newest revision of each
+// user's public and of its self events it published, in one report after
+// the events; a write that wrote nothing is neither published nor reported.
+func TestPublisherReports(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub, err := nc.SubscribeSync(">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub := presence.NewPublisher(nc)
+	defer pub.Close()
+
+	var revs []uint64
+	for i := range 3 {
+		w, err := store.WriteStatus(context.Background(), "alice", &presence.Cached{}, func(r *presence.Record) error {
+			r.SetConn(fmt.Sprint("a", i), presence.ConnInfo{Gateway: "gw1", Lease: "E"})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, err := pub.Publish("alice", &w); err != nil || n == 0 {
+			t.Fatalf("published %d, %v", n, err)
+		}
+		revs = append(revs, w.Rev)
+	}
+	if n, err := pub.Publish("bob", &presence.Write{}); err != nil || n != 0 {
+		t.Fatalf("a write that wrote nothing published %d, %v", n, err)
+	}
+
+	// The events come first, then one report with the newest revisions.
+	var events int
+	for {
+		m, err := sub.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no report: %v", err)
+		}
+		if m.Subject == presence.EventSubject("alice") || m.Subject == presence.SelfSubject("gw1") {
+			events++
+			continue
+		}
+		if m.Subject != presence.PublishedSubject {
+			continue // the bucket's own messages
+		}
+		var rep presence.Published
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		// Only the first write changed what others see (online); every
+		// write changed her devices.
+		if !maps.Equal(rep.Pub, map[string]uint64{"alice": revs[0]}) || !maps.Equal(rep.Self, map[string]uint64{"alice": revs[2]}) {
+			t.Errorf("report = %+v, want alice's public event at %d and self event at %d", rep, revs[0], revs[2])
+		}
+		if events == 0 {
+			t.Error("the report came before the events")
+		}
+		break
+	}
+}
+
+// TestPublisherReportsNothingAcrossReconnects: events published on a
+// connection that was made again before their report are not reported, so
+// the fanout publishes them; those published after it are.
+func TestPublisherReportsNothingAcrossReconnects(t *testing.T) {
+	srv := natstest.RunServer(t)
+	reconnected := make(chan struct{}, 1)
+	nc := natstest.Connect(t, srv, nats.ReconnectHandler(func(*nats.Conn) { reconnected <- struct{}{} }))
+	watch := natstest.Connect(t, srv)
+	reports, err := watch.SubscribeSync(presence.PublishedSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := presence.NewPublisherEvery(nc, time.Hour) // reports only on Close
+	write := func(user string) uint64 {
+		t.Helper()
+		w, err := store.WriteStatus(context.Background(), user, &presence.Cached{}, func(r *presence.Record) error {
+			r.SetConn("c1", presence.ConnInfo{Gateway: "gw1", Lease: "E"})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(user, &w); err != nil {
+			t.Fatal(err)
+		}
+		return w.Rev
+	}
+
+	write("before")
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reconnected:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no reconnect within 20s")
+	}
+	rev := write("after")
+	pub.Close()
+
+	m, err := reports.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	var rep presence.Published
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(rep.Pub, map[string]uint64{"after": rev}) || !maps.Equal(rep.Self, map[string]uint64{"after": rev}) {
+		t.Errorf("report = %+v, want only the events published after the reconnect (at %d)", rep, rev)
+	}
+}
+
+func TestSplitReport(t *testing.T) {
+	rep := presence.Published{Pub: map[string]uint64{}, Self: map[string]uint64{}}
+	for i := range 13 {
+		rep.Pub[fmt.Sprint("u", i)] = uint64(i + 1)
+	}
+	for i := range 12 {
+		rep.Self[fmt.Sprint("u", i)] = uint64(i + 100)
+	}
+	parts := presence.Split(rep, 10)
+	if len(parts) != 3 {
+		t.Fatalf("%d parts, want 3", len(parts))
+	}
+	joined := presence.Published{Pub: map[string]uint64{}, Self: map[string]uint64{}}
+	for _, p := range parts {
+		if p.Len() > 10 {
+			t.Errorf("a part of %d entries, want at most 10", p.Len())
+		}
+		maps.Copy(joined.Pub, p.Pub)
+		maps.Copy(joined.Self, p.Self)
+	}
+	if !maps.Equal(joined.Pub, rep.Pub) || !maps.Equal(joined.Self, rep.Self) {
+		t.Errorf("parts joined = %+v, want %+v", joined, rep)
+	}
+	if parts := presence.Split(rep, 100); len(parts) != 1 || parts[0].Len() != 25 {
+		t.Errorf("a report within the bound was split: %+v", parts)
+	}
+}
