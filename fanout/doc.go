@@ -13,11 +13,12 @@
 // connection with the events in its buffer. The fanout is the safety net:
 // it consumes every revision of presence_status through the durable
 // consumer "fanout", shared by all fanout instances (each revision goes to
-// one of them, again if it dies before acknowledging it), and listens to
-// the events writers publish. Delay after a revision was written, it
-// publishes the events the revision calls for that it did not see
-// published, and acknowledges the revision. In a healthy system it
-// publishes nothing.
+// one of them, again if it dies before acknowledging it), read in batches,
+// and reads the writers' reports of the events they published
+// (presence.Published on presence.published, from each writer at most
+// every 50ms while it publishes). Delay after a revision was written, it
+// publishes the events the revision calls for that no report named, and
+// acknowledges the revision. In a healthy system it publishes nothing.
 //
 // Records carry version counters (pv, sv) that their writers bump on every
 // change, so a fanout that skipped revisions (History keeps a few) or

@@ -158,7 +158,9 @@ func (p *Publisher) send() {
 	if rep.Len() == 0 {
 		return
 	}
-	if p.nc.FlushTimeout(reportFlushTimeout) != nil || p.nc.Stats().Reconnects != conn {
+	// Not connected: the events wait in the client's buffer, or are lost;
+	// either way the fanout publishes them, and no ping waits for NATS.
+	if !p.nc.IsConnected() || p.nc.FlushTimeout(reportFlushTimeout) != nil || p.nc.Stats().Reconnects != conn {
 		return
 	}
 	for _, part := range split(rep, reportMost) {

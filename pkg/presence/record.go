@@ -268,8 +268,8 @@ type Presence struct {
 
 // Event is published on EventSubject(UserID) whenever what others see of
 // the user changes: by the process that wrote the status revision, right
-// after the write, and by the fanout for any revision it did not see
-// published.
+// after the write, and by the fanout for any revision no writer reported
+// publishing (Published).
 type Event struct {
 	UserID   string `json:"user_id"`
 	Status   Status `json:"status"`
