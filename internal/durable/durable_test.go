@@ -53,6 +53,20 @@ func (j *journal) index(step string) int {
 
 var errTestNotReady = errors.New("test: not ready")
 
+// awaitRun waits up to within for a canceled Run to return, and checks
+// that it returned nil.
+func awaitRun(t *testing.T, done <-chan error, within time.Duration) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run after cancel = %v, want nil", err)
+		}
+	case <-time.After(within):
+		t.Fatalf("Run did not return within %v of its cancellation", within)
+	}
+}
+
 func testConfig(j *journal, handled chan<- string) durable.Config {
 	return durable.Config{
 		Name:   "test",
@@ -148,14 +162,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run after cancel = %v, want nil", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Run did not return within 30s of its cancellation")
-	}
+	awaitRun(t, done, 30*time.Second)
 	if !j.has("loop stopped") || !j.has("work stopped") {
 		t.Fatalf("Run returned before its goroutines did: %v", j.list())
 	}
@@ -322,6 +329,18 @@ func TestPullEvery(t *testing.T) {
 		}
 	}
 
+	// waiting reports whether a request of the reader waits on the server.
+	waiting := func() error {
+		info, err := store.JetStream().Consumer(ctx, presence.StreamName(presence.StatusBucket), "durable-test")
+		if err != nil {
+			return err
+		}
+		if info.CachedInfo().NumWaiting == 0 {
+			return errors.New("no request waits")
+		}
+		return nil
+	}
+
 	// Written before Run: 25 wait, more than a batch of 10.
 	var users []string
 	for i := range 25 {
@@ -334,16 +353,7 @@ func TestPullEvery(t *testing.T) {
 	expect(users...)
 
 	// Nothing waits now: the reader waits for the next message.
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		info, err := store.JetStream().Consumer(ctx, presence.StreamName(presence.StatusBucket), "durable-test")
-		if err != nil {
-			return err
-		}
-		if info.CachedInfo().NumWaiting == 0 {
-			return errors.New("no request waits")
-		}
-		return nil
-	})
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, waiting)
 	write("late")
 	expect("late")
 	select {
@@ -353,26 +363,10 @@ func TestPullEvery(t *testing.T) {
 	}
 
 	// Canceled while a request waits: Run returns long before it expires.
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		info, err := store.JetStream().Consumer(ctx, presence.StreamName(presence.StatusBucket), "durable-test")
-		if err != nil {
-			return err
-		}
-		if info.CachedInfo().NumWaiting == 0 {
-			return errors.New("no request waits")
-		}
-		return nil
-	})
+	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, waiting)
 	start := time.Now()
 	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Run = %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("Run did not return within 20s of its cancellation")
-	}
+	awaitRun(t, done, 20*time.Second)
 	if d := time.Since(start); d > 15*time.Second {
 		t.Errorf("Run took %v to return: it waited for the request to expire", d)
 	}
