@@ -3,6 +3,7 @@ package bench_test
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -217,6 +218,16 @@ func TestSmoke(t *testing.T) {
 				}
 			}
 			switch cfg.Scenario {
+			case "propagation":
+				// Workers apart and NATS in the bench process: greendot's
+				// processes in all is the sum of theirs.
+				var parts float64
+				for _, name := range []string{"gateways", "reaper", "fanout", "bench process (orchestrator and embedded NATS)"} {
+					parts += get(name + " CPU while changing")
+				}
+				if all := get("greendot's processes (gateways, reaper, fanout, bench process) CPU while changing"); math.Abs(all-parts) > 0.01 {
+					t.Errorf("greendot's processes CPU = %v, want the sum of its parts %v", all, parts)
+				}
 			case "death":
 				if seen, want := get("offline seen by watchers"), get("offline sightings expected"); seen != want {
 					t.Errorf("offline seen by watchers = %v, want %v", seen, want)
