@@ -414,16 +414,16 @@ func (e *seenEvents) noteAll(rep *presence.Published) {
 	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, self := range []bool{false, true} {
-		m := e.of(self)
-		reported := rep.Pub
-		if self {
-			reported = rep.Self
-		}
-		for user, rev := range reported {
-			if rev >= m[user].rev {
-				m[user] = seenRev{rev, now}
-			}
+	noteNewer(e.pub, rep.Pub, now)
+	noteNewer(e.self, rep.Self, now)
+}
+
+// noteNewer records in m, at now, each reported revision no older than
+// the one it holds for its user.
+func noteNewer(m map[string]seenRev, reported map[string]uint64, now time.Time) {
+	for user, rev := range reported {
+		if rev >= m[user].rev {
+			m[user] = seenRev{rev, now}
 		}
 	}
 }

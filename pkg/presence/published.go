@@ -85,35 +85,44 @@ func (p *Publisher) Publish(userID string, w *Write) (int, error) {
 	}
 	pub, self, gws := Changes(userID, &w.Prev, &w.Next, w.Rev)
 	n := 0
-	if pub != nil {
-		data, err := EncodeEvent(pub)
-		if err != nil {
-			return n, err
-		}
-		if err := p.nc.Publish(EventSubject(userID), data); err != nil {
-			return n, err
-		}
-		n++
-		p.note(userID, false, w.Rev)
-	}
-	if self != nil {
-		data, err := EncodeSelfEvent(self)
-		if err != nil {
-			return n, err
-		}
-		for _, gw := range gws {
-			if err := p.nc.Publish(SelfSubject(gw), data); err != nil {
-				return n, err
+	var pubSent, selfSent bool
+	err := func() error {
+		if pub != nil {
+			data, err := EncodeEvent(pub)
+			if err != nil {
+				return err
+			}
+			if err := p.nc.Publish(EventSubject(userID), data); err != nil {
+				return err
 			}
 			n++
+			pubSent = true
 		}
-		p.note(userID, true, w.Rev)
-	}
-	return n, nil
+		if self != nil {
+			data, err := EncodeSelfEvent(self)
+			if err != nil {
+				return err
+			}
+			for _, gw := range gws {
+				if err := p.nc.Publish(SelfSubject(gw), data); err != nil {
+					return err
+				}
+				n++
+			}
+			selfSent = true
+		}
+		return nil
+	}()
+	p.note(userID, w.Rev, pubSent, selfSent)
+	return n, err
 }
 
-// note adds a published event to the next report, and schedules it.
-func (p *Publisher) note(user string, self bool, rev uint64) {
+// note adds what a write published (its public event, its self events)
+// to the next report, and schedules it.
+func (p *Publisher) note(user string, rev uint64, pub, self bool) {
+	if !pub && !self {
+		return
+	}
 	conn := p.nc.Stats().Reconnects
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -128,7 +137,12 @@ func (p *Publisher) note(user string, self bool, rev uint64) {
 	if p.pending.Len() == 0 {
 		p.conn = conn
 	}
-	p.pending.note(user, self, rev)
+	if pub {
+		p.pending.note(user, false, rev)
+	}
+	if self {
+		p.pending.note(user, true, rev)
+	}
 	if !p.armed {
 		p.armed = true
 		time.AfterFunc(p.every, p.report)
