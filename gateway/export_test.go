@@ -80,3 +80,35 @@ func (s *Service) Heartbeats() float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// SetRoomMsgsBuffer has the gateways started after it hold at most n room
+// messages waiting to be handed to their rooms, until the test ends.
+func SetRoomMsgsBuffer(tb interface{ Cleanup(func()) }, n int) {
+	old := roomMsgsBuffer
+	roomMsgsBuffer = n
+	tb.Cleanup(func() { roomMsgsBuffer = old })
+}
+
+// LockRoom holds the member table of a room until unlock is called:
+// nothing of the room is handed to it meanwhile, nor listed. It returns
+// nil when the gateway keeps no table of the room.
+func (s *Service) LockRoom(roomID string) (unlock func()) {
+	s.rooms.mu.Lock()
+	r := s.rooms.rooms[roomID]
+	s.rooms.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	return r.mu.Unlock
+}
+
+// RoomDrops returns how many times NATS dropped room messages of a kind
+// (event, signal) for the gateway.
+func (s *Service) RoomDrops(kind string) float64 {
+	var m dto.Metric
+	if err := s.metrics.roomDrops.WithLabelValues(kind).Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -40,6 +40,7 @@ type gatewayMetrics struct {
 	leasesLost      prometheus.Counter
 	reregistered    prometheus.Counter
 	roomFrames      *prometheus.CounterVec // by type: room_state, room_diff, room_denied
+	roomDrops       *prometheus.CounterVec // by kind: event, signal
 
 	// The app policy: questions to the app, by transport (http, nats),
 	// those that failed, their latency, look-ups of the cache of its
@@ -116,8 +117,10 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
 	m.roomFrames = f.CounterVec("greendot_gateway_room_frames_total",
 		"Room frames written to sockets, by type: room_state, room_diff, room_denied, room_signal.", "type")
+	m.roomDrops = f.CounterVec("greendot_gateway_room_drops_total",
+		"Times NATS dropped a room's messages because the gateway fell behind, by kind: event (the room is listed again), signal (lost).", "kind")
 	f.GaugeFunc("greendot_gateway_rooms",
-		"Rooms with a member connected to this gateway (a member table and a NATS subscription each).", func() float64 {
+		"Rooms with a member connected to this gateway (a member table and two NATS subscriptions each).", func() float64 {
 			if s.rooms == nil {
 				return 0
 			}

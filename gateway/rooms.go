@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -32,7 +33,37 @@ type roomHub struct {
 
 	mu    sync.Mutex
 	rooms map[string]*room
+
+	// msgs carries every room's events and signals from NATS to run,
+	// which hands each to its room, in order: one goroutine for all the
+	// rooms, where a subscription with a handler of its own would start
+	// one per subscription, and wake it for each message. NATS drops what
+	// does not fit (a slow consumer): a room that lost an event is listed
+	// again (see dropped).
+	msgs chan *nats.Msg
+	// subs are the rooms' subscriptions, for run to find a message's
+	// room. subMu is held while one is made, so that run cannot take a
+	// message of it before it is here.
+	subMu sync.RWMutex
+	subs  map[*nats.Subscription]roomSub
+	// lost holds the rooms that lost an event since they were listed;
+	// relistLost lists them again, woken by lostWake.
+	lostMu   sync.Mutex
+	lost     map[*room]struct{}
+	lostWake chan struct{}
 }
+
+// roomSub is what a room subscription carries: a room's events, or its
+// signals.
+type roomSub struct {
+	r      *room
+	signal bool
+}
+
+// roomMsgsBuffer is how many room messages wait for run before NATS drops
+// them: far more than a gateway gets in the time run takes to hand them
+// on, and 512 KiB of pointers. Tests make it smaller.
+var roomMsgsBuffer = 64 * 1024
 
 // room is one room's member table, and the local connections it is
 // shown to.
@@ -152,7 +183,110 @@ type roomView struct {
 type signalKey struct{ conn, signal string }
 
 func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
-	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room)}
+	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room),
+		msgs: make(chan *nats.Msg, roomMsgsBuffer), subs: make(map[*nats.Subscription]roomSub),
+		lost: make(map[*room]struct{}), lostWake: make(chan struct{}, 1)}
+}
+
+// run hands the rooms' messages to their rooms until ctx is canceled.
+func (h *roomHub) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg := <-h.msgs:
+			h.subMu.RLock()
+			rs, ok := h.subs[msg.Sub]
+			h.subMu.RUnlock()
+			switch {
+			case !ok:
+				// Its room was released: no local connection is in it.
+			case rs.signal:
+				rs.r.onSignal(msg)
+			default:
+				rs.r.onEvent(msg)
+			}
+		}
+	}
+}
+
+// subscribe subscribes r to its events, or its signals, for run.
+func (h *roomHub) subscribe(r *room, subject string, signal bool) (*nats.Subscription, error) {
+	h.subMu.Lock()
+	defer h.subMu.Unlock()
+	sub, err := h.nc.ChanSubscribe(subject, h.msgs)
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to room %q: %w", r.id, err)
+	}
+	h.subs[sub] = roomSub{r: r, signal: signal}
+	return sub, nil
+}
+
+// unsubscribe ends a room subscription; run drops what of it still waits.
+func (h *roomHub) unsubscribe(sub *nats.Subscription) {
+	h.subMu.Lock()
+	delete(h.subs, sub)
+	h.subMu.Unlock()
+	_ = sub.Unsubscribe()
+}
+
+// catchDrops has the hub hear of the room messages NATS drops, on nc's
+// asynchronous error handler, until the returned function restores the
+// handler it wraps. Other errors go on to that handler.
+func (h *roomHub) catchDrops() (restore func()) {
+	prev := h.nc.ErrorHandler()
+	h.nc.SetErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+		if sub != nil && errors.Is(err, nats.ErrSlowConsumer) && h.dropped(sub) {
+			return
+		}
+		if prev != nil {
+			prev(nc, sub, err)
+		}
+	})
+	return func() { h.nc.SetErrorHandler(prev) }
+}
+
+// dropped notes that NATS dropped messages of sub, and reports whether
+// sub is a room's. A room that lost events is listed again; lost signals
+// are only counted (they expire within seconds anyway).
+func (h *roomHub) dropped(sub *nats.Subscription) bool {
+	h.subMu.RLock()
+	rs, ok := h.subs[sub]
+	h.subMu.RUnlock()
+	if !ok {
+		return false
+	}
+	if rs.signal {
+		h.metrics.roomDrops.WithLabelValues("signal").Inc()
+		return true
+	}
+	h.metrics.roomDrops.WithLabelValues("event").Inc()
+	h.log.Warn("room events dropped, the gateway fell behind: listing the room again", "room", rs.r.id)
+	h.lostMu.Lock()
+	h.lost[rs.r] = struct{}{}
+	h.lostMu.Unlock()
+	select {
+	case h.lostWake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// relistLost lists again the rooms that lost events, until ctx is
+// canceled. A listing that fails is tried again until it succeeds.
+func (h *roomHub) relistLost(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-h.lostWake:
+		}
+		h.lostMu.Lock()
+		rooms := slices.Collect(maps.Keys(h.lost))
+		clear(h.lost)
+		h.lostMu.Unlock()
+		h.listAgain(ctx, rooms)
+	}
 }
 
 // acquire returns the table of a room for a local connection joining it,
@@ -198,7 +332,7 @@ func (h *roomHub) release(r *room) {
 	}
 	for _, sub := range []*nats.Subscription{r.sub, r.sigSub} {
 		if sub != nil {
-			_ = sub.Unsubscribe()
+			h.unsubscribe(sub)
 		}
 	}
 }
@@ -210,15 +344,14 @@ func (r *room) open(ctx context.Context) error {
 	r.mu.Lock()
 	r.listing = true
 	r.mu.Unlock()
-	sub, err := r.hub.nc.Subscribe(presence.RoomSubject(r.id), r.onEvent)
+	sub, err := r.hub.subscribe(r, presence.RoomSubject(r.id), false)
 	if err != nil {
-		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+		return err
 	}
-	_ = sub.SetPendingLimits(-1, -1)
-	sigSub, err := r.hub.nc.Subscribe(presence.RoomSignalSubject(r.id), r.onSignal)
+	sigSub, err := r.hub.subscribe(r, presence.RoomSignalSubject(r.id), true)
 	if err != nil {
-		_ = sub.Unsubscribe()
-		return fmt.Errorf("subscribe to room %q: %w", r.id, err)
+		r.hub.unsubscribe(sub)
+		return err
 	}
 	r.hub.mu.Lock()
 	r.sub, r.sigSub = sub, sigSub
@@ -554,10 +687,13 @@ func (h *roomHub) onLeaseEnded(msg *nats.Msg) {
 }
 
 // relist lists every room again, after NATS came back: events may have
-// been missed meanwhile. A listing that fails is tried again until it
-// succeeds.
-func (h *roomHub) relist(ctx context.Context) {
-	retryEach(ctx, h.all(), func(r *room) error {
+// been missed meanwhile.
+func (h *roomHub) relist(ctx context.Context) { h.listAgain(ctx, h.all()) }
+
+// listAgain lists again those of rooms still in use. A listing that fails
+// is tried again until it succeeds.
+func (h *roomHub) listAgain(ctx context.Context, rooms []*room) {
+	retryEach(ctx, rooms, func(r *room) error {
 		select {
 		case <-r.ready:
 		case <-ctx.Done():

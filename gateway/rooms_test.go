@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -747,4 +748,99 @@ func TestRoomLeaseEnded(t *testing.T) {
 		_, ghost := w.members["ghost"]
 		return !ghost && len(w.members["later"]) == 1 && w.count == 2
 	})
+}
+
+// TestRoomsStartNoGoroutines: a room's events and signals are handed to
+// it by one goroutine of the gateway for all rooms, so joining rooms
+// starts none (a subscription with a handler of its own would start one
+// each, two per room).
+func TestRoomsStartNoGoroutines(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	const clients, rooms = 10, gateway.DefaultMaxRoomsPerConn
+	conns := make([]*client.Conn, clients)
+	for i := range conns {
+		conns[i] = dialKept(t, sys, gw, fmt.Sprintf("u%d", i))
+	}
+	before := runtime.NumGoroutine()
+	for i, c := range conns {
+		for j := range rooms {
+			joinRoom(t, c, "j", fmt.Sprintf("doc:%d-%d", i, j), "")
+		}
+	}
+	after := runtime.NumGoroutine()
+	t.Logf("goroutines: %d before %d rooms were joined, %d after", before, clients*rooms, after)
+	if after-before >= clients*rooms {
+		t.Errorf("joining %d rooms started %d goroutines", clients*rooms, after-before)
+	}
+	// The rooms work: a signal reaches the other member of one of them.
+	bob := dialKept(t, sys, gw, "bob")
+	joinRoom(t, bob, "j", "doc:0-0", "")
+	sendRoom(t, bob, protocol.TypeTyping, "", "doc:0-0", "")
+	if got := awaitSignals(t, conns[0], "doc:0-0", func(protocol.RoomSignalEntry) {}); len(got) != 1 || got[0].UserID != "bob" {
+		t.Errorf("u0 got %+v, want bob typing", got)
+	}
+}
+
+// TestRoomEventDroppedListedAgain: when the gateway falls so far behind
+// that NATS drops a room's messages, a room that lost an event is listed
+// again, and its members see what the event said; lost signals are only
+// counted.
+func TestRoomEventDroppedListedAgain(t *testing.T) {
+	const buffer = 16
+	gateway.SetRoomMsgsBuffer(t, buffer)
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	alice := dialKept(t, sys, gw, "alice")
+	wa := joinRoom(t, alice, "j", "doc:7", "")
+
+	// The room's table is held: the first of its messages waits for it,
+	// the next fill the buffer, and NATS drops the rest.
+	unlock := gw.LockRoom("doc:7")
+	if unlock == nil {
+		t.Fatal("the gateway keeps no table of doc:7")
+	}
+	locked := true
+	defer func() {
+		if locked {
+			unlock()
+		}
+	}()
+	for i := range buffer + 10 {
+		sig, err := json.Marshal(presence.RoomSignal{Room: "doc:7", UserID: "xavier", ConnID: fmt.Sprintf("x%d", i), Gateway: "gw-elsewhere", Signal: "typing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sys.NC.Publish(presence.RoomSignalSubject("doc:7"), sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another gateway's member joins: its key is written, and its event
+	// is dropped.
+	ghost := presence.RoomMember{Room: "doc:7", Gateway: "gw-elsewhere", Epoch: "E1", UserID: "ghost", ConnID: "g1"}
+	value := presence.RoomValue{Meta: json.RawMessage(`{}`), Since: 1}
+	rev, err := sys.Store.PutRoomMember(t.Context(), ghost, value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := json.Marshal(presence.RoomEvent{Room: ghost.Room, Op: presence.RoomJoin, UserID: ghost.UserID, ConnID: ghost.ConnID,
+		Gateway: ghost.Gateway, Epoch: ghost.Epoch, Meta: value.Meta, Since: value.Since, Rev: rev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.NC.Publish(presence.RoomSubject("doc:7"), ev); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
+		if n := gw.RoomDrops("event"); n < 1 {
+			return fmt.Errorf("event drops: %v", n)
+		}
+		return nil
+	})
+	if n := gw.RoomDrops("signal"); n < 1 {
+		t.Errorf("signal drops: %v, want at least 1", n)
+	}
+	unlock()
+	locked = false
+	wa.until("the ghost, found by listing again", func(w *roomWatch) bool { return len(w.members["ghost"]) == 1 && w.count == 2 })
 }

@@ -348,6 +348,9 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 		return fmt.Errorf("subscribe %s: %w", presence.RoomLeaseEndedSubject, err)
 	}
 	g.onStop(func() { _ = roomSub.Unsubscribe() })
+	g.onStop(s.rooms.catchDrops())
+	g.Go(s.rooms.run)
+	g.Go(s.rooms.relistLost)
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
 	g.Go(func(ctx context.Context) { s.keys.run(ctx, s.registry) })
