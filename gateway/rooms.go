@@ -78,6 +78,8 @@ type room struct {
 	sigSub *nats.Subscription
 	ready  chan struct{}
 	err    error // why the first listing failed; set before ready closes
+	// listMu is held while the room's keys are listed (list).
+	listMu sync.Mutex
 
 	// mu guards what follows. A local connection's flush reads the log
 	// under a read lock, and writes only its own view's seen and
@@ -366,6 +368,11 @@ func (r *room) open(ctx context.Context) error {
 // that came meanwhile applied over them, and tells the local connections
 // what changed.
 func (r *room) list(ctx context.Context) error {
+	// One listing at a time: one that ended while another read the keys
+	// would let events apply unbuffered, which the other's older keys
+	// would then undo.
+	r.listMu.Lock()
+	defer r.listMu.Unlock()
 	r.mu.Lock()
 	r.listing = true
 	r.mu.Unlock()
