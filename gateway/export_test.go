@@ -4,6 +4,8 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
@@ -111,4 +113,36 @@ func (s *Service) RoomDrops(kind string) float64 {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// HoldRoomListing has the next listing of a room's keys wait, once it has
+// read them, until release is called; read is closed when it waits. Later
+// listings do not wait.
+func (s *Service) HoldRoomListing() (read <-chan struct{}, release func()) {
+	readc, releasec := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	hook := func() {
+		if held.CompareAndSwap(false, true) {
+			close(readc)
+			<-releasec
+		}
+	}
+	s.rooms.afterRead.Store(&hook)
+	return readc, sync.OnceFunc(func() { close(releasec) })
+}
+
+// ListRoomAgain lists a room's keys again, as the gateway does when the
+// room lost an event, and closes done when the listing is over.
+func (s *Service) ListRoomAgain(roomID string) (done <-chan struct{}) {
+	s.rooms.mu.Lock()
+	r := s.rooms.rooms[roomID]
+	s.rooms.mu.Unlock()
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		if r != nil {
+			s.rooms.listAgain(context.Background(), []*room{r})
+		}
+	}()
+	return ch
 }

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -51,6 +52,10 @@ type roomHub struct {
 	lostMu   sync.Mutex
 	lost     map[*room]struct{}
 	lostWake chan struct{}
+
+	// afterRead, when set (by tests), runs in each listing once the keys
+	// are read.
+	afterRead atomic.Pointer[func()]
 }
 
 // roomSub is what a room subscription carries: a room's events, or its
@@ -377,6 +382,9 @@ func (r *room) list(ctx context.Context) error {
 	r.listing = true
 	r.mu.Unlock()
 	entries, err := r.hub.store.RoomMembers(ctx, r.id)
+	if hook := r.hub.afterRead.Load(); hook != nil {
+		(*hook)()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	buffered := r.buffered

@@ -844,3 +844,51 @@ func TestRoomEventDroppedListedAgain(t *testing.T) {
 	locked = false
 	wa.until("the ghost, found by listing again", func(w *roomWatch) bool { return len(w.members["ghost"]) == 1 && w.count == 2 })
 }
+
+// TestRoomListingsInTurn: two listings of one room (a NATS reconnect, a
+// lost event) run one after the other. One that read the keys before a
+// member joined must not end after one that read them after, or it
+// would take the member out of the table again.
+func TestRoomListingsInTurn(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	alice := dialKept(t, sys, gw, "alice")
+	joinRoom(t, alice, "j", "doc:5", "")
+
+	read, release := gw.HoldRoomListing()
+	defer release()
+	first := gw.ListRoomAgain("doc:5")
+	select {
+	case <-read:
+	case <-time.After(systest.EventTimeout):
+		t.Fatal("the first listing did not read the room's keys")
+	}
+	// A member of another gateway joins after the first listing read the
+	// keys; its event is not needed to show the race, and none is sent.
+	ghost := presence.RoomMember{Room: "doc:5", Gateway: "gw-elsewhere", Epoch: "E1", UserID: "ghost", ConnID: "g1"}
+	if _, err := sys.Store.PutRoomMember(t.Context(), ghost, presence.RoomValue{Meta: json.RawMessage(`{}`), Since: 1}); err != nil {
+		t.Fatal(err)
+	}
+	second := gw.ListRoomAgain("doc:5")
+	// Were the listings not in turn, the second would end now, with the
+	// ghost. In turn, it waits for the first: give it a while to show
+	// that it does.
+	select {
+	case <-second:
+		t.Error("a second listing ended while the first was still under way")
+	case <-time.After(200 * time.Millisecond):
+	}
+	release()
+	for _, done := range []<-chan struct{}{first, second} {
+		select {
+		case <-done:
+		case <-time.After(systest.EventTimeout):
+			t.Fatal("a listing did not end")
+		}
+	}
+	want := []string{alice.Hello.ConnID, "g1"}
+	slices.Sort(want)
+	if got := gw.RoomConns("doc:5"); !slices.Equal(got, want) {
+		t.Errorf("the table holds %v, want %v (the ghost listed by the second listing)", got, want)
+	}
+}
