@@ -35,10 +35,7 @@ func (s *Service) dispatch(ctx context.Context) {
 				s.log.Warn("undecodable self event", "subject", msg.Subject, "err", err)
 				continue
 			}
-			for _, c := range s.registry.userConns(ev.UserID) {
-				c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
-				s.roomStatus(c, ev.Rev, ev.Status)
-			}
+			s.deliverSelf(&ev)
 			continue
 		}
 		var ev presence.Event
@@ -47,6 +44,15 @@ func (s *Service) dispatch(ctx context.Context) {
 			continue
 		}
 		s.deliver(&ev)
+	}
+}
+
+// deliverSelf hands a user's own state to the user's connections here.
+// It runs on the dispatcher.
+func (s *Service) deliverSelf(ev *presence.SelfEvent) {
+	for _, c := range s.registry.userConns(ev.UserID) {
+		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
+		s.roomStatus(c, ev.Rev, ev.Status)
 	}
 }
 

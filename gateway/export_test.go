@@ -105,11 +105,11 @@ func (s *Service) LockRoom(roomID string) (unlock func()) {
 	return r.mu.Unlock
 }
 
-// RoomDrops returns how many times NATS dropped room messages of a kind
-// (event, signal) for the gateway.
-func (s *Service) RoomDrops(kind string) float64 {
+// NATSDrops returns how many times NATS dropped messages of a kind (event,
+// self, room_event, room_signal) for the gateway.
+func (s *Service) NATSDrops(kind string) float64 {
 	var m dto.Metric
-	if err := s.metrics.roomDrops.WithLabelValues(kind).Write(&m); err != nil {
+	if err := s.metrics.natsDrops.WithLabelValues(kind).Write(&m); err != nil {
 		panic(err)
 	}
 	return m.GetCounter().GetValue()
@@ -145,4 +145,25 @@ func (s *Service) ListRoomAgain(roomID string) (done <-chan struct{}) {
 		}
 	}()
 	return ch
+}
+
+// SetEventsBuffer has the gateways started after it hold at most n
+// presence and self events waiting for the dispatcher, until the test
+// ends.
+func SetEventsBuffer(tb interface{ Cleanup(func()) }, n int) {
+	old := eventsBuffer
+	eventsBuffer = n
+	tb.Cleanup(func() { eventsBuffer = old })
+}
+
+// HoldDispatcher has the gateway's dispatcher wait until release is
+// called: events wait meanwhile.
+func (s *Service) HoldDispatcher() (release func()) {
+	held, done := make(chan struct{}), make(chan struct{})
+	s.calls <- func() {
+		close(held)
+		<-done
+	}
+	<-held
+	return sync.OnceFunc(func() { close(done) })
 }

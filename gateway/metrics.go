@@ -40,7 +40,7 @@ type gatewayMetrics struct {
 	leasesLost      prometheus.Counter
 	reregistered    prometheus.Counter
 	roomFrames      *prometheus.CounterVec // by type: room_state, room_diff, room_denied
-	roomDrops       *prometheus.CounterVec // by kind: event, signal
+	natsDrops       *prometheus.CounterVec // by kind: event, self, room_event, room_signal
 
 	// The app policy: questions to the app, by transport (http, nats),
 	// those that failed, their latency, look-ups of the cache of its
@@ -117,8 +117,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
 	m.roomFrames = f.CounterVec("greendot_gateway_room_frames_total",
 		"Room frames written to sockets, by type: room_state, room_diff, room_denied, room_signal.", "type")
-	m.roomDrops = f.CounterVec("greendot_gateway_room_drops_total",
-		"Times NATS dropped a room's messages because the gateway fell behind, by kind: event (the room is listed again), signal (lost).", "kind")
+	m.natsDrops = f.CounterVec("greendot_gateway_nats_drops_total",
+		"Times NATS dropped messages of a subscription because the gateway fell behind (a slow consumer), by kind: event (a watched user's state is read again), self (the gateway's users' own states are read again), room_event (the room is listed again), room_signal (lost).", "kind")
 	f.GaugeFunc("greendot_gateway_rooms",
 		"Rooms with a member connected to this gateway (a member table and two NATS subscriptions each).", func() float64 {
 			if s.rooms == nil {

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -108,6 +110,13 @@ func (r *registry) userConns(userID string) []*conn {
 	r.umu.RLock()
 	defer r.umu.RUnlock()
 	return append([]*conn(nil), r.users[userID]...)
+}
+
+// userIDs returns the users with a connection here.
+func (r *registry) userIDs() []string {
+	r.umu.RLock()
+	defer r.umu.RUnlock()
+	return slices.Collect(maps.Keys(r.users))
 }
 
 // userCount returns how many users have a connection here.

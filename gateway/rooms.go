@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -40,7 +39,7 @@ type roomHub struct {
 	// rooms, where a subscription with a handler of its own would start
 	// one per subscription, and wake it for each message. NATS drops what
 	// does not fit (a slow consumer): a room that lost an event is listed
-	// again (see dropped).
+	// again (see dropped, and Service.catchDrops).
 	msgs chan *nats.Msg
 	// subs are the rooms' subscriptions, for run to find a message's
 	// room. subMu is held while one is made, so that run cannot take a
@@ -237,22 +236,6 @@ func (h *roomHub) unsubscribe(sub *nats.Subscription) {
 	_ = sub.Unsubscribe()
 }
 
-// catchDrops has the hub hear of the room messages NATS drops, on nc's
-// asynchronous error handler, until the returned function restores the
-// handler it wraps. Other errors go on to that handler.
-func (h *roomHub) catchDrops() (restore func()) {
-	prev := h.nc.ErrorHandler()
-	h.nc.SetErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
-		if sub != nil && errors.Is(err, nats.ErrSlowConsumer) && h.dropped(sub) {
-			return
-		}
-		if prev != nil {
-			prev(nc, sub, err)
-		}
-	})
-	return func() { h.nc.SetErrorHandler(prev) }
-}
-
 // dropped notes that NATS dropped messages of sub, and reports whether
 // sub is a room's. A room that lost events is listed again; lost signals
 // are only counted (they expire within seconds anyway).
@@ -264,10 +247,10 @@ func (h *roomHub) dropped(sub *nats.Subscription) bool {
 		return false
 	}
 	if rs.signal {
-		h.metrics.roomDrops.WithLabelValues("signal").Inc()
+		h.metrics.natsDrops.WithLabelValues("room_signal").Inc()
 		return true
 	}
-	h.metrics.roomDrops.WithLabelValues("event").Inc()
+	h.metrics.natsDrops.WithLabelValues("room_event").Inc()
 	h.log.Warn("room events dropped, the gateway fell behind: listing the room again", "room", rs.r.id)
 	h.lostMu.Lock()
 	h.lost[rs.r] = struct{}{}

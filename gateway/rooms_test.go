@@ -832,12 +832,12 @@ func TestRoomEventDroppedListedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
-		if n := gw.RoomDrops("event"); n < 1 {
+		if n := gw.NATSDrops("room_event"); n < 1 {
 			return fmt.Errorf("event drops: %v", n)
 		}
 		return nil
 	})
-	if n := gw.RoomDrops("signal"); n < 1 {
+	if n := gw.NATSDrops("room_signal"); n < 1 {
 		t.Errorf("signal drops: %v, want at least 1", n)
 	}
 	unlock()

@@ -62,6 +62,9 @@ type Service struct {
 	// calls runs functions there, in order with the events.
 	events chan *nats.Msg
 	calls  chan func()
+	// lost holds the states to read again because NATS dropped their
+	// events (catchDrops); readLost reads them.
+	lost *lostEvents
 
 	// Made by Serve, once the buckets are open.
 	store  *presence.Store
@@ -103,7 +106,8 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		registry:  newRegistry(cfg.MaxConnsPerUser),
 		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.BatchPace, cfg.WriteWorkers),
 		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
-		events:    make(chan *nats.Msg, 64*1024),
+		events:    make(chan *nats.Msg, eventsBuffer),
+		lost:      newLostEvents(),
 		calls:     make(chan func(), 1024),
 		apiByUser: keyrate.New(cfg.APIRateLimit, cfg.APIRateBurst),
 		apiByAddr: keyrate.New(cfg.APIAddressRateLimit, cfg.APIAddressRateBurst),
@@ -348,9 +352,10 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 		return fmt.Errorf("subscribe %s: %w", presence.RoomLeaseEndedSubject, err)
 	}
 	g.onStop(func() { _ = roomSub.Unsubscribe() })
-	g.onStop(s.rooms.catchDrops())
+	g.onStop(s.catchDrops())
 	g.Go(s.rooms.run)
 	g.Go(s.rooms.relistLost)
+	g.Go(s.readLost)
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
 	g.Go(func(ctx context.Context) { s.keys.run(ctx, s.registry) })
@@ -501,24 +506,31 @@ func (s *Service) watchNATS(ctx context.Context) {
 			s.log.Info("nats connection back: dropping the app's cached answers")
 			s.authz.Invalidate(ctx, "", "")
 		}
-		s.log.Info("nats connection back: resyncing watched users and rooms")
-		s.resync(ctx)
+		s.log.Info("nats connection back: resyncing watched users, own users and rooms")
+		s.resyncUsers(ctx, s.hub.Users())
+		s.resyncSelf(ctx)
 		s.rooms.relist(ctx)
 		if s.online != nil {
-			retryEach(ctx, []*onlineIndex{s.online}, func(o *onlineIndex) error {
-				return o.sync(ctx, s.store)
-			}, func(_ *onlineIndex, err error, pause time.Duration) {
-				s.log.Warn("resync global presence", "err", err, "retry_in", pause)
-			})
+			s.resyncOnline(ctx)
 		}
 	})
 }
 
-// resync reads the state of every watched user and delivers what is newer
-// than what the watchers have, through the dispatcher. A read that fails
-// is tried again until it succeeds.
-func (s *Service) resync(ctx context.Context) {
-	retryEach(ctx, s.hub.Users(), func(u string) error {
+// resyncOnline reads every status record again for global presence, until
+// the read succeeds.
+func (s *Service) resyncOnline(ctx context.Context) {
+	retryEach(ctx, []*onlineIndex{s.online}, func(o *onlineIndex) error {
+		return o.sync(ctx, s.store)
+	}, func(_ *onlineIndex, err error, pause time.Duration) {
+		s.log.Warn("resync global presence", "err", err, "retry_in", pause)
+	})
+}
+
+// resyncUsers reads the state of users and delivers what is newer than
+// what their watchers have, through the dispatcher. A read that fails is
+// tried again until it succeeds.
+func (s *Service) resyncUsers(ctx context.Context, users []string) {
+	retryEach(ctx, users, func(u string) error {
 		p, rev, at, err := s.presenceOf(ctx, u)
 		if err != nil {
 			return err

@@ -1,0 +1,145 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// eventsBuffer is how many presence and self events wait for the
+// dispatcher before NATS drops them: 512 KiB of pointers. Tests make it
+// smaller.
+var eventsBuffer = 64 * 1024
+
+// lostEvents are the states the gateway must read again because NATS
+// dropped events of them (a slow consumer): watched users', every user's
+// (the everyone policy's one subscription), and the gateway's own users'
+// (their self events). It is safe for concurrent use.
+type lostEvents struct {
+	mu    sync.Mutex
+	users map[string]struct{}
+	all   bool
+	self  bool
+	wake  chan struct{}
+}
+
+func newLostEvents() *lostEvents {
+	return &lostEvents{users: make(map[string]struct{}), wake: make(chan struct{}, 1)}
+}
+
+// note records what was lost, and wakes the reader.
+func (l *lostEvents) note(fn func(*lostEvents)) {
+	l.mu.Lock()
+	fn(l)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns what was lost since the last take, and forgets it.
+func (l *lostEvents) take() (users []string, all, self bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	users, all, self = slices.Collect(maps.Keys(l.users)), l.all, l.self
+	clear(l.users)
+	l.all, l.self = false, false
+	return users, all, self
+}
+
+// catchDrops has the gateway hear of the messages NATS drops for it,
+// because it fell behind the messages of a subscription (a slow
+// consumer), on the connection's asynchronous error handler, until the
+// returned function restores the handler it wraps; other errors go on to
+// that handler. What a drop lost is read again: a watched user's state
+// (readLost), the gateway's users' own states, a room's members (the
+// rooms' hub); lost room signals are only counted.
+func (s *Service) catchDrops() (restore func()) {
+	prev := s.nc.ErrorHandler()
+	s.nc.SetErrorHandler(func(nc *nats.Conn, sub *nats.Subscription, err error) {
+		if sub != nil && errors.Is(err, nats.ErrSlowConsumer) && (s.rooms.dropped(sub) || s.eventsDropped(sub)) {
+			return
+		}
+		if prev != nil {
+			prev(nc, sub, err)
+		}
+	})
+	return func() { s.nc.SetErrorHandler(prev) }
+}
+
+var eventSubjectPrefix = presence.EventSubject("")
+
+// eventsDropped notes that NATS dropped events of sub, and reports whether
+// sub is one of the dispatcher's.
+func (s *Service) eventsDropped(sub *nats.Subscription) bool {
+	subject := sub.Subject
+	switch {
+	case subject == presence.SelfSubject(s.cfg.ID):
+		s.metrics.natsDrops.WithLabelValues("self").Inc()
+		s.lost.note(func(l *lostEvents) { l.self = true })
+	case subject == presence.EventWildcard:
+		s.metrics.natsDrops.WithLabelValues("event").Inc()
+		s.lost.note(func(l *lostEvents) { l.all = true })
+	case strings.HasPrefix(subject, eventSubjectPrefix):
+		s.metrics.natsDrops.WithLabelValues("event").Inc()
+		user := strings.TrimPrefix(subject, eventSubjectPrefix)
+		s.lost.note(func(l *lostEvents) { l.users[user] = struct{}{} })
+	default:
+		return false
+	}
+	s.log.Warn("events dropped, the gateway fell behind: reading their users' state again", "subject", subject)
+	return true
+}
+
+// readLost reads again, until ctx is canceled, the states whose events
+// NATS dropped, each until the read succeeds.
+func (s *Service) readLost(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.lost.wake:
+		}
+		users, all, self := s.lost.take()
+		if all {
+			users = s.hub.Users()
+		}
+		s.resyncUsers(ctx, users)
+		if all && s.online != nil {
+			s.resyncOnline(ctx)
+		}
+		if self {
+			s.resyncSelf(ctx)
+		}
+	}
+}
+
+// resyncSelf reads the record of every user with a connection here, and
+// delivers their own state to their connections through the dispatcher,
+// where it is newer than what they were told. A read that fails is tried
+// again until it succeeds.
+func (s *Service) resyncSelf(ctx context.Context) {
+	retryEach(ctx, s.registry.userIDs(), func(u string) error {
+		rec, rev, err := s.store.Status(ctx, u)
+		switch {
+		case errors.Is(err, presence.ErrNotFound):
+			return nil // written on connect: nothing to tell yet
+		case err != nil:
+			return err
+		}
+		ev := presence.SelfEvent{UserID: u, Status: rec.Status, Devices: rec.Devices, Rev: rev}
+		s.call(ctx, func() { s.deliverSelf(&ev) })
+		return nil
+	}, func(u string, err error, pause time.Duration) {
+		s.log.Warn("resync own state", "user_id", u, "err", err, "retry_in", pause)
+	})
+}

@@ -1,0 +1,106 @@
+package gateway_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// TestEventsDroppedReadAgain: when the gateway falls so far behind that
+// NATS drops a watched user's events (a slow consumer), the gateway reads
+// that user's state again, and the watchers see the change the lost event
+// carried. There is no fanout here to publish it again.
+func TestEventsDroppedReadAgain(t *testing.T) {
+	const buffer = 16
+	gateway.SetEventsBuffer(t, buffer)
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	sys.Mutual("alice", "bob", "carol")
+	gw := sys.Gateway()
+	alice := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	bob := sys.Dial(gw, "bob")
+	defer systest.KeepAlive(bob, systest.Heartbeat)()
+	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Online)
+
+	release := gw.HoldDispatcher()
+	defer release()
+	// Events of carol (offline, as she is) fill the dispatcher's buffer,
+	// and NATS drops the last of them...
+	for i := range buffer + 10 {
+		ev, err := json.Marshal(presence.Event{UserID: "carol", Status: presence.Offline, Rev: uint64(i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sys.NC.Publish(presence.EventSubject("carol"), ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// ...and the event of bob's next change, written meanwhile, is
+	// dropped.
+	rec, rev, _, err := sys.Store.UpdateStatus(context.Background(), "bob", func(r *presence.Record) error {
+		r.Chosen = presence.Busy
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := json.Marshal(presence.Event{UserID: "bob", Status: rec.Public, LastSeen: rec.LastSeen, Rev: rev, At: rec.Updated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.NC.Publish(presence.EventSubject("bob"), ev); err != nil {
+		t.Fatal(err)
+	}
+	// NATS tells of the drops once per subscription that falls behind:
+	// carol's, then bob's.
+	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
+		if n := gw.NATSDrops("event"); n < 2 {
+			return fmt.Errorf("event drops: %v", n)
+		}
+		return nil
+	})
+	release()
+	systest.AwaitStatus(t, alice, "bob", presence.Busy)
+}
+
+// TestSelfReadAgainAfterReconnect: self events published while a gateway
+// was cut off from NATS are lost to it; on getting its connection back it
+// reads its users' records again, and their sockets are told their own
+// state. (Here the change is written with no event and no fanout.)
+func TestSelfReadAgainAfterReconnect(t *testing.T) {
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	gw := sys.Gateway()
+	alice := sys.Dial(gw, "alice", "web")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	systest.AwaitSelf(t, alice, presence.Online, 1)
+
+	if _, _, _, err := sys.Store.UpdateStatus(context.Background(), "alice", func(r *presence.Record) error {
+		r.Chosen = presence.Busy
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := gw.NATSClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.Server.DisconnectClientByID(id); err != nil {
+		t.Fatal(err)
+	}
+	// The client reconnects within about a second; on a loaded machine
+	// the read that follows may fail and be tried again.
+	systest.Await(t, alice, 4*systest.EventTimeout, "self busy, found by reading again", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeSelf && m.Status == presence.Busy && m.Devices == 1
+	})
+}
