@@ -38,13 +38,7 @@ func TestEventsDroppedReadAgain(t *testing.T) {
 	// Events of carol (offline, as she is) fill the dispatcher's buffer,
 	// and NATS drops the last of them...
 	for i := range buffer + 10 {
-		ev, err := json.Marshal(presence.Event{UserID: "carol", Status: presence.Offline, Rev: uint64(i + 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sys.NC.Publish(presence.EventSubject("carol"), ev); err != nil {
-			t.Fatal(err)
-		}
+		publishJSON(t, sys, presence.EventSubject("carol"), presence.Event{UserID: "carol", Status: presence.Offline, Rev: uint64(i + 1)})
 	}
 	// ...and the event of bob's next change, written meanwhile, is
 	// dropped.
@@ -55,21 +49,10 @@ func TestEventsDroppedReadAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, err := json.Marshal(presence.Event{UserID: "bob", Status: rec.Public, LastSeen: rec.LastSeen, Rev: rev, At: rec.Updated})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sys.NC.Publish(presence.EventSubject("bob"), ev); err != nil {
-		t.Fatal(err)
-	}
+	publishJSON(t, sys, presence.EventSubject("bob"), presence.Event{UserID: "bob", Status: rec.Public, LastSeen: rec.LastSeen, Rev: rev, At: rec.Updated})
 	// NATS tells of the drops once per subscription that falls behind:
 	// carol's, then bob's.
-	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
-		if n := gw.NATSDrops("event"); n < 2 {
-			return fmt.Errorf("event drops: %v", n)
-		}
-		return nil
-	})
+	awaitDrops(t, gw, "event", 2)
 	release()
 	systest.AwaitStatus(t, alice, "bob", presence.Busy)
 }
@@ -91,6 +74,41 @@ func TestSelfReadAgainAfterReconnect(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	cutNATS(t, sys, gw)
+	// The client reconnects within about a second; on a loaded machine
+	// the read that follows may fail and be tried again.
+	systest.Await(t, alice, 4*systest.EventTimeout, "self busy, found by reading again", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeSelf && m.Status == presence.Busy && m.Devices == 1
+	})
+}
+
+// publishJSON publishes v, as JSON, on subject, as another process would.
+func publishJSON(t *testing.T, sys *systest.System, subject string, v any) {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.NC.Publish(subject, data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// awaitDrops waits until NATS has told gw of at least n drops of a kind.
+func awaitDrops(t *testing.T, gw *systest.Gateway, kind string, n float64) {
+	t.Helper()
+	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
+		if got := gw.NATSDrops(kind); got < n {
+			return fmt.Errorf("%s drops: %v, want at least %v", kind, got, n)
+		}
+		return nil
+	})
+}
+
+// cutNATS has the server close gw's NATS connection, which the gateway
+// makes again within about a second.
+func cutNATS(t *testing.T, sys *systest.System, gw *systest.Gateway) {
+	t.Helper()
 	id, err := gw.NATSClientID()
 	if err != nil {
 		t.Fatal(err)
@@ -98,9 +116,4 @@ func TestSelfReadAgainAfterReconnect(t *testing.T) {
 	if err := sys.Server.DisconnectClientByID(id); err != nil {
 		t.Fatal(err)
 	}
-	// The client reconnects within about a second; on a loaded machine
-	// the read that follows may fail and be tried again.
-	systest.Await(t, alice, 4*systest.EventTimeout, "self busy, found by reading again", func(m protocol.ServerMessage) bool {
-		return m.Type == protocol.TypeSelf && m.Status == presence.Busy && m.Devices == 1
-	})
 }

@@ -59,9 +59,7 @@ func (s *Service) DropIdleCaches() int { return s.keys.dropCaches(time.Now().Add
 // RoomConns returns the connections in the member table the gateway keeps
 // of a room, sorted; nil when it keeps none (no local member).
 func (s *Service) RoomConns(roomID string) []string {
-	s.rooms.mu.Lock()
-	r := s.rooms.rooms[roomID]
-	s.rooms.mu.Unlock()
+	r := s.roomTable(roomID)
 	if r == nil {
 		return nil
 	}
@@ -95,9 +93,7 @@ func SetRoomMsgsBuffer(tb interface{ Cleanup(func()) }, n int) {
 // nothing of the room is handed to it meanwhile, nor listed. It returns
 // nil when the gateway keeps no table of the room.
 func (s *Service) LockRoom(roomID string) (unlock func()) {
-	s.rooms.mu.Lock()
-	r := s.rooms.rooms[roomID]
-	s.rooms.mu.Unlock()
+	r := s.roomTable(roomID)
 	if r == nil {
 		return nil
 	}
@@ -134,9 +130,7 @@ func (s *Service) HoldRoomListing() (read <-chan struct{}, release func()) {
 // ListRoomAgain lists a room's keys again, as the gateway does when the
 // room lost an event, and closes done when the listing is over.
 func (s *Service) ListRoomAgain(roomID string) (done <-chan struct{}) {
-	s.rooms.mu.Lock()
-	r := s.rooms.rooms[roomID]
-	s.rooms.mu.Unlock()
+	r := s.roomTable(roomID)
 	ch := make(chan struct{})
 	go func() {
 		defer close(ch)
@@ -166,4 +160,11 @@ func (s *Service) HoldDispatcher() (release func()) {
 	}
 	<-held
 	return sync.OnceFunc(func() { close(done) })
+}
+
+// roomTable returns the gateway's table of a room, nil when it keeps none.
+func (s *Service) roomTable(roomID string) *room {
+	s.rooms.mu.Lock()
+	defer s.rooms.mu.Unlock()
+	return s.rooms.rooms[roomID]
 }

@@ -35,13 +35,7 @@ func TestEveryoneReadAgainAfterReconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id, err := gw.NATSClientID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sys.Server.DisconnectClientByID(id); err != nil {
-		t.Fatal(err)
-	}
+	cutNATS(t, sys, gw)
 	// The client reconnects within about a second; on a loaded machine
 	// the read that follows may fail and be tried again.
 	systest.Await(t, dave, 4*systest.EventTimeout, "carol online, found by reading again", func(m protocol.ServerMessage) bool {

@@ -503,13 +503,7 @@ func TestRoomListedAgainAfterReconnect(t *testing.T) {
 		t.Fatal("a key written with no event was seen before any listing")
 	}
 
-	id, err := gw.NATSClientID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sys.Server.DisconnectClientByID(id); err != nil {
-		t.Fatal(err)
-	}
+	cutNATS(t, sys, gw)
 	// The client reconnects within about a second; on a loaded machine
 	// the listing that follows may wait for a stalled watcher to be
 	// replaced (after 2 s of silence), or fail and be tried again.
@@ -807,13 +801,8 @@ func TestRoomEventDroppedListedAgain(t *testing.T) {
 		}
 	}()
 	for i := range buffer + 10 {
-		sig, err := json.Marshal(presence.RoomSignal{Room: "doc:7", UserID: "xavier", ConnID: fmt.Sprintf("x%d", i), Gateway: "gw-elsewhere", Signal: "typing"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := sys.NC.Publish(presence.RoomSignalSubject("doc:7"), sig); err != nil {
-			t.Fatal(err)
-		}
+		publishJSON(t, sys, presence.RoomSignalSubject("doc:7"),
+			presence.RoomSignal{Room: "doc:7", UserID: "xavier", ConnID: fmt.Sprintf("x%d", i), Gateway: "gw-elsewhere", Signal: "typing"})
 	}
 	// Another gateway's member joins: its key is written, and its event
 	// is dropped.
@@ -823,20 +812,9 @@ func TestRoomEventDroppedListedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev, err := json.Marshal(presence.RoomEvent{Room: ghost.Room, Op: presence.RoomJoin, UserID: ghost.UserID, ConnID: ghost.ConnID,
+	publishJSON(t, sys, presence.RoomSubject("doc:7"), presence.RoomEvent{Room: ghost.Room, Op: presence.RoomJoin, UserID: ghost.UserID, ConnID: ghost.ConnID,
 		Gateway: ghost.Gateway, Epoch: ghost.Epoch, Meta: value.Meta, Since: value.Since, Rev: rev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sys.NC.Publish(presence.RoomSubject("doc:7"), ev); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, systest.EventTimeout, 10*time.Millisecond, func() error {
-		if n := gw.NATSDrops("room_event"); n < 1 {
-			return fmt.Errorf("event drops: %v", n)
-		}
-		return nil
-	})
+	awaitDrops(t, gw, "room_event", 1)
 	if n := gw.NATSDrops("room_signal"); n < 1 {
 		t.Errorf("signal drops: %v, want at least 1", n)
 	}
