@@ -79,9 +79,14 @@ func (s *Service) catchDrops() (restore func()) {
 var eventSubjectPrefix = presence.EventSubject("")
 
 // eventsDropped notes that NATS dropped events of sub, and reports whether
-// sub is one of the dispatcher's.
+// sub is one of the dispatcher's: a channel subscription to this
+// gateway's self events, or to presence events.
 func (s *Service) eventsDropped(sub *nats.Subscription) bool {
+	if sub.Type() != nats.ChanSubscription {
+		return false
+	}
 	subject := sub.Subject
+	user, perUser := strings.CutPrefix(subject, eventSubjectPrefix)
 	switch {
 	case subject == presence.SelfSubject(s.cfg.ID):
 		s.metrics.natsDrops.WithLabelValues("self").Inc()
@@ -89,9 +94,8 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 	case subject == presence.EventWildcard:
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
 		s.lost.note(func(l *lostEvents) { l.all = true })
-	case strings.HasPrefix(subject, eventSubjectPrefix):
+	case perUser && presence.ValidUserID(user):
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
-		user := strings.TrimPrefix(subject, eventSubjectPrefix)
 		s.lost.note(func(l *lostEvents) { l.users[user] = struct{}{} })
 	default:
 		return false
