@@ -19,6 +19,32 @@ import (
 // smaller.
 var eventsBuffer = 64 * 1024
 
+// wakeup tells a goroutine that work waits for it: a signal sent while it
+// works has it look once more.
+type wakeup chan struct{}
+
+func newWakeup() wakeup { return make(wakeup, 1) }
+
+// signal wakes the goroutine, or leaves it to look again.
+func (w wakeup) signal() {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// each runs fn each time w is signaled, until ctx is canceled.
+func (w wakeup) each(ctx context.Context, fn func()) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w:
+		}
+		fn()
+	}
+}
+
 // lostEvents are the states the gateway must read again because NATS
 // dropped events of them (a slow consumer): watched users', every user's
 // (the everyone policy's one subscription), and the gateway's own users'
@@ -28,11 +54,11 @@ type lostEvents struct {
 	users map[string]struct{}
 	all   bool
 	self  bool
-	wake  chan struct{}
+	wake  wakeup
 }
 
 func newLostEvents() *lostEvents {
-	return &lostEvents{users: make(map[string]struct{}), wake: make(chan struct{}, 1)}
+	return &lostEvents{users: make(map[string]struct{}), wake: newWakeup()}
 }
 
 // note records what was lost, and wakes the reader.
@@ -40,10 +66,7 @@ func (l *lostEvents) note(fn func(*lostEvents)) {
 	l.mu.Lock()
 	fn(l)
 	l.mu.Unlock()
-	select {
-	case l.wake <- struct{}{}:
-	default:
-	}
+	l.wake.signal()
 }
 
 // take returns what was lost since the last take, and forgets it.
@@ -107,12 +130,7 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 // readLost reads again, until ctx is canceled, the states whose events
 // NATS dropped, each until the read succeeds.
 func (s *Service) readLost(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.lost.wake:
-		}
+	s.lost.wake.each(ctx, func() {
 		users, all, self := s.lost.take()
 		if all {
 			users = s.hub.Users()
@@ -124,7 +142,7 @@ func (s *Service) readLost(ctx context.Context) {
 		if self {
 			s.resyncSelf(ctx)
 		}
-	}
+	})
 }
 
 // resyncSelf reads the record of every user with a connection here, and

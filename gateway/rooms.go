@@ -50,7 +50,7 @@ type roomHub struct {
 	// relistLost lists them again, woken by lostWake.
 	lostMu   sync.Mutex
 	lost     map[*room]struct{}
-	lostWake chan struct{}
+	lostWake wakeup
 
 	// afterRead, when set (by tests), runs in each listing once the keys
 	// are read.
@@ -191,7 +191,7 @@ type signalKey struct{ conn, signal string }
 func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
 	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room),
 		msgs: make(chan *nats.Msg, roomMsgsBuffer), subs: make(map[*nats.Subscription]roomSub),
-		lost: make(map[*room]struct{}), lostWake: make(chan struct{}, 1)}
+		lost: make(map[*room]struct{}), lostWake: newWakeup()}
 }
 
 // run hands the rooms' messages to their rooms until ctx is canceled.
@@ -255,28 +255,20 @@ func (h *roomHub) dropped(sub *nats.Subscription) bool {
 	h.lostMu.Lock()
 	h.lost[rs.r] = struct{}{}
 	h.lostMu.Unlock()
-	select {
-	case h.lostWake <- struct{}{}:
-	default:
-	}
+	h.lostWake.signal()
 	return true
 }
 
 // relistLost lists again the rooms that lost events, until ctx is
 // canceled. A listing that fails is tried again until it succeeds.
 func (h *roomHub) relistLost(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-h.lostWake:
-		}
+	h.lostWake.each(ctx, func() {
 		h.lostMu.Lock()
 		rooms := slices.Collect(maps.Keys(h.lost))
 		clear(h.lost)
 		h.lostMu.Unlock()
 		h.listAgain(ctx, rooms)
-	}
+	})
 }
 
 // acquire returns the table of a room for a local connection joining it,
