@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"time"
+
+	"github.com/greendot/greendot/internal/sleep"
 )
 
 // The pauses of retryEach: the first, and the longest it doubles to.
@@ -34,12 +36,8 @@ func retryEach[T any](ctx context.Context, items []T, do func(T) error, failed f
 		if len(again) == 0 {
 			return
 		}
-		t := time.NewTimer(pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleep.For(ctx, pause) != nil {
 			return
-		case <-t.C:
 		}
 		items, pause = again, min(2*pause, retryMax)
 	}

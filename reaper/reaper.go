@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/internal/durable"
+	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
@@ -489,12 +490,8 @@ func (s *Service) startupSweep(ctx context.Context) error {
 			return ctx.Err()
 		}
 		s.log.Error("start-up sweep", "err", err)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleep.For(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(2*wait, 10*time.Second)
 	}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -325,18 +326,6 @@ func (r *runner) connTTL() time.Duration {
 	return 30 * time.Second
 }
 
-// sleep waits d unless ctx ends first.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // gatewaySample is one gateway's state at one moment.
 type gatewaySample struct {
 	ok   bool
@@ -483,11 +472,11 @@ func (r *runner) addCPU(a, b sample, during string) {
 func (r *runner) idle(ctx context.Context, baseline sample) error {
 	settle := r.heartbeatInterval() + 2*time.Second
 	r.log.Info("holding", "settle", settle.String(), "window", r.cfg.Duration.String())
-	if err := sleep(ctx, settle); err != nil {
+	if err := sleep.For(ctx, settle); err != nil {
 		return err
 	}
 	a := r.sample(ctx)
-	if err := sleep(ctx, r.cfg.Duration); err != nil {
+	if err := sleep.For(ctx, r.cfg.Duration); err != nil {
 		return err
 	}
 	b := r.sample(ctx)

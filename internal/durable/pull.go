@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/internal/sleep"
 )
 
 // reader hands one consumer's messages to its handler until stopped.
@@ -93,7 +95,7 @@ func (c *Consumer) readBatches(ctx context.Context, cons jetstream.Consumer, st 
 		default:
 			backoff = 0
 		}
-		if !sleep(ctx, pause) {
+		if sleep.For(ctx, pause) != nil {
 			return
 		}
 	}
@@ -128,16 +130,4 @@ func waitNext(ctx context.Context, cons jetstream.Consumer, handle func(jetstrea
 		return 0, nil
 	}
 	return 0, err
-}
-
-// sleep waits for d, and reports false if ctx was canceled first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

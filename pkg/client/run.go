@@ -14,6 +14,7 @@ import (
 
 	"github.com/gobwas/ws"
 
+	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -47,7 +48,7 @@ func (c *Client) dial(ctx context.Context) (*Conn, error) {
 func (c *Client) open(ctx context.Context, wait time.Duration, attempt *int, notify func(Disconnected)) (*Conn, error) {
 	var last error
 	for failed := 0; ; {
-		if err := sleep(ctx, wait); err != nil {
+		if err := sleep.For(ctx, wait); err != nil {
 			if last != nil {
 				return nil, fmt.Errorf("%w; last attempt: %w", err, last)
 			}
@@ -70,21 +71,6 @@ func (c *Client) open(ctx context.Context, wait time.Duration, attempt *int, not
 		if notify != nil {
 			notify(Disconnected{Err: err, Retry: wait, Attempt: failed})
 		}
-	}
-}
-
-// sleep waits d or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 
