@@ -55,18 +55,18 @@ type readBatch struct {
 	cs [readBatchSize]*conn
 }
 
-// pollLoop waits for readable sockets and has a reader (readerPool) read
+// pollLoop waits for readable sockets and has a reader (workerPool) read
 // them, in batches, until the poller is closed (see Serve). It returns
 // when every reader has.
 func (s *Service) pollLoop(context.Context) {
-	readers := newReaderPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readSockets)
+	readers := newWorkerPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readSockets)
 	defer readers.stop()
 	var sweeper sync.WaitGroup
 	done := make(chan struct{})
 	defer sweeper.Wait()
 	defer close(done)
 	sweeper.Go(func() {
-		t := time.NewTicker(readerIdle)
+		t := time.NewTicker(workerIdle)
 		defer t.Stop()
 		for {
 			select {

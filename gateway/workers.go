@@ -5,47 +5,47 @@ import (
 	"time"
 )
 
-// readerIdle is how long a reader of readerPool may wait for work before
+// workerIdle is how long a reader of workerPool may wait for work before
 // it ends.
-const readerIdle = 10 * time.Second
+const workerIdle = 10 * time.Second
 
-// readerPool runs work (the reads of readable sockets) on goroutines it
+// workerPool runs work (the reads of readable sockets) on goroutines it
 // keeps, at most max at once, each with a state of its own (its read
 // buffer), so that reading a heartbeat neither starts a goroutine nor
 // allocates. The reader that became free last is used first, so a quiet
-// gateway keeps using the same few; readers with no work for readerIdle
+// gateway keeps using the same few; readers with no work for workerIdle
 // end (see sweep), and their state with them.
-type readerPool[T, S any] struct {
+type workerPool[T, S any] struct {
 	do       func(T, S)
 	newState func() S
 	max      int
 
 	mu      sync.Mutex
 	free    sync.Cond       // a reader became free, or the pool stopped
-	idle    []*reader[T, S] // free readers, the longest free first
+	idle    []*worker[T, S] // free readers, the longest free first
 	running int
 	stopped bool
 	wg      sync.WaitGroup
 }
 
-// reader is one goroutine of a readerPool; work hands it what to do.
-type reader[T, S any] struct {
+// worker is one goroutine of a workerPool; work hands it what to do.
+type worker[T, S any] struct {
 	work  chan T // capacity 1: handing work never blocks
 	state S
 	since time.Time
 }
 
-// newReaderPool returns a pool of at most max readers, each with a state
+// newWorkerPool returns a pool of at most max readers, each with a state
 // newState makes when it starts, that call do.
-func newReaderPool[T, S any](max int, newState func() S, do func(T, S)) *readerPool[T, S] {
-	p := &readerPool[T, S]{do: do, newState: newState, max: max}
+func newWorkerPool[T, S any](max int, newState func() S, do func(T, S)) *workerPool[T, S] {
+	p := &workerPool[T, S]{do: do, newState: newState, max: max}
 	p.free.L = &p.mu
 	return p
 }
 
 // run has a free reader do x, starting one if none is free and fewer than
 // max run, or else waiting for one. It does nothing once the pool stopped.
-func (p *readerPool[T, S]) run(x T) {
+func (p *workerPool[T, S]) run(x T) {
 	p.mu.Lock()
 	for len(p.idle) == 0 && p.running >= p.max && !p.stopped {
 		p.free.Wait()
@@ -64,12 +64,12 @@ func (p *readerPool[T, S]) run(x T) {
 	}
 	p.running++
 	p.mu.Unlock()
-	r := &reader[T, S]{work: make(chan T, 1), state: p.newState()}
+	r := &worker[T, S]{work: make(chan T, 1), state: p.newState()}
 	p.wg.Go(func() { p.loop(r, x) })
 }
 
 // loop does x, then what the pool hands r, until it is told to end.
-func (p *readerPool[T, S]) loop(r *reader[T, S], x T) {
+func (p *workerPool[T, S]) loop(r *worker[T, S], x T) {
 	for {
 		p.do(x, r.state)
 		p.mu.Lock()
@@ -89,12 +89,12 @@ func (p *readerPool[T, S]) loop(r *reader[T, S], x T) {
 	}
 }
 
-// sweep ends the readers free for longer than readerIdle at now.
-func (p *readerPool[T, S]) sweep(now time.Time) {
+// sweep ends the readers free for longer than workerIdle at now.
+func (p *workerPool[T, S]) sweep(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
-	for n < len(p.idle) && now.Sub(p.idle[n].since) >= readerIdle {
+	for n < len(p.idle) && now.Sub(p.idle[n].since) >= workerIdle {
 		close(p.idle[n].work)
 		p.idle[n] = nil
 		n++
@@ -104,7 +104,7 @@ func (p *readerPool[T, S]) sweep(now time.Time) {
 }
 
 // size returns how many readers run, free or not.
-func (p *readerPool[T, S]) size() int {
+func (p *workerPool[T, S]) size() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.running
@@ -112,7 +112,7 @@ func (p *readerPool[T, S]) size() int {
 
 // stop ends every reader once it has done its work, and returns when all
 // have. run does nothing after it.
-func (p *readerPool[T, S]) stop() {
+func (p *workerPool[T, S]) stop() {
 	p.mu.Lock()
 	p.stopped = true
 	for _, r := range p.idle {

@@ -7,13 +7,13 @@ import (
 	"time"
 )
 
-// TestReaderPoolReuses: work handed one at a time is done by one reader,
+// TestWorkerPoolReuses: work handed one at a time is done by one reader,
 // which stays for the next.
-func TestReaderPoolReuses(t *testing.T) {
+func TestWorkerPoolReuses(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var done atomic.Int32
 		var states []*int
-		p := newReaderPool(4, func() *int {
+		p := newWorkerPool(4, func() *int {
 			st := new(int)
 			states = append(states, st)
 			return st
@@ -32,13 +32,13 @@ func TestReaderPoolReuses(t *testing.T) {
 	})
 }
 
-// TestReaderPoolBound: at most max readers work at once; more work waits
+// TestWorkerPoolBound: at most max readers work at once; more work waits
 // for one to be free, and is then done.
-func TestReaderPoolBound(t *testing.T) {
+func TestWorkerPoolBound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var started, done atomic.Int32
-		p := newReaderPool(2, func() struct{} { return struct{}{} }, func(int, struct{}) {
+		p := newWorkerPool(2, func() struct{} { return struct{}{} }, func(int, struct{}) {
 			started.Add(1)
 			<-release
 			done.Add(1)
@@ -70,9 +70,9 @@ func TestReaderPoolBound(t *testing.T) {
 	})
 }
 
-// TestReaderPoolSweep: readers free for readerIdle end; a reader that
+// TestWorkerPoolSweep: readers free for workerIdle end; a reader that
 // worked since stays; new work starts a reader again.
-func TestReaderPoolSweep(t *testing.T) {
+func TestWorkerPoolSweep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
@@ -84,15 +84,15 @@ func TestReaderPoolSweep(t *testing.T) {
 		synctest.Wait()
 		close(release)
 		synctest.Wait()
-		time.Sleep(readerIdle / 2)
+		time.Sleep(workerIdle / 2)
 		p.run(false) // the reader that became free last works again
 		synctest.Wait()
-		time.Sleep(readerIdle / 2)
+		time.Sleep(workerIdle / 2)
 		p.sweep(time.Now())
 		if p.size() != 1 {
 			t.Fatalf("%d readers after the sweep, want the 1 that worked since", p.size())
 		}
-		time.Sleep(readerIdle / 2)
+		time.Sleep(workerIdle / 2)
 		p.sweep(time.Now())
 		if p.size() != 0 {
 			t.Fatalf("%d readers after the second sweep, want none", p.size())
@@ -105,9 +105,9 @@ func TestReaderPoolSweep(t *testing.T) {
 	})
 }
 
-// TestReaderPoolStop: stop waits for work being done, ends every reader,
+// TestWorkerPoolStop: stop waits for work being done, ends every reader,
 // and work handed after it is not done.
-func TestReaderPoolStop(t *testing.T) {
+func TestWorkerPoolStop(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		release := make(chan struct{})
 		var done atomic.Int32
@@ -138,8 +138,8 @@ func TestReaderPoolStop(t *testing.T) {
 
 // blockingPool returns a pool of 4 readers whose work, true or false, is
 // counted in done once done, after release is closed when it is true.
-func blockingPool(release <-chan struct{}, done *atomic.Int32) *readerPool[bool, struct{}] {
-	return newReaderPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
+func blockingPool(release <-chan struct{}, done *atomic.Int32) *workerPool[bool, struct{}] {
+	return newWorkerPool(4, func() struct{} { return struct{}{} }, func(block bool, _ struct{}) {
 		if block {
 			<-release
 		}
