@@ -5,24 +5,27 @@ import (
 	"time"
 )
 
-// workerIdle is how long a reader of workerPool may wait for work before
+// workerIdle is how long a worker of workerPool may wait for work before
 // it ends.
 const workerIdle = 10 * time.Second
 
-// workerPool runs work (the reads of readable sockets) on goroutines it
-// keeps, at most max at once, each with a state of its own (its read
-// buffer), so that reading a heartbeat neither starts a goroutine nor
-// allocates. The reader that became free last is used first, so a quiet
-// gateway keeps using the same few; readers with no work for workerIdle
-// end (see sweep), and their state with them.
+// workerPool runs work on goroutines it keeps, at most max at once, each
+// with a state of its own (a reader's read buffer), so that work that
+// comes often (reading a heartbeat, writing a user's record) neither
+// starts a goroutine nor allocates, nor grows a new goroutine's stack
+// each time. The worker that became free last is used first, so a quiet
+// gateway keeps using the same few; workers with no work for workerIdle
+// end (see sweep), and their state with them, and at most keep wait
+// free at once: one freed beyond that ends at once.
 type workerPool[T, S any] struct {
 	do       func(T, S)
 	newState func() S
 	max      int
+	keep     int
 
 	mu      sync.Mutex
-	free    sync.Cond       // a reader became free, or the pool stopped
-	idle    []*worker[T, S] // free readers, the longest free first
+	free    sync.Cond       // a worker became free, or the pool stopped
+	idle    []*worker[T, S] // free workers, the longest free first
 	running int
 	stopped bool
 	wg      sync.WaitGroup
@@ -35,61 +38,70 @@ type worker[T, S any] struct {
 	since time.Time
 }
 
-// newWorkerPool returns a pool of at most max readers, each with a state
-// newState makes when it starts, that call do.
+// newWorkerPool returns a pool of at most max workers, each with a state
+// newState makes when it starts, that call do, and that keeps every
+// worker that becomes free until it has been free for workerIdle.
 func newWorkerPool[T, S any](max int, newState func() S, do func(T, S)) *workerPool[T, S] {
-	p := &workerPool[T, S]{do: do, newState: newState, max: max}
+	return newWorkerPoolKeeping(max, max, newState, do)
+}
+
+// newWorkerPoolKeeping is newWorkerPool keeping at most keep free workers.
+func newWorkerPoolKeeping[T, S any](max, keep int, newState func() S, do func(T, S)) *workerPool[T, S] {
+	p := &workerPool[T, S]{do: do, newState: newState, max: max, keep: keep}
 	p.free.L = &p.mu
 	return p
 }
 
-// run has a free reader do x, starting one if none is free and fewer than
-// max run, or else waiting for one. It does nothing once the pool stopped.
-func (p *workerPool[T, S]) run(x T) {
+// run has a free worker do x, starting one if none is free and fewer than
+// max run, or else waiting for one. It reports false, and does nothing,
+// once the pool stopped.
+func (p *workerPool[T, S]) run(x T) bool {
 	p.mu.Lock()
 	for len(p.idle) == 0 && p.running >= p.max && !p.stopped {
 		p.free.Wait()
 	}
 	if p.stopped {
 		p.mu.Unlock()
-		return
+		return false
 	}
 	if n := len(p.idle); n > 0 {
-		r := p.idle[n-1]
+		w := p.idle[n-1]
 		p.idle[n-1] = nil
 		p.idle = p.idle[:n-1]
 		p.mu.Unlock()
-		r.work <- x
-		return
+		w.work <- x
+		return true
 	}
 	p.running++
 	p.mu.Unlock()
-	r := &worker[T, S]{work: make(chan T, 1), state: p.newState()}
-	p.wg.Go(func() { p.loop(r, x) })
+	w := &worker[T, S]{work: make(chan T, 1), state: p.newState()}
+	p.wg.Go(func() { p.loop(w, x) })
+	return true
 }
 
-// loop does x, then what the pool hands r, until it is told to end.
-func (p *workerPool[T, S]) loop(r *worker[T, S], x T) {
+// loop does x, then what the pool hands w, until it is told to end.
+func (p *workerPool[T, S]) loop(w *worker[T, S], x T) {
 	for {
-		p.do(x, r.state)
+		p.do(x, w.state)
 		p.mu.Lock()
-		if p.stopped {
+		if p.stopped || len(p.idle) >= p.keep {
 			p.running--
+			p.free.Signal() // below max now
 			p.mu.Unlock()
 			return
 		}
-		r.since = time.Now()
-		p.idle = append(p.idle, r)
+		w.since = time.Now()
+		p.idle = append(p.idle, w)
 		p.free.Signal()
 		p.mu.Unlock()
 		var ok bool
-		if x, ok = <-r.work; !ok {
+		if x, ok = <-w.work; !ok {
 			return
 		}
 	}
 }
 
-// sweep ends the readers free for longer than workerIdle at now.
+// sweep ends the workers free for longer than workerIdle at now.
 func (p *workerPool[T, S]) sweep(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -103,20 +115,20 @@ func (p *workerPool[T, S]) sweep(now time.Time) {
 	p.running -= n
 }
 
-// size returns how many readers run, free or not.
+// size returns how many workers run, free or not.
 func (p *workerPool[T, S]) size() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.running
 }
 
-// stop ends every reader once it has done its work, and returns when all
+// stop ends every worker once it has done its work, and returns when all
 // have. run does nothing after it.
 func (p *workerPool[T, S]) stop() {
 	p.mu.Lock()
 	p.stopped = true
-	for _, r := range p.idle {
-		close(r.work)
+	for _, w := range p.idle {
+		close(w.work)
 	}
 	p.running -= len(p.idle)
 	p.idle = nil
