@@ -74,7 +74,7 @@ type conn struct {
 type connEnv struct {
 	handler frameHandler
 	// flushRooms writes the connection's room frames (Service.flushRooms).
-	flushRooms func(c *conn) error
+	flushRooms func(c *conn, buf []byte) []byte
 	scheduler  *outbox.Scheduler
 	metrics    *gatewayMetrics
 	// end closes a connection (Service.end).
@@ -194,7 +194,7 @@ func (c *conn) flushLocked(buf []byte) []byte {
 		}
 	}
 	if rooms {
-		_ = c.env.flushRooms(c)
+		buf = c.env.flushRooms(c, buf)
 	}
 	return buf
 }

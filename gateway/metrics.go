@@ -52,10 +52,12 @@ type gatewayMetrics struct {
 	cacheMisses   prometheus.Counter
 	invalidations *prometheus.CounterVec // by result: applied, invalid
 
-	// heartbeatMsgs is msgsIn for heartbeats, and sentSelf and sentBatch
-	// msgsOut for the scheduler's frames, resolved once: the heartbeat and
-	// delivery paths do not allocate.
+	// heartbeatMsgs is msgsIn for heartbeats, sentSelf and sentBatch
+	// msgsOut for the scheduler's frames, and sentRoomDiff and
+	// sentRoomSignal roomFrames for its room frames, resolved once: the
+	// heartbeat and delivery paths do not allocate.
 	heartbeatMsgs, sentSelf, sentBatch prometheus.Counter
+	sentRoomDiff, sentRoomSignal       prometheus.Counter
 }
 
 func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
@@ -117,6 +119,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	m.cacheHits, m.cacheMisses = cache.WithLabelValues("hit"), cache.WithLabelValues("miss")
 	m.roomFrames = f.CounterVec("greendot_gateway_room_frames_total",
 		"Room frames written to sockets, by type: room_state, room_diff, room_denied, room_signal.", "type")
+	m.sentRoomDiff = m.roomFrames.WithLabelValues(protocol.TypeRoomDiff)
+	m.sentRoomSignal = m.roomFrames.WithLabelValues(protocol.TypeRoomSignal)
 	m.natsDrops = f.CounterVec("greendot_gateway_nats_drops_total",
 		"Times NATS dropped messages of a subscription because the gateway fell behind (a slow consumer), by kind: event (a watched user's state is read again), self (the gateway's users' own states are read again), room_event (the room is listed again), room_signal (lost).", "kind")
 	f.GaugeFunc("greendot_gateway_rooms",

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -77,37 +79,37 @@ func (c *conn) joinedRooms() []*room {
 	return out
 }
 
-// flushRooms writes a room_diff for each room of c that changed; the
-// caller holds the socket's write lock.
-func (s *Service) flushRooms(c *conn) error {
+// flushRooms writes a room_diff for each room of c that changed, and a
+// room_signal for each with signals waiting for c; buf is scratch space,
+// returned for reuse. The caller holds the socket's write lock. It stops
+// at the first write that fails, which ends c.
+func (s *Service) flushRooms(c *conn, buf []byte) []byte {
 	for _, r := range c.joinedRooms() {
 		if d := r.takeDiff(c); d != nil {
-			if err := s.writeRoomFrame(c, protocol.TypeRoomDiff, d); err != nil {
-				return err
+			data, err := json.Marshal(d)
+			if err != nil {
+				s.log.Error("encode room_diff", "room", r.id, "err", err)
+			} else if !s.writeRoomFrame(c, data, s.metrics.sentRoomDiff) {
+				return buf
 			}
 		}
-		if f := r.takeSignals(c); f != nil {
-			if err := s.writeRoomFrame(c, protocol.TypeRoomSignal, f); err != nil {
-				return err
-			}
+		var ok bool
+		if buf, ok = r.appendSignals(buf[:0], c); ok && !s.writeRoomFrame(c, buf, s.metrics.sentRoomSignal) {
+			return buf
 		}
 	}
-	return nil
+	return buf
 }
 
-// writeRoomFrame writes one room frame of type typ; the caller holds the
-// socket's write lock.
-func (s *Service) writeRoomFrame(c *conn, typ string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
+// writeRoomFrame writes one room frame, counted in sent, and reports
+// whether it was written; the caller holds the socket's write lock.
+func (s *Service) writeRoomFrame(c *conn, data []byte, sent prometheus.Counter) bool {
 	if err := c.sock.WriteTextLocked(data); err != nil {
 		c.writeFailed(err)
-		return err
+		return false
 	}
-	s.metrics.roomFrames.WithLabelValues(typ).Inc()
-	return nil
+	sent.Inc()
+	return true
 }
 
 // checkRoom answers a room message whose room id is not one, or not

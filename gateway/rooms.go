@@ -182,7 +182,7 @@ type roomView struct {
 	notified bool
 	// signals wait for the next room_signal frame: the newest of each
 	// connection and signal type.
-	signals map[signalKey]*presence.RoomSignal
+	signals map[signalKey]*pendingSignal
 }
 
 // signalKey is a connection's signal of one type.

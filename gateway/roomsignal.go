@@ -80,37 +80,73 @@ func (r *room) onSignal(msg *nats.Msg) {
 		r.hub.log.Warn("undecodable room signal", "subject", msg.Subject, "err", err)
 		return
 	}
+	var pending *pendingSignal
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for c, v := range r.locals {
 		if c.connID == sig.ConnID || !v.shows(sig.UserID) {
 			continue
 		}
-		if v.signals == nil {
-			v.signals = make(map[signalKey]*presence.RoomSignal)
+		if pending == nil {
+			var err error
+			if pending, err = newPendingSignal(&sig); err != nil {
+				r.hub.log.Warn("encode room signal", "room", r.id, "err", err)
+				return
+			}
 		}
-		v.signals[signalKey{sig.ConnID, sig.Signal}] = &sig
+		if v.signals == nil {
+			v.signals = make(map[signalKey]*pendingSignal)
+		}
+		v.signals[signalKey{sig.ConnID, sig.Signal}] = pending
 		c.roomsChanged()
 	}
 }
 
-// takeSignals returns the room_signal frame of the signals waiting for c,
-// or nil when none does.
-func (r *room) takeSignals(c *conn) *protocol.RoomSignal {
+// pendingSignal is a signal waiting for the room_signal frames of the
+// sockets shown it, encoded once for all of them.
+type pendingSignal struct {
+	userID, connID, signal string
+	entry                  []byte // its protocol.RoomSignalEntry, as JSON
+}
+
+func newPendingSignal(sig *presence.RoomSignal) (*pendingSignal, error) {
+	entry, err := json.Marshal(&protocol.RoomSignalEntry{UserID: sig.UserID, ConnID: sig.ConnID,
+		Signal: sig.Signal, Data: sig.Data, ExpiresMS: protocol.SignalExpiresMS})
+	if err != nil {
+		return nil, err
+	}
+	return &pendingSignal{userID: sig.UserID, connID: sig.ConnID, signal: sig.Signal, entry: entry}, nil
+}
+
+// appendSignals appends the room_signal frame of the signals waiting for
+// c to dst (as encoding/json writes a protocol.RoomSignal: the room id
+// has nothing to escape), and takes them; it reports false, and appends
+// nothing, when none waits.
+func (r *room) appendSignals(dst []byte, c *conn) ([]byte, bool) {
+	var buf [8]*pendingSignal
+	sigs := buf[:0]
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	v := r.locals[c]
-	if v == nil || len(v.signals) == 0 {
-		return nil
+	if v := r.locals[c]; v != nil {
+		for _, p := range v.signals {
+			sigs = append(sigs, p)
+		}
+		v.signals = nil
 	}
-	f := &protocol.RoomSignal{Type: protocol.TypeRoomSignal, Room: r.id, Signals: make([]protocol.RoomSignalEntry, 0, len(v.signals))}
-	for _, sig := range v.signals {
-		f.Signals = append(f.Signals, protocol.RoomSignalEntry{UserID: sig.UserID, ConnID: sig.ConnID,
-			Signal: sig.Signal, Data: sig.Data, ExpiresMS: protocol.SignalExpiresMS})
+	r.mu.Unlock()
+	if len(sigs) == 0 {
+		return dst, false
 	}
-	v.signals = nil
-	slices.SortFunc(f.Signals, func(a, b protocol.RoomSignalEntry) int {
-		return cmp.Or(cmp.Compare(a.UserID, b.UserID), cmp.Compare(a.ConnID, b.ConnID), cmp.Compare(a.Signal, b.Signal))
+	slices.SortFunc(sigs, func(a, b *pendingSignal) int {
+		return cmp.Or(cmp.Compare(a.userID, b.userID), cmp.Compare(a.connID, b.connID), cmp.Compare(a.signal, b.signal))
 	})
-	return f
+	dst = append(dst, `{"type":"`+protocol.TypeRoomSignal+`","room":"`...)
+	dst = append(dst, r.id...)
+	dst = append(dst, `","signals":[`...)
+	for i, p := range sigs {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, p.entry...)
+	}
+	return append(dst, "]}"...), true
 }
