@@ -168,13 +168,6 @@ type natsCluster struct {
 func startCluster(tb testing.TB, n int) *natsCluster {
 	tb.Helper()
 	c := &natsCluster{tb: tb, viol: &violations{}}
-	for i := range n {
-		nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: tb.TempDir(), port: freePort(tb)}
-		if n > 1 {
-			nd.clusterPort = freePort(tb)
-		}
-		c.nodes = append(c.nodes, nd)
-	}
 	// Registered after the storage directories, so that it runs before
 	// they are removed: cleanups run last in, first out.
 	tb.Cleanup(func() {
@@ -191,11 +184,40 @@ func startCluster(tb testing.TB, n int) *natsCluster {
 			tb.Errorf("nats servers logged permission violations:\n%s", strings.Join(refused, "\n"))
 		}
 	})
-	for i := range n {
-		c.start(i)
+	// A port found free may be taken before its server binds it (by
+	// another test process): then the cluster starts again on other
+	// ports, with fresh storage.
+	for attempt := 1; ; attempt++ {
+		c.nodes = nil
+		for i := range n {
+			nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: tb.TempDir(), port: freePort(tb)}
+			if n > 1 {
+				nd.clusterPort = freePort(tb)
+			}
+			c.nodes = append(c.nodes, nd)
+		}
+		err := c.startAll()
+		if err == nil {
+			break
+		}
+		c.shutdown()
+		if !strings.Contains(err.Error(), "address already in use") || attempt == 3 {
+			tb.Fatal(err)
+		}
+		tb.Logf("starting the cluster again on other ports: %v", err)
 	}
 	c.waitReady()
 	return c
+}
+
+// startAll starts every node, and returns the first error.
+func (c *natsCluster) startAll() error {
+	for i := range c.nodes {
+		if err := c.startNode(i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // options loads node i's configuration: nats.conf for a cluster node,
@@ -227,12 +249,21 @@ func (c *natsCluster) options(i int) *server.Options {
 // start starts node i.
 func (c *natsCluster) start(i int) {
 	c.tb.Helper()
+	if err := c.startNode(i); err != nil {
+		c.tb.Fatal(err)
+	}
+}
+
+// startNode starts node i, or says why it did not.
+func (c *natsCluster) startNode(i int) error {
+	c.tb.Helper()
 	nd := c.nodes[i]
 	srv, err := system.StartNATS(system.NATSConfig{Options: c.options(i), Logger: slog.New(c.viol)})
 	if err != nil {
-		c.tb.Fatalf("nats %s: %v", nd.name, err)
+		return fmt.Errorf("nats %s: %w", nd.name, err)
 	}
 	nd.srv = srv
+	return nil
 }
 
 // kill shuts node i down at once: its clients and routes are cut, its

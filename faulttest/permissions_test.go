@@ -612,14 +612,18 @@ func startWebhooks(tb testing.TB, urls, url string, t timings) *system.Proc {
 	return p
 }
 
-// freePort returns a loopback TCP port that was free a moment ago. It is
-// below the kernel's ephemeral range (32768 and up on Linux), where
-// outgoing connections take their ports, so that a server restarted on it
-// later finds it free again.
+// freePort returns a loopback TCP port that was free a moment ago, and
+// that it has not returned before in this process. It is below the
+// kernel's ephemeral range (32768 and up on Linux), where outgoing
+// connections take their ports, so that a server restarted on it later
+// finds it free again.
 func freePort(tb testing.TB) int {
 	tb.Helper()
 	for range 100 {
 		p := 20000 + rand.IntN(12000)
+		if _, taken := portsGiven.LoadOrStore(p, true); taken {
+			continue
+		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err == nil {
 			_ = ln.Close()
@@ -629,6 +633,10 @@ func freePort(tb testing.TB) int {
 	tb.Fatal("no free port")
 	return 0
 }
+
+// portsGiven are the ports freePort returned: two servers of one test
+// process never get the same one.
+var portsGiven sync.Map
 
 // startGatewayWith runs a gateway like startGateway, with cfg changed by
 // edit.
