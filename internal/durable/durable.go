@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -204,7 +205,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	conses := make([]jetstream.Consumer, len(streams))
 	for i, st := range streams {
 		stream := st.streamName()
-		cons, err := store.JetStream().CreateOrUpdateConsumer(ctx, stream, st.Consumer)
+		cons, err := c.createConsumer(ctx, store.JetStream(), stream, st.Consumer)
 		if err != nil {
 			return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", st.Consumer.Durable, stream, err))
 		}
@@ -302,6 +303,32 @@ const flushTimeout = 10 * time.Second
 
 // startErr returns err, the reason a start failed, or nil when ctx was
 // canceled: a process asked to stop while it starts has not failed.
+// createConsumer creates or updates a durable consumer of stream,
+// trying again while the server does not answer in time (a cluster still
+// electing its leaders, or too busy), with a pause that doubles from
+// retryFirst to retryMost, until ctx ends. Any other error is returned at
+// once.
+func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	pause := retryFirst
+	for {
+		cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		if err == nil || ctx.Err() != nil || !unanswered(err) {
+			return cons, err
+		}
+		c.log.Warn("create the durable consumer: no answer in time; trying again", "consumer", cfg.Durable, "stream", stream, "err", err, "retry_in", pause)
+		if err := sleep.For(ctx, pause); err != nil {
+			return nil, err
+		}
+		pause = min(2*pause, retryMost)
+	}
+}
+
+// unanswered reports whether err says that a JetStream request got no
+// answer in time, rather than an answer that refused it.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
+}
+
 func startErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return nil
