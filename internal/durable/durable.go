@@ -309,17 +309,17 @@ const flushTimeout = 10 * time.Second
 // retryFirst to retryMost, until ctx ends. Any other error is returned at
 // once.
 func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
-	pause := retryFirst
+	var pause time.Duration
 	for {
 		cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
 		if err == nil || ctx.Err() != nil || !unanswered(err) {
 			return cons, err
 		}
+		pause = nextRetry(pause)
 		c.log.Warn("create the durable consumer: no answer in time; trying again", "consumer", cfg.Durable, "stream", stream, "err", err, "retry_in", pause)
 		if err := sleep.For(ctx, pause); err != nil {
 			return nil, err
 		}
-		pause = min(2*pause, retryMost)
 	}
 }
 

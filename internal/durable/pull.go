@@ -51,6 +51,13 @@ const (
 	retryMost  = 5 * time.Second
 )
 
+// nextRetry returns the pause after a failed request that followed a
+// pause of prev (0 for the first failure): retryFirst, doubling up to
+// retryMost.
+func nextRetry(prev time.Duration) time.Duration {
+	return min(max(2*prev, retryFirst), retryMost)
+}
+
 // pullBatches starts reading st's consumer in batches.
 func (c *Consumer) pullBatches(cons jetstream.Consumer, st Stream) reader {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -86,7 +93,7 @@ func (c *Consumer) readBatches(ctx context.Context, cons jetstream.Consumer, st 
 		pause := st.PullEvery
 		switch {
 		case err != nil:
-			backoff = min(max(2*backoff, retryFirst), retryMost)
+			backoff = nextRetry(backoff)
 			pause = backoff
 			c.log.Warn("fetch from the durable consumer", "consumer", st.Consumer.Durable, "stream", st.streamName(), "err", err, "retry_in", backoff)
 		case n >= most:
