@@ -168,8 +168,10 @@ type natsCluster struct {
 func startCluster(tb testing.TB, n int) *natsCluster {
 	tb.Helper()
 	c := &natsCluster{tb: tb, viol: &violations{}}
-	// Registered after the storage directories, so that it runs before
-	// they are removed: cleanups run last in, first out.
+	// The nodes' storage is made under storage, whose removal is
+	// registered before the shutdown, so that the servers are down before
+	// it goes: cleanups run last in, first out.
+	storage := tb.TempDir()
 	tb.Cleanup(func() {
 		c.shutdown()
 		var refused []string
@@ -190,7 +192,11 @@ func startCluster(tb testing.TB, n int) *natsCluster {
 	for attempt := 1; ; attempt++ {
 		c.nodes = nil
 		for i := range n {
-			nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: tb.TempDir(), port: freePort(tb)}
+			dir, err := os.MkdirTemp(storage, fmt.Sprintf("n%d-", i+1))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			nd := &natsNode{name: fmt.Sprintf("n%d", i+1), storeDir: dir, port: freePort(tb)}
 			if n > 1 {
 				nd.clusterPort = freePort(tb)
 			}
