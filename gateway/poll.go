@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime"
 	"sync"
 	"time"
 
@@ -100,6 +101,15 @@ func (s *Service) pollLoop(context.Context) {
 		if b.n > 0 {
 			readers.run(b)
 		}
+		// The readers just handed work wait on this goroutine's P, and
+		// Wait is a system call that blocks with the P held. Left there,
+		// they wait until the runtime's monitor takes the P back, which
+		// makes another thread start and the monitor poll again every
+		// 20 microseconds: at 20,000 connections and 1,000 changes a
+		// second that was over a third of the gateways' context
+		// switches. Yielding first lets the readers run here and the
+		// next Wait start with nothing queued behind it.
+		runtime.Gosched()
 	}
 }
 
