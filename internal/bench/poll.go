@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -189,6 +190,9 @@ func (p *poller) run() {
 			l.pmu.Unlock()
 			p.ready <- l
 		}
+		// As the gateway's poller does: the readers just woken run on
+		// this goroutine's P before the next epoll_wait blocks holding it.
+		runtime.Gosched()
 	}
 }
 
