@@ -346,7 +346,7 @@ func TestWritersPublishFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := pub.Publish("gina", &w); err != nil || n != 2 {
+	if n, err := pub.Publish("gina", &w, false); err != nil || n != 2 {
 		t.Fatalf("published %d events, %v; want 2", n, err)
 	}
 	if ev := b.nextEvent(); ev.UserID != "gina" || ev.Rev != w.Rev {

@@ -468,7 +468,7 @@ func (s *Service) write(ctx context.Context, userID, kind string, remove func(*p
 		return nil
 	}
 	s.metrics.removed.WithLabelValues(kind).Add(float64(n))
-	if _, err := s.events.Publish(userID, &w); err != nil {
+	if _, err := s.events.Publish(userID, &w, false); err != nil {
 		s.log.Warn("publish events", "user_id", userID, "err", err)
 	}
 	if s.log.Enabled(ctx, slog.LevelDebug) {

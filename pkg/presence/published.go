@@ -60,6 +60,10 @@ const (
 type Publisher struct {
 	nc    *nats.Conn
 	every time.Duration // ReportEvery, but in tests
+	// local is the gateway whose self events deliver takes in process
+	// (HandOver); empty for none. Both are set before the first Publish.
+	local   string
+	deliver func(*SelfEvent)
 
 	mu sync.Mutex
 	// pending is what was published since the last report; conn is the
@@ -75,11 +79,25 @@ type Publisher struct {
 // nc, and calls Close before it closes nc.
 func NewPublisher(nc *nats.Conn) *Publisher { return &Publisher{nc: nc, every: ReportEvery} }
 
+// HandOver has the Publisher hand the self events meant for gateway to
+// deliver, on the goroutine that calls Publish, instead of publishing
+// them, for the writes whose Publish says handOver. The gateway that
+// writes a user's record most often holds all of the user's connections:
+// its own self event need not go through NATS to come back to it. It must
+// be called before the first Publish.
+func (p *Publisher) HandOver(gateway string, deliver func(*SelfEvent)) {
+	p.local, p.deliver = gateway, deliver
+}
+
 // Publish publishes the events a status write of userID calls for
 // (Changes), and returns how many it published. A write that wrote
 // nothing calls for none. Events are published on core NATS: a write whose
 // events are lost (its writer died) is published by the fanout instead.
-func (p *Publisher) Publish(userID string, w *Write) (int, error) {
+// With handOver, the self event for the gateway of HandOver is handed to
+// its deliver function instead, and not counted: the caller says so only
+// when every connection of that gateway the written record names will
+// see what deliver delivers.
+func (p *Publisher) Publish(userID string, w *Write, handOver bool) (int, error) {
 	if !w.Written {
 		return 0, nil
 	}
@@ -99,11 +117,18 @@ func (p *Publisher) Publish(userID string, w *Write) (int, error) {
 			pubSent = true
 		}
 		if self != nil {
-			data, err := EncodeSelfEvent(self)
-			if err != nil {
-				return err
-			}
+			var data []byte
 			for _, gw := range gws {
+				if handOver && gw == p.local && p.deliver != nil {
+					p.deliver(self)
+					continue
+				}
+				if data == nil {
+					var err error
+					if data, err = EncodeSelfEvent(self); err != nil {
+						return err
+					}
+				}
 				if err := p.nc.Publish(SelfSubject(gw), data); err != nil {
 					return err
 				}

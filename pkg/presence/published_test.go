@@ -43,12 +43,12 @@ func TestPublisherReports(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n, err := pub.Publish("alice", &w); err != nil || n == 0 {
+		if n, err := pub.Publish("alice", &w, false); err != nil || n == 0 {
 			t.Fatalf("published %d, %v", n, err)
 		}
 		revs = append(revs, w.Rev)
 	}
-	if n, err := pub.Publish("bob", &presence.Write{}); err != nil || n != 0 {
+	if n, err := pub.Publish("bob", &presence.Write{}, false); err != nil || n != 0 {
 		t.Fatalf("a write that wrote nothing published %d, %v", n, err)
 	}
 
@@ -111,7 +111,7 @@ func TestPublisherReportsNothingAcrossReconnects(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pub.Publish(user, &w); err != nil {
+		if _, err := pub.Publish(user, &w, false); err != nil {
 			t.Fatal(err)
 		}
 		return w.Rev
@@ -139,6 +139,103 @@ func TestPublisherReportsNothingAcrossReconnects(t *testing.T) {
 	}
 	if !maps.Equal(rep.Pub, map[string]uint64{"after": rev}) || !maps.Equal(rep.Self, map[string]uint64{"after": rev}) {
 		t.Errorf("report = %+v, want only the events published after the reconnect (at %d)", rep, rev)
+	}
+}
+
+// TestPublisherHandsOver: with HandOver, the self event for the local
+// gateway goes to its function and not to NATS, for the writes Publish is
+// told may hand it over; the other gateways' go to NATS, and the report
+// names the self event all the same.
+func TestPublisherHandsOver(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	selfs, err := nc.SubscribeSync(presence.SelfSubject("*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reports, err := nc.SubscribeSync(presence.PublishedSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	pub := presence.NewPublisherEvery(nc, time.Hour) // reports only on Close
+	var handed []presence.SelfEvent
+	pub.HandOver("gw1", func(ev *presence.SelfEvent) { handed = append(handed, *ev) })
+
+	var cache presence.Cached
+	write := func(conn, gw string) presence.Write {
+		t.Helper()
+		w, err := store.WriteStatus(context.Background(), "alice", &cache, func(r *presence.Record) error {
+			r.SetConn(conn, presence.ConnInfo{Gateway: gw, Lease: "E"})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	nextSelf := func() string {
+		t.Helper()
+		m, err := selfs.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatalf("no self event: %v", err)
+		}
+		return m.Subject
+	}
+
+	write("a1", "gw2")
+	w := write("a2", "gw1")
+	// Published with the hand-over: gw1's self event is handed over, gw2's
+	// is published (what others see did not change: no public event).
+	if n, err := pub.Publish("alice", &w, true); err != nil || n != 1 {
+		t.Fatalf("published %d, %v; want 1, nil", n, err)
+	}
+	want := presence.SelfEvent{UserID: "alice", Status: presence.Online, Devices: 2, Rev: w.Rev}
+	if len(handed) != 1 || handed[0] != want {
+		t.Fatalf("handed over %+v, want [%+v]", handed, want)
+	}
+	if got := nextSelf(); got != presence.SelfSubject("gw2") {
+		t.Errorf("self event on %s, want only gw2's", got)
+	}
+
+	// Without it, both gateways' self events go to NATS.
+	w = write("a3", "gw1")
+	if n, err := pub.Publish("alice", &w, false); err != nil || n != 2 {
+		t.Fatalf("published %d, %v; want 2, nil", n, err)
+	}
+	if len(handed) != 1 {
+		t.Errorf("handed over %+v without being told it may", handed[1:])
+	}
+	got := map[string]bool{nextSelf(): true, nextSelf(): true}
+	if !got[presence.SelfSubject("gw1")] || !got[presence.SelfSubject("gw2")] {
+		t.Errorf("self events on %v, want gw1's and gw2's", got)
+	}
+
+	pub.Close()
+	m, err := reports.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	var rep presence.Published
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Self["alice"] != w.Rev {
+		t.Errorf("report = %+v, want alice's self event at %d", rep, w.Rev)
+	}
+	// The server delivers what was published before it answers a ping on
+	// the same connection.
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := selfs.Pending(); n != 0 {
+		t.Errorf("%d self events more", n)
 	}
 }
 
