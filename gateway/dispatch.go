@@ -15,7 +15,9 @@ import (
 
 // dispatch reads the events NATS delivers to the gateway, in order, until
 // ctx is canceled, and runs the functions given to call in order with
-// them. It is the only goroutine that delivers events.
+// them. It is the only goroutine that delivers the events of NATS; the
+// self events of the gateway's own writes are delivered by their writers
+// (deliverSelf).
 func (s *Service) dispatch(ctx context.Context) {
 	selfSubject := presence.SelfSubject(s.cfg.ID)
 	for {
@@ -48,7 +50,9 @@ func (s *Service) dispatch(ctx context.Context) {
 }
 
 // deliverSelf hands a user's own state to the user's connections here.
-// It runs on the dispatcher.
+// It runs on the dispatcher, and on a user's writer for the self events of
+// the writer's own writes (presence.Publisher.HandOver): each connection
+// keeps the newest revision it is given, whichever comes first.
 func (s *Service) deliverSelf(ev *presence.SelfEvent) {
 	for _, c := range s.registry.userConns(ev.UserID) {
 		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)

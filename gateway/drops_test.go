@@ -7,9 +7,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -115,5 +118,74 @@ func cutNATS(t *testing.T, sys *systest.System, gw *systest.Gateway) {
 	}
 	if err := sys.Server.DisconnectClientByID(id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestSelfHandedOver: the self event of a gateway's own write reaches the
+// user's sockets there without going through NATS, and NATS carries it
+// only to the other gateways holding the user's connections. There is no
+// fanout here to publish what a writer did not.
+func TestSelfHandedOver(t *testing.T) {
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	gw1 := sys.Gateway()
+	gw2 := sys.StartGateway(gateway.Config{})
+	subs := map[*systest.Gateway]*nats.Subscription{}
+	for _, gw := range []*systest.Gateway{gw1, gw2} {
+		sub, err := sys.NC.SubscribeSync(presence.SelfSubject(gw.ID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		subs[gw] = sub
+	}
+	// carried returns how many self events NATS carried to gw so far, of
+	// those the server has: it delivers what it has before it answers a
+	// ping on this connection.
+	carried := func(gw *systest.Gateway) int {
+		t.Helper()
+		if err := sys.NC.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		n, _, _ := subs[gw].Pending()
+		return n
+	}
+
+	web := sys.Dial(gw1, "alice", "web")
+	defer systest.KeepAlive(web, systest.Heartbeat)()
+	systest.AwaitSelf(t, web, presence.Online, 1)
+	phone := sys.Dial(gw1, "alice", "phone")
+	defer systest.KeepAlive(phone, systest.Heartbeat)()
+	systest.AwaitSelf(t, phone, presence.Online, 2)
+	systest.AwaitSelf(t, web, presence.Online, 2)
+
+	// Both of her connections are on gw1: with its dispatcher held, which
+	// would hold a self event from NATS, both see her change.
+	release := gw1.HoldDispatcher()
+	defer release()
+	if err := web.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitSelf(t, web, presence.Busy, 2)
+	systest.AwaitSelf(t, phone, presence.Busy, 2)
+	release()
+
+	// With a device on gw2 too, gw2 hears of her next change from NATS,
+	// gw1's sockets still from their writer. (gw2's write of the tablet's
+	// connection went to gw1 through NATS: web saw it.)
+	tablet := sys.Dial(gw2, "alice", "tablet")
+	defer systest.KeepAlive(tablet, systest.Heartbeat)()
+	systest.AwaitSelf(t, tablet, presence.Busy, 3)
+	systest.AwaitSelf(t, web, presence.Busy, 3)
+	before1, before2 := carried(gw1), carried(gw2)
+	if err := phone.SetStatus("away"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*client.Conn{web, phone, tablet} {
+		systest.AwaitSelf(t, c, presence.Away, 3)
+	}
+	if n := carried(gw2) - before2; n != 1 {
+		t.Errorf("%d self events to gw2 through NATS, want 1", n)
+	}
+	if n := carried(gw1) - before1; n != 0 {
+		t.Errorf("%d self events to gw1 through NATS, want none", n)
 	}
 }

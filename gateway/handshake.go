@@ -204,6 +204,7 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
 	}
+	s.keys.listed(c)
 	// The user's own state goes right after hello, before any answer to
 	// what the client sends once it has hello: written here, under the
 	// same hold, not left to the scheduler. (A box handed to the

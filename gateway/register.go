@@ -88,6 +88,9 @@ type connKey struct {
 	closedAt int64  // unix ms of a clean close; 0 while open
 	idle     bool
 	ended    bool // taken out of the user's state
+	// listed is set once the connection is in the gateway's registry,
+	// where a self event handed over in process reaches it.
+	listed bool
 }
 
 // userState is what the registrar keeps of a user with connections here,
@@ -296,6 +299,14 @@ func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uin
 	}
 }
 
+// listed notes that c, registered, is now in the gateway's registry (see
+// listedLocked).
+func (r *registrar) listed(c *conn) {
+	c.us.mu.Lock()
+	c.key.listed = true
+	c.us.mu.Unlock()
+}
+
 // connRecord returns the value of c's key under epoch.
 func (r *registrar) connRecord(c *conn, epoch string, idle bool) presence.ConnRecord {
 	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Since: c.since, Idle: idle}
@@ -344,6 +355,7 @@ func (r *registrar) write(us *userState) {
 		}
 		gen := us.gen
 		entries, gone, chosen := r.desiredLocked(us)
+		handOver := listedLocked(us)
 		us.mu.Unlock()
 
 		w, err := r.writeOnce(us, entries, gone, chosen)
@@ -368,7 +380,7 @@ func (r *registrar) write(us *userState) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
-		r.publish(us.id, &w)
+		r.publish(us.id, &w, handOver)
 		r.removeKeys(gone)
 
 		us.mu.Lock()
@@ -473,9 +485,25 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 	return w, nil
 }
 
-// publish publishes the events a write calls for.
-func (r *registrar) publish(userID string, w *presence.Write) {
-	n, err := r.events.Publish(userID, w)
+// listedLocked reports whether every connection of the user here is in
+// the registry, so that the self event of a write reaches each of them
+// when it is handed over in process (presence.Publisher.HandOver). One
+// still being registered is not yet: the self events of writes made
+// meanwhile go through NATS, as those of other gateways do. The caller
+// holds us.mu.
+func listedLocked(us *userState) bool {
+	for _, c := range us.conns {
+		if !c.key.listed {
+			return false
+		}
+	}
+	return true
+}
+
+// publish publishes the events a write calls for; with handOver, the self
+// event for this gateway is handed over in process (see listedLocked).
+func (r *registrar) publish(userID string, w *presence.Write, handOver bool) {
+	n, err := r.events.Publish(userID, w, handOver)
 	r.metrics.eventsOut.Add(float64(n))
 	if err != nil {
 		r.log.Warn("publish events", "user_id", userID, "err", err)
