@@ -25,7 +25,8 @@ func bucketsCommand() *cli.Command {
 			"With --feed it also creates the stream presence_feed, which the webhooks processes consume: it\n" +
 			"sources presence_status and keeps every revision for --feed-max-age, however many a user makes\n" +
 			"(the bucket keeps 10 per user, and greendot's writers wait for the copy before they would drop one\n" +
-			"not copied yet), so that a receiver outage shorter than that loses none.\n" +
+			"not copied yet), so that a receiver outage shorter than that loses none. A writer that found no feed\n" +
+			"looks for it again after a second: create it before the webhooks processes start.\n" +
 			"It costs one more JetStream write per status change: create it only if webhooks run.",
 		Flags: concat(natsFlags(), ownEnv("buckets",
 			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume, or bring it up to date"),

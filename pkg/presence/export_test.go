@@ -24,3 +24,10 @@ func UnfedOf(data []byte) (int, error) {
 	var r Record
 	return decodeStored(data, &r, "")
 }
+
+// SetNow has s read the time from now.
+func SetNow(s *Store, now func() time.Time) { s.now = now }
+
+// FeedAbsentFor is how long a Store believes FeedStream missing once a
+// look found it so.
+const FeedAbsentFor = feedAbsentFor

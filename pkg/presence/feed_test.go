@@ -315,6 +315,7 @@ func TestFeedBurstWaitsForCopy(t *testing.T) {
 // then goes ahead, counted.
 func TestFeedGateGivesUp(t *testing.T) {
 	ctx, _, store, late := feedStore(t, 100*time.Millisecond)
+	clock := skewedClock(store)
 	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
 	if err != nil {
 		t.Fatal(err)
@@ -345,8 +346,75 @@ func TestFeedGateGivesUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	pauseFeed(t, ctx, js)
+	// The store believes the feed missing for a while after it found so.
+	clock.Add(int64(presence.FeedAbsentFor))
 	burst("bob")
 	if n := late.Load(); n != 2 {
 		t.Errorf("%d writes went ahead without the copy, want 2 (one per %d)", n, presence.StatusHistory)
 	}
+}
+
+// TestFeedAbsentLookedAtOnce: with no feed, the writes that would drop a
+// revision not known copied look for the feed once, not each: a look is a
+// request on the stream API. A feed created meanwhile is looked at once
+// that belief has run out, and its copies are waited for.
+func TestFeedAbsentLookedAtOnce(t *testing.T) {
+	ctx, nc, store, late := feedStore(t, time.Minute)
+	clock := skewedClock(store)
+	var looks atomic.Int64
+	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET."+presence.FeedStream, func(*nats.Msg) { looks.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	burst := func(users ...string) {
+		t.Helper()
+		for range 2*presence.StatusHistory + 1 {
+			for _, user := range users {
+				if _, err := flip(ctx, store, user); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	// looked returns the looks so far: the server delivers the requests
+	// it has to this subscription before it answers a ping on the same
+	// connection, and each look was answered before its write went on.
+	looked := func() int64 {
+		t.Helper()
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		return looks.Load()
+	}
+
+	// Six writes of three users would drop a revision; one looks.
+	burst("alice", "bob", "carol")
+	if n := looked(); n != 1 {
+		t.Errorf("without a feed, %d looks at it, want 1", n)
+	}
+
+	js := store.JetStream()
+	if _, err := presence.EnsureFeed(ctx, js, presence.BucketOptions{}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(int64(presence.FeedAbsentFor))
+	burst("dave")
+	if n := looked(); n < 3 {
+		t.Errorf("with a feed, %d looks at it in all, want 1 and then one per %d writes of dave", n, presence.StatusHistory)
+	}
+	if n := late.Load(); n != 0 {
+		t.Errorf("%d writes went ahead without the copy", n)
+	}
+}
+
+// skewedClock has store read the time as time.Now plus the returned
+// offset (ns), which the test moves on.
+func skewedClock(store *presence.Store) *atomic.Int64 {
+	var offset atomic.Int64
+	presence.SetNow(store, func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	return &offset
 }

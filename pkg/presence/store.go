@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,6 +46,9 @@ type Store struct {
 	// feedWait bounds how long a status write waits for FeedStream to
 	// copy the user's revisions before it (see feedGate).
 	feedWait time.Duration
+	// noFeedUntil is when (unix ns) the store stops believing that
+	// FeedStream does not exist, as a look found (see feedGate).
+	noFeedUntil atomic.Int64
 }
 
 // buckets returns the store's buckets with where each is kept.
@@ -467,17 +471,28 @@ func (s *Store) encodeNext(ctx context.Context, userID string, cur, next *Record
 // it has not copied yet (see stored); then it goes ahead.
 const FeedWait = 5 * time.Second
 
+// feedAbsentFor is how long a Store believes FeedStream missing once a
+// look found it so: without it, every user's every StatusHistory-th write
+// would ask NATS's stream API again, a request the server handles under
+// its account's locks, for a stream most deployments never create. A feed
+// created meanwhile (greendot buckets --feed) is looked at again within
+// that time.
+const feedAbsentFor = time.Second
+
 // feedGate returns the unfed count of a write over the record at revision
 // curRev, whose count is unfed (see stored). While StatusBucket keeps
 // every revision of the user that FeedStream may not have copied yet, it
 // only counts. When the write would make the bucket drop one of those
 // (unfed is StatusHistory), it first waits until FeedStream holds curRev
-// (or is found not to exist), polling it, for at most feedWait; a write
-// that goes ahead without the copy is counted by onFeedLate. It returns
-// ctx's error if ctx ends first.
+// (or is found not to exist, or was within feedAbsentFor), polling it, for
+// at most feedWait; a write that goes ahead without the copy is counted by
+// onFeedLate. It returns ctx's error if ctx ends first.
 func (s *Store) feedGate(ctx context.Context, userID string, unfed int, curRev uint64) (int, error) {
 	if unfed < StatusHistory {
 		return unfed + 1, nil
+	}
+	if s.now().UnixNano() < s.noFeedUntil.Load() {
+		return 1, nil
 	}
 	wait, cancel := context.WithTimeout(ctx, s.feedWait)
 	defer cancel()
@@ -485,6 +500,7 @@ func (s *Store) feedGate(ctx context.Context, userID string, unfed int, curRev u
 	for pause := time.Millisecond; ; pause = min(2*pause, 100*time.Millisecond) {
 		m, err := s.lastMsg(wait, FeedStream, subject)
 		if errors.Is(err, errNoStream) {
+			s.noFeedUntil.Store(s.now().Add(feedAbsentFor).UnixNano())
 			return 1, nil
 		}
 		if err == nil {
