@@ -249,16 +249,7 @@ func TestFeedBurstWaitsForCopy(t *testing.T) {
 		return nil
 	})
 
-	// The writer's looks at the feed are requests on its stream's API.
-	var looks atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET."+presence.FeedStream, func(*nats.Msg) { looks.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	looks := countLooks(t, nc)
 
 	resume := pauseFeed(t, ctx, js)
 	const burst = 3 * presence.StatusHistory
@@ -361,15 +352,7 @@ func TestFeedGateGivesUp(t *testing.T) {
 func TestFeedAbsentLookedAtOnce(t *testing.T) {
 	ctx, nc, store, late := feedStore(t, time.Minute)
 	clock := skewedClock(store)
-	var looks atomic.Int64
-	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET."+presence.FeedStream, func(*nats.Msg) { looks.Add(1) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	looks := countLooks(t, nc)
 	burst := func(users ...string) {
 		t.Helper()
 		for range 2*presence.StatusHistory + 1 {
@@ -409,6 +392,22 @@ func TestFeedAbsentLookedAtOnce(t *testing.T) {
 	if n := late.Load(); n != 0 {
 		t.Errorf("%d writes went ahead without the copy", n)
 	}
+}
+
+// countLooks counts the writers' looks at the feed, which are requests on
+// its stream's API, from now on.
+func countLooks(t *testing.T, nc *nats.Conn) *atomic.Int64 {
+	t.Helper()
+	looks := new(atomic.Int64)
+	sub, err := nc.Subscribe("$JS.API.STREAM.MSG.GET."+presence.FeedStream, func(*nats.Msg) { looks.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return looks
 }
 
 // skewedClock has store read the time as time.Now plus the returned

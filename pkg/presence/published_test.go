@@ -129,14 +129,7 @@ func TestPublisherReportsNothingAcrossReconnects(t *testing.T) {
 	rev := write("after")
 	pub.Close()
 
-	m, err := reports.NextMsg(10 * time.Second)
-	if err != nil {
-		t.Fatalf("no report: %v", err)
-	}
-	var rep presence.Published
-	if err := json.Unmarshal(m.Data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := nextReport(t, reports)
 	if !maps.Equal(rep.Pub, map[string]uint64{"after": rev}) || !maps.Equal(rep.Self, map[string]uint64{"after": rev}) {
 		t.Errorf("report = %+v, want only the events published after the reconnect (at %d)", rep, rev)
 	}
@@ -218,15 +211,7 @@ func TestPublisherHandsOver(t *testing.T) {
 	}
 
 	pub.Close()
-	m, err := reports.NextMsg(10 * time.Second)
-	if err != nil {
-		t.Fatalf("no report: %v", err)
-	}
-	var rep presence.Published
-	if err := json.Unmarshal(m.Data, &rep); err != nil {
-		t.Fatal(err)
-	}
-	if rep.Self["alice"] != w.Rev {
+	if rep := nextReport(t, reports); rep.Self["alice"] != w.Rev {
 		t.Errorf("report = %+v, want alice's self event at %d", rep, w.Rev)
 	}
 	// The server delivers what was published before it answers a ping on
@@ -237,6 +222,20 @@ func TestPublisherHandsOver(t *testing.T) {
 	if n, _, _ := selfs.Pending(); n != 0 {
 		t.Errorf("%d self events more", n)
 	}
+}
+
+// nextReport returns the next report sub receives.
+func nextReport(t *testing.T, sub *nats.Subscription) presence.Published {
+	t.Helper()
+	m, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no report: %v", err)
+	}
+	var rep presence.Published
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
 
 func TestSplitReport(t *testing.T) {
