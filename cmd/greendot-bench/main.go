@@ -76,17 +76,18 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"Scenarios, each bounded in time: idle measures the gateways' RSS and heap per connection (over\n" +
 			"their RSS before connecting), the workers' RSS and the kernel's slab per connection, CPU per\n" +
 			"10k connections, and the JetStream writes and stored messages per second over --duration;\n" +
-			"propagation has targets set_status at --rate per second for --duration and\n" +
-			"measures set_status sent to presence_batch received; death stops the targets' heartbeats\n" +
-			"without closing and measures when watchers see them offline after the TTL; churn replaces\n" +
-			"connections (new one first, then a clean close) at --rate per second and counts false offline\n" +
-			"events; storm restarts gateways and measures the time until every client is connected again;\n" +
-			"room puts every connection in one room, then has its first 100 members by user id leave and\n" +
-			"join again at --rate per second for --duration, and measures join to room_state and each\n" +
-			"change to the other members' room_diff; typing puts the connections in rooms of --room-size,\n" +
-			"has one member of each room send a typing signal every --typing-interval for --duration, and\n" +
-			"measures it to the other members' room_signal, the CPU per 10k rooms and the gateways' memory\n" +
-			"per room membership.\n" +
+			"propagation has targets set_status at --rate per second for --duration and measures set_status\n" +
+			"sent to presence_batch received, in all and clear of the spans in which the workers' speed\n" +
+			"probe (a fixed piece of arithmetic every 10ms, timed in its thread's CPU time) found the\n" +
+			"processors at under half their usual speed; death stops the targets' heartbeats without closing\n" +
+			"and measures when watchers see them offline after the TTL; churn replaces connections (new one\n" +
+			"first, then a clean close) at --rate per second and counts false offline events; storm restarts\n" +
+			"gateways and measures the time until every client is connected again; room puts every\n" +
+			"connection in one room, then has its first 100 members by user id leave and join again at\n" +
+			"--rate per second for --duration, and measures join to room_state and each change to the other\n" +
+			"members' room_diff; typing puts the connections in rooms of --room-size, has one member of each\n" +
+			"room send a typing signal every --typing-interval for --duration, and measures it to the other\n" +
+			"members' room_signal, the CPU per 10k rooms and the gateways' memory per room membership.\n" +
 			"The report is a markdown table on stdout (median, min and max over --repeat runs) and JSON\n" +
 			"with --json; progress goes to stderr.",
 		Flags:           flags(),

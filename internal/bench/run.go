@@ -579,6 +579,9 @@ func (r *runner) propagation(ctx context.Context) error {
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
 	r.add("set_status send lag p99", lag.ms(99), "ms", "")
+	if err := r.addSlow(replies); err != nil {
+		return err
+	}
 	r.addCPU(a, b, "while changing")
 	return nil
 }
@@ -605,6 +608,33 @@ func (r *runner) death(ctx context.Context) error {
 	r.add("offline seen by watchers", float64(sum(replies, "seen")), "count", "= expected")
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
+	return nil
+}
+
+// addSlow adds what the workers' speed probes saw of the machine while
+// the changes were measured: how much of the time its processors ran at
+// under half their usual speed, and the latencies of the changes no such
+// span touched. Nothing, where no worker could probe.
+func (r *runner) addSlow(replies []Reply) error {
+	probed, probing := int64(0), 0
+	for _, rep := range replies {
+		if n := rep.Counts["probed_ns"]; n > 0 {
+			probed += n
+			probing++
+		}
+	}
+	if probing == 0 {
+		return nil
+	}
+	clear, err := mergeHist(replies, "latency_clear")
+	if err != nil {
+		return err
+	}
+	r.add("machine ran slow (speed probe)", 100*float64(sum(replies, "slow_ns"))/float64(probed), "% of the time", "")
+	r.add("machine's slow spans (speed probe)", float64(sum(replies, "slow_spans"))/float64(probing), "count", "")
+	r.add("changes seen clear of slow spans", float64(clear.Count()), "count", "")
+	r.add("changes seen but not logged", float64(sum(replies, "deliveries_unlogged")), "count", "= 0")
+	r.addLatency("set_status to presence_batch clear of slow spans", clear, true, "")
 	return nil
 }
 

@@ -138,6 +138,9 @@ func (w *worker) mismatches() int64 {
 func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 	lat, lag := newHist(), newHist()
 	defer w.measure(phasePropagate, lat)()
+	seen := &deliveryLog{}
+	w.delivered.Store(seen)
+	probe := startProbe()
 	var sent, expected, skipped int64
 	if n := len(w.targets); n > 0 {
 		w.pace(rate, d, -1, lag, func(i int) {
@@ -162,6 +165,9 @@ func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 		})
 	}
 	converged := w.waitFor(settle, func() bool { return w.mismatches() == 0 })
+	w.delivered.Store(nil)
+	slow := probe.finish()
+	clear, touched := seen.clear(slow)
 	counts := map[string]int64{
 		"sent":       sent,
 		"skipped":    skipped,
@@ -169,11 +175,21 @@ func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 		"delivered":  w.deliveries.Swap(0),
 		"stale":      w.stale.Swap(0),
 		"mismatches": w.mismatches(),
+		// What the speed probe saw, and the deliveries its slow spans
+		// touched.
+		"probes":              int64(slow.probes),
+		"probes_slow":         int64(slow.slow),
+		"probe_median_ns":     slow.median,
+		"probed_ns":           slow.to - slow.from,
+		"slow_ns":             int64(slow.slowTime()),
+		"slow_spans":          int64(len(slow.spans)),
+		"touched_by_slow":     touched,
+		"deliveries_unlogged": seen.dropped,
 	}
 	if !converged {
 		w.errs.add("watchers had not all seen the newest statuses after %v", settle)
 	}
-	return w.reply(counts, map[string]*hist{"latency": lat, "send_lag": lag})
+	return w.reply(counts, map[string]*hist{"latency": lat, "send_lag": lag, "latency_clear": clear})
 }
 
 // death stops the targets' heartbeats without closing their sockets, and

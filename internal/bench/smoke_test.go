@@ -228,6 +228,22 @@ func TestSmoke(t *testing.T) {
 				if all := get("greendot's processes (gateways, reaper, fanout, bench process) CPU while changing"); math.Abs(all-parts) > 0.01 {
 					t.Errorf("greendot's processes CPU = %v, want the sum of its parts %v", all, parts)
 				}
+				if runtime.GOOS == "linux" {
+					// The workers probed the machine's speed, and every
+					// change seen is either clear of its slow spans or not.
+					if slow := get("machine ran slow (speed probe)"); slow < 0 || slow > 100 {
+						t.Errorf("machine ran slow %v%% of the time", slow)
+					}
+					if n := get("changes seen but not logged"); n != 0 {
+						t.Errorf("%v changes seen but not logged", n)
+					}
+					if clear, seen := get("changes seen clear of slow spans"), get("changes seen by watchers"); clear > seen || clear == 0 && get("machine ran slow (speed probe)") == 0 {
+						t.Errorf("changes seen clear of slow spans = %v of %v", clear, seen)
+					}
+					if p99, all := get("set_status to presence_batch clear of slow spans p99"), get("set_status to presence_batch max"); p99 > all {
+						t.Errorf("p99 clear of slow spans %v ms, beyond the longest of all %v ms", p99, all)
+					}
+				}
 			case "death":
 				if seen, want := get("offline seen by watchers"), get("offline sightings expected"); seen != want {
 					t.Errorf("offline seen by watchers = %v, want %v", seen, want)

@@ -161,6 +161,9 @@ type worker struct {
 	denied       atomic.Int64 // denied frames
 	serverErrors atomic.Int64 // error frames
 	latency      atomic.Pointer[hist]
+	// delivered, while set, logs each change seen by a watcher
+	// (propagate), to be told apart by the machine's slow spans.
+	delivered atomic.Pointer[deliveryLog]
 
 	// Rooms state: the plan of the rooms scenario in progress, and what
 	// its members were shown.
@@ -639,6 +642,9 @@ func (w *worker) observe(v *vconn, list []presence.Presence, now int64, init boo
 		w.deliveries.Add(1)
 		if h := w.latency.Load(); h != nil {
 			h.record(time.Duration(now - at))
+		}
+		if l := w.delivered.Load(); l != nil {
+			l.add(at, now)
 		}
 	}
 }
