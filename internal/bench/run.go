@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -617,21 +618,28 @@ func (r *runner) death(ctx context.Context) error {
 // span touched. Nothing, where no worker could probe.
 func (r *runner) addSlow(replies []Reply) error {
 	probed, probing := int64(0), 0
+	var medians []int64
 	for _, rep := range replies {
 		if n := rep.Counts["probed_ns"]; n > 0 {
 			probed += n
 			probing++
+			medians = append(medians, rep.Counts["probe_median_ns"])
 		}
 	}
 	if probing == 0 {
 		return nil
 	}
+	slices.Sort(medians)
 	clear, err := mergeHist(replies, "latency_clear")
 	if err != nil {
 		return err
 	}
 	r.add("machine ran slow (speed probe)", 100*float64(sum(replies, "slow_ns"))/float64(probed), "% of the time", "")
 	r.add("machine's slow spans (speed probe)", float64(sum(replies, "slow_spans"))/float64(probing), "count", "")
+	// How long the probe's work usually took: runs on a slower machine,
+	// or in a slower hour of the same one, take longer, and their CPU
+	// figures are higher for the same work.
+	r.add("speed probe median", float64(medians[len(medians)/2])/1000, "µs", "")
 	r.add("changes seen clear of slow spans", float64(clear.Count()), "count", "")
 	r.add("changes seen but not logged", float64(sum(replies, "deliveries_unlogged")), "count", "= 0")
 	r.addLatency("set_status to presence_batch clear of slow spans", clear, true, "")

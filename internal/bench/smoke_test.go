@@ -234,6 +234,9 @@ func TestSmoke(t *testing.T) {
 					if slow := get("machine ran slow (speed probe)"); slow < 0 || slow > 100 {
 						t.Errorf("machine ran slow %v%% of the time", slow)
 					}
+					if us := get("speed probe median"); us <= 0 {
+						t.Errorf("speed probe median %v µs", us)
+					}
 					if n := get("changes seen but not logged"); n != 0 {
 						t.Errorf("%v changes seen but not logged", n)
 					}
