@@ -1,8 +1,10 @@
 package fanout
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -47,6 +49,17 @@ type Service struct {
 	due   []*pending
 	wake  chan struct{}
 
+	// retry holds, in the order they failed, the revisions whose events
+	// work could not publish (its connection down and its reconnect
+	// buffer full), to try again at retryAt; only work touches them.
+	// held is, per user, the newest of them: process leaves a redelivery
+	// of it alone, for its try acknowledges it, where it would otherwise
+	// acknowledge it as handled already.
+	retry   []*pending
+	retryAt time.Time
+	heldMu  sync.Mutex
+	held    map[string]uint64
+
 	reg     *prometheus.Registry
 	metrics *fanoutMetrics
 }
@@ -81,6 +94,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		sent: make(map[string]versions),
 		seen: newSeenEvents(),
 		wake: make(chan struct{}, 1),
+		held: make(map[string]uint64),
 		reg:  metrics.NewRegistry(),
 	}
 	s.metrics = newFanoutMetrics(s.reg, s)
@@ -174,6 +188,9 @@ var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
 func (s *Service) handle(msg jetstream.Msg) {
 	s.metrics.revisions.Inc()
 	p, err := s.process(msg)
+	if errors.Is(err, errHeld) {
+		return // its try acknowledges it
+	}
 	if err != nil {
 		s.metrics.failed.Inc()
 		s.log.Error("fanout revision", "subject", msg.Subject(), "err", err)
@@ -224,6 +241,9 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	}
 
 	last, known := s.sent[userID]
+	if known && rev <= last.rev && s.isHeld(userID, rev) {
+		return nil, errHeld
+	}
 	if known && rev <= last.rev {
 		// Handled already, or older than a revision that was: delivered
 		// again because an acknowledgement was lost. What it says is out
@@ -255,13 +275,28 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: meta.Timestamp.Add(s.cfg.Delay)}, nil
 }
 
+// errHeld says that a revision delivered again is one whose events wait
+// for another try.
+var errHeld = errors.New("held for another try")
+
+// isHeld reports whether rev is the newest revision of user whose events
+// wait for another try.
+func (s *Service) isHeld(user string, rev uint64) bool {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	held, ok := s.held[user]
+	return ok && held == rev
+}
+
 // work publishes, once Delay has passed since each revision was written,
 // the events its writer did not publish, and acknowledges the revision,
 // until ctx is canceled; then it finishes at once the revisions it holds,
-// and ends the subscriptions. While revisions wait it looks every tick (a
-// fifth of Delay, at most 50ms): a revision's events wait at most that
-// long past Delay, and no goroutine wakes per revision or per event seen;
-// while none wait it does not tick at all.
+// and ends the subscriptions. Events it could not publish it tries again
+// every retryEvery, and acknowledges their revision once they are out.
+// While revisions wait it looks every tick (a fifth of Delay, at most
+// 50ms): a revision's events wait at most that long past Delay, and no
+// goroutine wakes per revision or per event seen; while none wait it does
+// not tick at all.
 func (s *Service) work(ctx context.Context) {
 	defer func() {
 		if s.reports != nil {
@@ -284,6 +319,7 @@ func (s *Service) work(ctx context.Context) {
 		case <-ctx.Done():
 			s.readSeen()
 			s.finishDue(time.Time{})
+			s.handBack()
 			return
 		case now := <-prune.C:
 			s.seen.prune(now.Add(-seenFor))
@@ -294,7 +330,11 @@ func (s *Service) work(ctx context.Context) {
 			}
 		case now := <-tc:
 			s.readSeen()
-			if !s.finishDue(now) {
+			waiting := s.finishDue(now)
+			if len(s.retry) > 0 && !now.Before(s.retryAt) {
+				s.tryAgain(now)
+			}
+			if !waiting && len(s.retry) == 0 {
 				// Nothing waits: the next revision's wake starts the
 				// ticks again (one handled meanwhile sent it already).
 				tick.Stop()
@@ -326,24 +366,87 @@ func (s *Service) finishDue(now time.Time) bool {
 	}
 	waiting := len(s.due) > 0
 	s.dueMu.Unlock()
+	var failed []*pending
+	var firstErr error
 	for i, p := range batch {
-		s.finish(p)
+		if err := s.finish(p); err != nil {
+			failed = append(failed, p)
+			firstErr = cmp.Or(firstErr, err)
+		}
 		batch[i] = nil // the array may live on under s.due
 	}
+	if len(failed) > 0 {
+		if len(s.retry) == 0 {
+			s.retryAt = now.Add(retryEvery)
+		}
+		s.retry = append(s.retry, failed...)
+		s.heldMu.Lock()
+		for _, p := range failed {
+			s.held[p.userID] = max(s.held[p.userID], p.rev)
+		}
+		s.heldMu.Unlock()
+		s.log.Error("publish events; trying again", "revisions", len(failed), "waiting", len(s.retry), "err", firstErr)
+	}
 	return waiting
+}
+
+// retryEvery is how often the fanout tries again to publish the events it
+// could not.
+const retryEvery = time.Second
+
+// tryAgain publishes the events of the revisions held for another try,
+// and acknowledges each revision whose events are out. The rest wait for
+// the next try, at now plus retryEvery; each is told to the server as in
+// progress, so that it is not delivered again meanwhile.
+func (s *Service) tryAgain(now time.Time) {
+	var left []*pending
+	var firstErr error
+	for _, p := range s.retry {
+		if err := s.finish(p); err != nil {
+			_ = p.msg.InProgress()
+			left = append(left, p)
+			firstErr = cmp.Or(firstErr, err)
+		}
+	}
+	s.heldMu.Lock()
+	clear(s.held)
+	for _, p := range left {
+		s.held[p.userID] = max(s.held[p.userID], p.rev)
+	}
+	s.heldMu.Unlock()
+	if n := len(s.retry) - len(left); n > 0 {
+		s.log.Info("published events on another try", "revisions", n)
+	}
+	if len(left) > 0 {
+		s.log.Error("publish events; trying again", "waiting", len(left), "err", firstErr)
+	}
+	clear(s.retry)
+	s.retry, s.retryAt = left, now.Add(retryEvery)
+}
+
+// handBack asks for the redelivery of the revisions still held for
+// another try as the fanout stops: to another instance, or to this one
+// started again, neither of which has handled them.
+func (s *Service) handBack() {
+	for _, p := range s.retry {
+		_ = p.msg.Nak()
+	}
+	s.retry = nil
 }
 
 // finish publishes what a revision calls for that its writer did not,
 // then acknowledges it. The acknowledgement goes out on the same
 // connection after the events, so if it reaches the server the events
-// did too.
-func (s *Service) finish(p *pending) {
+// did too. If an event cannot be published, it returns the error and
+// leaves the revision unacknowledged: its events may be published again
+// on another try, which gateways drop as not newer.
+func (s *Service) finish(p *pending) error {
 	if p.pub != nil {
 		if s.seen.has(p.userID, false, p.rev) {
 			s.metrics.covered.Inc()
 		} else if err := s.publish(presence.EventSubject(p.userID), p.pub); err != nil {
-			s.fail(p, err)
-			return
+			s.metrics.failed.Inc()
+			return err
 		} else {
 			s.metrics.published.Inc()
 			if p.pub.At != 0 {
@@ -354,19 +457,14 @@ func (s *Service) finish(p *pending) {
 	if p.self != nil && !s.seen.has(p.userID, true, p.rev) {
 		for _, gw := range p.gateways {
 			if err := s.publish(presence.SelfSubject(gw), p.self); err != nil {
-				s.fail(p, err)
-				return
+				s.metrics.failed.Inc()
+				return err
 			}
 			s.metrics.self.Inc()
 		}
 	}
 	_ = p.msg.Ack()
-}
-
-func (s *Service) fail(p *pending, err error) {
-	s.metrics.failed.Inc()
-	s.log.Error("publish events", "user_id", p.userID, "err", err)
-	_ = p.msg.NakWithDelay(time.Second)
+	return nil
 }
 
 func (s *Service) publish(subject string, v any) error {

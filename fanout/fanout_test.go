@@ -3,15 +3,19 @@ package fanout_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/fanout"
+	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -57,6 +61,13 @@ func (b *bench) subscribe(subject string) *nats.Subscription {
 // function (or the end of the test) stops it.
 func (b *bench) startFanout(cfg fanout.Config, opts ...nats.Option) (stop func()) {
 	b.t.Helper()
+	_, stop = b.runFanout(cfg, opts...)
+	return stop
+}
+
+// runFanout is startFanout, and returns the fanout too.
+func (b *bench) runFanout(cfg fanout.Config, opts ...nats.Option) (f *fanout.Service, stop func()) {
+	b.t.Helper()
 	f, err := fanout.New(natstest.Connect(b.t, b.srv, opts...), cfg)
 	if err != nil {
 		b.t.Fatal(err)
@@ -80,7 +91,7 @@ func (b *bench) startFanout(cfg fanout.Config, opts ...nats.Option) (stop func()
 	}
 	b.t.Cleanup(stop)
 	natstest.CheckFor(b.t, 10*time.Second, 10*time.Millisecond, func() error { return f.Ready(ctx) })
-	return stop
+	return f, stop
 }
 
 // update changes a user's record as a gateway would, and returns the
@@ -394,4 +405,59 @@ func TestWritersPublishFirst(t *testing.T) {
 	}
 	none(t, b.events)
 	none(t, selfs)
+}
+
+// TestPublishRetried: when the fanout cannot publish a revision's events
+// (its connection is down and buffers nothing), it publishes them once it
+// can. A revision handed back for redelivery would come back to the same
+// fanout as one it had handled already, and be acknowledged unpublished.
+func TestPublishRetried(t *testing.T) {
+	dir := t.TempDir()
+	srv := natstest.RunServerWithOptions(t, &server.Options{StoreDir: dir})
+	port := srv.Addr().(*net.TCPAddr).Port
+	b := newBench(t, srv)
+	f, _ := b.runFanout(fanout.Config{Delay: time.Second, AckWait: 2 * time.Second},
+		nats.ReconnectBufSize(-1), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+
+	// Written without a writer's events: the fanout's to publish, once
+	// its Delay has passed, by when the server is down.
+	_, rev := b.update("yara", func(r *presence.Record) { r.SetConn("y1", presence.ConnInfo{Gateway: "gw1"}) })
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if v, _ := metricstest.Value(f.Registry(), "greendot_fanout_revisions_total"); v == 0 {
+			return errors.New("the fanout has not received the revision yet")
+		}
+		return nil
+	})
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if v, _ := metricstest.Value(f.Registry(), "greendot_fanout_revisions_failed_total"); v == 0 {
+			return errors.New("the fanout has not failed to publish yet")
+		}
+		return nil
+	})
+	natstest.RunServerWithOptions(t, &server.Options{StoreDir: dir, Port: port})
+
+	if ev := b.nextEvent(); ev.UserID != "yara" || ev.Rev != rev || ev.Status != presence.Online {
+		t.Fatalf("event = %+v, want yara online at %d", ev, rev)
+	}
+	// And the revision was acknowledged once its events were out.
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		c, err := js.Consumer(context.Background(), presence.StreamName(presence.StatusBucket), presence.FanoutConsumer)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumAckPending != 0 || info.NumPending != 0 {
+			return fmt.Errorf("%d revisions unacknowledged, %d not delivered", info.NumAckPending, info.NumPending)
+		}
+		return nil
+	})
 }

@@ -35,7 +35,7 @@ func newFanoutMetrics(reg prometheus.Registerer, s *Service) *fanoutMetrics {
 		ignored: f.CounterVec("greendot_fanout_revisions_ignored_total",
 			"Revisions acknowledged without an event, by reason: not greendot's (invalid_key, undecodable), or delivered again after a newer one was handled (stale).", "reason"),
 		failed: f.Counter("greendot_fanout_revisions_failed_total",
-			"Revisions that could not be processed (metadata, publish) and were handed back for redelivery."),
+			"Failures to process a revision: metadata that could not be read (the revision is handed back for redelivery), or events that could not be published (tried again every second until they are out); counted at each failure."),
 		lag: f.Histogram("greendot_fanout_lag_seconds",
 			"Time from a status record being written to its public event being published.", metrics.LatencyBuckets),
 	}
