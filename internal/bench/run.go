@@ -630,7 +630,7 @@ func (r *runner) addSlow(replies []Reply) error {
 		return nil
 	}
 	slices.Sort(medians)
-	clear, err := mergeHist(replies, "latency_clear")
+	steady, err := mergeHist(replies, "latency_clear")
 	if err != nil {
 		return err
 	}
@@ -640,9 +640,9 @@ func (r *runner) addSlow(replies []Reply) error {
 	// or in a slower hour of the same one, take longer, and their CPU
 	// figures are higher for the same work.
 	r.add("speed probe median", float64(medians[len(medians)/2])/1000, "µs", "")
-	r.add("changes seen clear of slow spans", float64(clear.Count()), "count", "")
+	r.add("changes seen clear of slow spans", float64(steady.Count()), "count", "")
 	r.add("changes seen but not logged", float64(sum(replies, "deliveries_unlogged")), "count", "= 0")
-	r.addLatency("set_status to presence_batch clear of slow spans", clear, true, "")
+	r.addLatency("set_status to presence_batch clear of slow spans", steady, true, "")
 	return nil
 }
 

@@ -167,7 +167,7 @@ func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 	converged := w.waitFor(settle, func() bool { return w.mismatches() == 0 })
 	w.delivered.Store(nil)
 	slow := probe.finish()
-	clear, touched := seen.clear(slow)
+	steady := seen.steady(slow)
 	counts := map[string]int64{
 		"sent":       sent,
 		"skipped":    skipped,
@@ -175,21 +175,17 @@ func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 		"delivered":  w.deliveries.Swap(0),
 		"stale":      w.stale.Swap(0),
 		"mismatches": w.mismatches(),
-		// What the speed probe saw, and the deliveries its slow spans
-		// touched.
-		"probes":              int64(slow.probes),
-		"probes_slow":         int64(slow.slow),
+		// What the speed probe saw.
 		"probe_median_ns":     slow.median,
 		"probed_ns":           slow.to - slow.from,
 		"slow_ns":             int64(slow.slowTime()),
 		"slow_spans":          int64(len(slow.spans)),
-		"touched_by_slow":     touched,
 		"deliveries_unlogged": seen.dropped,
 	}
 	if !converged {
 		w.errs.add("watchers had not all seen the newest statuses after %v", settle)
 	}
-	return w.reply(counts, map[string]*hist{"latency": lat, "send_lag": lag, "latency_clear": clear})
+	return w.reply(counts, map[string]*hist{"latency": lat, "send_lag": lag, "latency_clear": steady})
 }
 
 // death stops the targets' heartbeats without closing their sockets, and

@@ -15,7 +15,7 @@ import (
 // not counted, so a machine that is merely busy does not read as slow; a
 // virtual machine whose host gives its cores' time elsewhere, or slows
 // them, does. A probe that took more than slowFactor times the phase's
-// median ran slow; slow probes less than slowJoin apart make one slow
+// median ran slow; slow probes up to slowJoin apart make one slow
 // span.
 const (
 	probeEvery = 10 * time.Millisecond
@@ -193,19 +193,16 @@ func (l *deliveryLog) add(sent, seen int64) {
 	l.v = append(l.v, sent, seen)
 }
 
-// clear returns a histogram of the deliveries that no slow span touched,
-// and how many were left out.
-func (l *deliveryLog) clear(s slowSpans) (h *hist, touched int64) {
+// steady returns a histogram of the deliveries that no slow span touched.
+func (l *deliveryLog) steady(s slowSpans) *hist {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	h = newHist()
+	h := newHist()
 	for i := 0; i+1 < len(l.v); i += 2 {
 		sent, seen := l.v[i], l.v[i+1]
-		if s.touches(sent, seen) {
-			touched++
-			continue
+		if !s.touches(sent, seen) {
+			h.record(time.Duration(seen - sent))
 		}
-		h.record(time.Duration(seen - sent))
 	}
-	return h, touched
+	return h
 }

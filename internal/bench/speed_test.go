@@ -88,7 +88,7 @@ func TestTouches(t *testing.T) {
 	}
 }
 
-func TestDeliveryLogClear(t *testing.T) {
+func TestDeliveryLogSteady(t *testing.T) {
 	s := slowSpans{spans: [][2]int64{{100 * ms, 200 * ms}}}
 	var l deliveryLog
 	l.add(0, 2*ms)           // clear: 2 ms
@@ -97,10 +97,7 @@ func TestDeliveryLogClear(t *testing.T) {
 	l.add(220*ms, 221*ms)    // in its wake
 	l.add(300*ms, 304*ms)    // clear: 4 ms
 	l.add(400*ms, 400*ms+10) // clear: under a microsecond
-	h, touched := l.clear(s)
-	if touched != 3 {
-		t.Errorf("touched %d, want 3", touched)
-	}
+	h := l.steady(s)
 	m := newMerged()
 	enc, err := h.encode()
 	if err != nil {
