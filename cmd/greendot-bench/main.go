@@ -87,7 +87,8 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"--rate per second for --duration, and measures join to room_state and each change to the other\n" +
 			"members' room_diff; typing puts the connections in rooms of --room-size, has one member of each\n" +
 			"room send a typing signal every --typing-interval for --duration, and measures it to the other\n" +
-			"members' room_signal, the CPU per 10k rooms and the gateways' memory per room membership.\n" +
+			"members' room_signal (in all and clear of the slow spans, as propagation), the CPU per 10k\n" +
+			"rooms and the gateways' memory per room membership.\n" +
 			"The report is a markdown table on stdout (median, min and max over --repeat runs) and JSON\n" +
 			"with --json; progress goes to stderr.",
 		Flags:           flags(),

@@ -580,7 +580,7 @@ func (r *runner) propagation(ctx context.Context) error {
 	r.add("false offline", float64(sum(replies, "false_offline")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
 	r.add("set_status send lag p99", lag.ms(99), "ms", "")
-	if err := r.addSlow(replies); err != nil {
+	if err := r.addSlow(replies, "set_status to presence_batch", "changes"); err != nil {
 		return err
 	}
 	r.addCPU(a, b, "while changing")
@@ -612,11 +612,13 @@ func (r *runner) death(ctx context.Context) error {
 	return nil
 }
 
-// addSlow adds what the workers' speed probes saw of the machine while
-// the changes were measured: how much of the time its processors ran at
-// under half their usual speed, and the latencies of the changes no such
-// span touched. Nothing, where no worker could probe.
-func (r *runner) addSlow(replies []Reply) error {
+// addSlow adds what the workers' speed probes saw of the machine while a
+// phase was measured (worker.watchSpeed): how much of the time its
+// processors ran at under half their usual speed, and the latencies of
+// the deliveries no such span touched, as the figures of what (the
+// latency's name) and of the things seen (changes, signals). Nothing,
+// where no worker could probe.
+func (r *runner) addSlow(replies []Reply, what, things string) error {
 	probed, probing := int64(0), 0
 	var medians []int64
 	for _, rep := range replies {
@@ -640,9 +642,9 @@ func (r *runner) addSlow(replies []Reply) error {
 	// or in a slower hour of the same one, take longer, and their CPU
 	// figures are higher for the same work.
 	r.add("speed probe median", float64(medians[len(medians)/2])/1000, "µs", "")
-	r.add("changes seen clear of slow spans", float64(steady.Count()), "count", "")
-	r.add("changes seen but not logged", float64(sum(replies, "deliveries_unlogged")), "count", "= 0")
-	r.addLatency("set_status to presence_batch clear of slow spans", steady, true, "")
+	r.add(things+" seen clear of slow spans", float64(steady.Count()), "count", "")
+	r.add(things+" seen but not logged", float64(sum(replies, "deliveries_unlogged")), "count", "= 0")
+	r.addLatency(what+" clear of slow spans", steady, true, "")
 	return nil
 }
 

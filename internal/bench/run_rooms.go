@@ -150,6 +150,9 @@ func (r *runner) typing(ctx context.Context) error {
 	r.add("signals not sent", float64(sum(replies, "skipped")), "count", "= 0")
 	r.add("unexpected disconnections", float64(sum(replies, "unexpected_disconnects")), "count", "= 0")
 	r.add("typing send lag p99", lag.ms(99), "ms", "")
+	if err := r.addSlow(replies, "typing to room_signal", "signals"); err != nil {
+		return err
+	}
 	r.addCPU(a, b, "while typing")
 	secs := b.at.Sub(a.at).Seconds()
 	var gw time.Duration

@@ -275,6 +275,9 @@ func (w *worker) roomFrame(v *vconn, m *protocol.ServerMessage, now int64) {
 			if h := w.latency.Load(); h != nil {
 				h.record(time.Duration(now - d.T))
 			}
+			if l := w.delivered.Load(); l != nil {
+				l.add(d.T, now)
+			}
 		}
 	}
 }
@@ -459,6 +462,7 @@ func (w *worker) typing(d, settle time.Duration) Reply {
 	lat, lag := newHist(), newHist()
 	w.signalsSeen.Store(0)
 	defer w.measure(phaseTyping, lat)()
+	speed := w.watchSpeed()
 	var sent, skipped int64
 	w.paceFrom(time.Unix(0, plan.Start), plan.Rate, d, -1, lag, func(j int) {
 		v := w.local(j%rooms*plan.Size + j/rooms%plan.Size)
@@ -483,10 +487,9 @@ func (w *worker) typing(d, settle time.Duration) Reply {
 	// Signals are not stored: nothing tells when the last one has been
 	// delivered everywhere but time.
 	w.waitFor(settle, func() bool { return false })
-	return w.reply(map[string]int64{
-		"sent":    sent,
-		"skipped": skipped,
-		"seen":    w.signalsSeen.Swap(0),
-		"stale":   w.stale.Swap(0),
-	}, map[string]*hist{"signal": lat, "lag": lag})
+	counts, hists := map[string]int64{}, map[string]*hist{"signal": lat, "lag": lag}
+	speed(counts, hists) // before the signals are counted: none logged goes uncounted
+	counts["sent"], counts["skipped"] = sent, skipped
+	counts["seen"], counts["stale"] = w.signalsSeen.Swap(0), w.stale.Swap(0)
+	return w.reply(counts, hists)
 }

@@ -138,9 +138,7 @@ func (w *worker) mismatches() int64 {
 func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 	lat, lag := newHist(), newHist()
 	defer w.measure(phasePropagate, lat)()
-	seen := &deliveryLog{}
-	w.delivered.Store(seen)
-	probe := startProbe()
+	speed := w.watchSpeed()
 	var sent, expected, skipped int64
 	if n := len(w.targets); n > 0 {
 		w.pace(rate, d, -1, lag, func(i int) {
@@ -165,27 +163,15 @@ func (w *worker) propagate(rate float64, d, settle time.Duration) Reply {
 		})
 	}
 	converged := w.waitFor(settle, func() bool { return w.mismatches() == 0 })
-	w.delivered.Store(nil)
-	slow := probe.finish()
-	steady := seen.steady(slow)
-	counts := map[string]int64{
-		"sent":       sent,
-		"skipped":    skipped,
-		"expected":   expected,
-		"delivered":  w.deliveries.Swap(0),
-		"stale":      w.stale.Swap(0),
-		"mismatches": w.mismatches(),
-		// What the speed probe saw.
-		"probe_median_ns":     slow.median,
-		"probed_ns":           slow.to - slow.from,
-		"slow_ns":             int64(slow.slowTime()),
-		"slow_spans":          int64(len(slow.spans)),
-		"deliveries_unlogged": seen.dropped,
-	}
+	counts, hists := map[string]int64{}, map[string]*hist{"latency": lat, "send_lag": lag}
+	speed(counts, hists) // before the deliveries are counted: none logged goes uncounted
+	counts["sent"], counts["skipped"], counts["expected"] = sent, skipped, expected
+	counts["delivered"], counts["stale"] = w.deliveries.Swap(0), w.stale.Swap(0)
+	counts["mismatches"] = w.mismatches()
 	if !converged {
 		w.errs.add("watchers had not all seen the newest statuses after %v", settle)
 	}
-	return w.reply(counts, map[string]*hist{"latency": lat, "send_lag": lag, "latency_clear": steady})
+	return w.reply(counts, hists)
 }
 
 // death stops the targets' heartbeats without closing their sockets, and

@@ -228,25 +228,7 @@ func TestSmoke(t *testing.T) {
 				if all := get("greendot's processes (gateways, reaper, fanout, bench process) CPU while changing"); math.Abs(all-parts) > 0.01 {
 					t.Errorf("greendot's processes CPU = %v, want the sum of its parts %v", all, parts)
 				}
-				if runtime.GOOS == "linux" {
-					// The workers probed the machine's speed, and every
-					// change seen is either clear of its slow spans or not.
-					if slow := get("machine ran slow (speed probe)"); slow < 0 || slow > 100 {
-						t.Errorf("machine ran slow %v%% of the time", slow)
-					}
-					if us := get("speed probe median"); us <= 0 {
-						t.Errorf("speed probe median %v µs", us)
-					}
-					if n := get("changes seen but not logged"); n != 0 {
-						t.Errorf("%v changes seen but not logged", n)
-					}
-					if clear, seen := get("changes seen clear of slow spans"), get("changes seen by watchers"); clear > seen || clear == 0 && get("machine ran slow (speed probe)") == 0 {
-						t.Errorf("changes seen clear of slow spans = %v of %v", clear, seen)
-					}
-					if p99, all := get("set_status to presence_batch clear of slow spans p99"), get("set_status to presence_batch max"); p99 > all {
-						t.Errorf("p99 clear of slow spans %v ms, beyond the longest of all %v ms", p99, all)
-					}
-				}
+				speedProbed(t, get, "set_status to presence_batch", "changes", "changes seen by watchers")
 			case "death":
 				if seen, want := get("offline seen by watchers"), get("offline sightings expected"); seen != want {
 					t.Errorf("offline seen by watchers = %v, want %v", seen, want)
@@ -267,7 +249,35 @@ func TestSmoke(t *testing.T) {
 				if get("typing signals sent") == 0 {
 					t.Error("no typing signal was sent")
 				}
+				speedProbed(t, get, "typing to room_signal", "signals", "signals seen by members")
 			}
 		})
+	}
+}
+
+// speedProbed checks, where the workers can probe the machine's speed,
+// the figures of what they found (runner.addSlow): a share of the time,
+// a median, nothing left unlogged, and every delivery seen either clear
+// of the slow spans or not.
+func speedProbed(t *testing.T, get func(string) float64, what, things, seenFigure string) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		return
+	}
+	slow := get("machine ran slow (speed probe)")
+	if slow < 0 || slow > 100 {
+		t.Errorf("machine ran slow %v%% of the time", slow)
+	}
+	if us := get("speed probe median"); us <= 0 {
+		t.Errorf("speed probe median %v µs", us)
+	}
+	if n := get(things + " seen but not logged"); n != 0 {
+		t.Errorf("%v %s seen but not logged", n, things)
+	}
+	if clear, seen := get(things+" seen clear of slow spans"), get(seenFigure); clear > seen || clear < seen && slow == 0 {
+		t.Errorf("%s seen clear of slow spans = %v of %v, with the machine slow %v%% of the time", things, clear, seen, slow)
+	}
+	if p99, all := get(what+" clear of slow spans p99"), get(what+" max"); p99 > all {
+		t.Errorf("p99 clear of slow spans %v ms, beyond the longest of all %v ms", p99, all)
 	}
 }

@@ -169,6 +169,27 @@ func (s slowSpans) touches(start, end int64) bool {
 	return i > 0 && s.spans[i-1][1]+int64(settleAfter) >= start
 }
 
+// watchSpeed starts the speed probe and the log of what the workers see
+// for a measured phase. Its end stops both, and adds to counts and hists
+// what the orchestrator reports of them (addSlow): the probe's findings,
+// and the "latency_clear" histogram of the deliveries clear of the slow
+// spans.
+func (w *worker) watchSpeed() (end func(counts map[string]int64, hists map[string]*hist)) {
+	seen := &deliveryLog{}
+	w.delivered.Store(seen)
+	probe := startProbe()
+	return func(counts map[string]int64, hists map[string]*hist) {
+		w.delivered.Store(nil)
+		slow := probe.finish()
+		counts["probe_median_ns"] = slow.median
+		counts["probed_ns"] = slow.to - slow.from
+		counts["slow_ns"] = int64(slow.slowTime())
+		counts["slow_spans"] = int64(len(slow.spans))
+		counts["deliveries_unlogged"] = seen.dropped
+		hists["latency_clear"] = seen.steady(slow)
+	}
+}
+
 // deliveryLog keeps when each delivery of a phase was sent and seen, so
 // that it can be told apart by the slow spans once the phase is over. It
 // is safe for concurrent use.
