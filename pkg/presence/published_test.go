@@ -18,12 +18,7 @@ import (
 // user's public and of its self events it published, in one report after
 // the events; a write that wrote nothing is neither published nor reported.
 func TestPublisherReports(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, srv)
-	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, nc := openStore(t, presence.BucketOptions{})
 	sub, err := nc.SubscribeSync(">")
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +135,7 @@ func TestPublisherReportsNothingAcrossReconnects(t *testing.T) {
 // told may hand it over; the other gateways' go to NATS, and the report
 // names the self event all the same.
 func TestPublisherHandsOver(t *testing.T) {
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, srv)
-	store, err := presence.Open(context.Background(), nc, presence.BucketOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	store, nc := openStore(t, presence.BucketOptions{})
 	selfs, err := nc.SubscribeSync(presence.SelfSubject("*"))
 	if err != nil {
 		t.Fatal(err)
