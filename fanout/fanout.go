@@ -241,10 +241,10 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	}
 
 	last, known := s.sent[userID]
-	if known && rev <= last.rev && s.isHeld(userID, rev) {
-		return nil, errHeld
-	}
 	if known && rev <= last.rev {
+		if s.isHeld(userID, rev) {
+			return nil, errHeld
+		}
 		// Handled already, or older than a revision that was: delivered
 		// again because an acknowledgement was lost. What it says is out
 		// of date; publishing it would also set this memory back.
@@ -380,11 +380,7 @@ func (s *Service) finishDue(now time.Time) bool {
 			s.retryAt = now.Add(retryEvery)
 		}
 		s.retry = append(s.retry, failed...)
-		s.heldMu.Lock()
-		for _, p := range failed {
-			s.held[p.userID] = max(s.held[p.userID], p.rev)
-		}
-		s.heldMu.Unlock()
+		s.noteHeld()
 		s.log.Error("publish events; trying again", "revisions", len(failed), "waiting", len(s.retry), "err", firstErr)
 	}
 	return waiting
@@ -408,12 +404,6 @@ func (s *Service) tryAgain(now time.Time) {
 			firstErr = cmp.Or(firstErr, err)
 		}
 	}
-	s.heldMu.Lock()
-	clear(s.held)
-	for _, p := range left {
-		s.held[p.userID] = max(s.held[p.userID], p.rev)
-	}
-	s.heldMu.Unlock()
 	if n := len(s.retry) - len(left); n > 0 {
 		s.log.Info("published events on another try", "revisions", n)
 	}
@@ -422,6 +412,17 @@ func (s *Service) tryAgain(now time.Time) {
 	}
 	clear(s.retry)
 	s.retry, s.retryAt = left, now.Add(retryEvery)
+	s.noteHeld()
+}
+
+// noteHeld makes held say, per user, the newest revision in retry.
+func (s *Service) noteHeld() {
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	clear(s.held)
+	for _, p := range s.retry {
+		s.held[p.userID] = max(s.held[p.userID], p.rev)
+	}
 }
 
 // handBack asks for the redelivery of the revisions still held for
