@@ -31,3 +31,10 @@ func SetNow(s *Store, now func() time.Time) { s.now = now }
 // FeedAbsentFor is how long a Store believes FeedStream missing once a
 // look found it so.
 const FeedAbsentFor = feedAbsentFor
+
+// CachedCopy returns c's copy of the record and its unfed count, and
+// whether the copy is kept decoded.
+func CachedCopy(c *Cached) (Record, int, bool, error) {
+	r, unfed, err := c.current("")
+	return r, unfed, c.rec != nil, err
+}

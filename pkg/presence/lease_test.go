@@ -3,6 +3,8 @@ package presence_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -194,6 +196,99 @@ func TestWriteStatusFromCache(t *testing.T) {
 	if w.Next.LastSeen != seen.Unix() {
 		t.Errorf("last_seen %d, want %d (the later of the two)", w.Next.LastSeen, seen.Unix())
 	}
+}
+
+// TestWriteStatusKeepsItsCopy: a writer that writes a user again from
+// its copy keeps the copy decoded, and that copy is always what the
+// bucket holds: the record, as a read decodes it, and its unfed count,
+// through additions, removals (whose last-seen times are not stored),
+// chosen statuses, more writes than the bucket keeps revisions of, and
+// another writer's write.
+func TestWriteStatusKeepsItsCopy(t *testing.T) {
+	store, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cache presence.Cached
+	check := func(step string, decoded bool) {
+		t.Helper()
+		got, unfed, isDecoded, err := presence.CachedCopy(&cache)
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		want, rev, err := store.Status(ctx, "alice")
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		e, err := kv.Get(ctx, presence.StatusKey("alice"))
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		wantUnfed, err := presence.UnfedOf(e.Value())
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		if len(got.Conns) == 0 {
+			got.Conns = nil // an emptied map; a decoded record has none
+		}
+		if !reflect.DeepEqual(got, want) || unfed != wantUnfed || cache.Rev != rev || !cache.Valid {
+			t.Errorf("%s: copy %+v (unfed %d) at %d, valid %v; the bucket has %+v (unfed %d) at %d",
+				step, got, unfed, cache.Rev, cache.Valid, want, wantUnfed, rev)
+		}
+		if isDecoded != decoded {
+			t.Errorf("%s: copy kept decoded %v, want %v", step, isDecoded, decoded)
+		}
+	}
+	write := func(step string, mutate func(*presence.Record)) {
+		t.Helper()
+		w, err := store.WriteStatus(ctx, "alice", &cache, func(r *presence.Record) error {
+			mutate(r)
+			return nil
+		})
+		if err != nil || !w.Written {
+			t.Fatalf("%s: %+v, %v", step, w, err)
+		}
+	}
+	seen := time.Now().Add(-time.Minute).UnixMilli()
+
+	write("add a", func(r *presence.Record) { r.SetConn("a", presence.ConnInfo{Gateway: "g1", Lease: "E", Since: 1}) })
+	check("add a", false) // a first write, from a read: kept as stored
+	write("add b", func(r *presence.Record) { r.SetConn("b", presence.ConnInfo{Gateway: "g1", Lease: "E", Since: 2}) })
+	check("add b", true)
+	write("busy", func(r *presence.Record) { r.Chosen = presence.Busy })
+	check("busy", true)
+	write("remove a", func(r *presence.Record) { r.RemoveConn("a", seen) })
+	check("remove a", true)
+	write("remove b", func(r *presence.Record) { r.RemoveConn("b", seen) })
+	check("remove b", true)
+	for i := range 2*presence.StatusHistory + 1 {
+		step := fmt.Sprintf("flip %d", i)
+		write(step, func(r *presence.Record) {
+			r.Chosen = map[bool]presence.Status{true: presence.Away, false: presence.Busy}[r.Chosen == presence.Busy]
+		})
+		check(step, true)
+	}
+	// Another writer: the decoded copy's write fails its compare-and-set,
+	// reads again, and keeps what the other wrote.
+	if _, _, _, err := store.UpdateStatus(ctx, "alice", func(r *presence.Record) error {
+		r.SetConn("x", presence.ConnInfo{Gateway: "g2", Lease: "F", Since: 3})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	write("add c over another's", func(r *presence.Record) { r.SetConn("c", presence.ConnInfo{Gateway: "g1", Lease: "E", Since: 4}) })
+	check("add c over another's", false)
+	if got, _, _, _ := presence.CachedCopy(&cache); len(got.Conns) != 2 {
+		t.Errorf("after a write over another's: %v, want x and c", got.Conns)
+	}
+	write("idle c", func(r *presence.Record) {
+		c := r.Conns["c"]
+		c.Idle = true
+		r.SetConn("c", c)
+	})
+	check("idle c", true)
 }
 
 // TestWriteStatusCacheNeverSaysNoChange: a writer whose cached copy says

@@ -330,7 +330,7 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 			}
 			return Record{}, 0, false, err
 		}
-		data, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
+		data, _, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
 		if err != nil {
 			return Record{}, 0, false, err
 		}
@@ -359,14 +359,35 @@ func (s *Store) UpdateStatus(ctx context.Context, userID string, mutate func(*Re
 // Cached is a writer's copy of a user's Record and its revision, which
 // WriteStatus starts from and keeps up to date.
 type Cached struct {
-	// data is the record as stored, decoded when a write starts from it:
-	// a gateway keeps one per user it holds, and the encoded record is a
-	// fraction of the decoded one's size.
-	data []byte
-	Rev  uint64
-	// Valid reports that Rec and Rev were read or written; the zero Cached
-	// knows nothing.
+	// The copy is kept one of two ways. After a read, or a write that
+	// started from a read, it is data, the record as stored, decoded when
+	// a write starts from it: most users are written once when they
+	// connect and not again for minutes, and the encoded record is a
+	// fraction of the decoded one's size. After a write that started
+	// from the copy (a user written again soon, as one whose status
+	// changes), it is rec, the record decoded, with unfed its count (see
+	// stored), so that a user written often is not decoded each time.
+	data  []byte
+	rec   *Record
+	unfed int
+	Rev   uint64
+	// Valid reports that the copy and Rev were read or written; the zero
+	// Cached knows nothing.
 	Valid bool
+}
+
+// current returns the cached record and its unfed count: rec's fields
+// (sharing its connections, which nobody changes), or data decoded.
+func (c *Cached) current(userID string) (Record, int, error) {
+	if c.rec != nil {
+		return *c.rec, c.unfed, nil
+	}
+	var r Record
+	if len(c.data) == 0 {
+		return r, 0, nil
+	}
+	unfed, err := decodeStored(c.data, &r, userID)
+	return r, unfed, err
 }
 
 // Write is what one status write did.
@@ -402,14 +423,10 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			}
 			*cache = Cached{data: e.data, Rev: e.rev, Valid: true}
 		}
-		var cur Record
-		unfed := 0
-		if len(cache.data) > 0 {
-			var err error
-			if unfed, err = decodeStored(cache.data, &cur, userID); err != nil {
-				cache.Valid = false
-				return Write{}, err
-			}
+		cur, unfed, err := cache.current(userID)
+		if err != nil {
+			cache.Valid = false
+			return Write{}, err
 		}
 		curRev := cache.Rev
 		next := cur.Clone()
@@ -427,13 +444,19 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			attempt--
 			continue
 		}
-		data, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
+		data, nextUnfed, err := s.encodeNext(ctx, userID, &cur, &next, unfed, curRev)
 		if err != nil {
 			return Write{}, err
 		}
 		newRev, err := s.status.Update(ctx, StatusKey(userID), data, curRev)
 		if err == nil {
-			*cache = Cached{data: data, Rev: newRev, Valid: true}
+			if fresh {
+				*cache = Cached{data: data, Rev: newRev, Valid: true}
+			} else {
+				kept := next
+				kept.ended = 0 // not stored: a decoded copy has none
+				*cache = Cached{rec: &kept, unfed: nextUnfed, Rev: newRev, Valid: true}
+			}
 			return Write{Prev: cur, Next: next, Rev: newRev, Written: true}, nil
 		}
 		cache.Valid = false
@@ -456,14 +479,16 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 
 // encodeNext finishes next, written over cur (whose unfed count is unfed,
 // at revision curRev), and returns it as StatusBucket stores it, with its
-// own count; it waits for FeedStream's copy first when feedGate says so.
-func (s *Store) encodeNext(ctx context.Context, userID string, cur, next *Record, unfed int, curRev uint64) ([]byte, error) {
+// own count, and that count; it waits for FeedStream's copy first when
+// feedGate says so.
+func (s *Store) encodeNext(ctx context.Context, userID string, cur, next *Record, unfed int, curRev uint64) ([]byte, int, error) {
 	next.Finish(cur, s.now())
 	unfed, err := s.feedGate(ctx, userID, unfed, curRev)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return json.Marshal(stored{next, unfed})
+	data, err := json.Marshal(stored{next, unfed})
+	return data, unfed, err
 }
 
 // FeedWait is how long a status write waits at most for FeedStream to copy
