@@ -412,7 +412,9 @@ type Write struct {
 // Unlike with UpdateStatus, mutate may be given a cached record: it must
 // not decide from reads of other state, unless the writer keeps no cache
 // (a zero Cached each call), for then every attempt starts from a fresh
-// read of the record, as with UpdateStatus.
+// read of the record, as with UpdateStatus. The records of the Write it
+// returns may share their connections with the cache: the caller reads
+// them and changes nothing in them.
 func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, mutate func(*Record) error) (Write, error) {
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
 		fresh := !cache.Valid
