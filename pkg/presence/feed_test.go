@@ -307,10 +307,7 @@ func TestFeedBurstWaitsForCopy(t *testing.T) {
 func TestFeedGateGivesUp(t *testing.T) {
 	ctx, _, store, late := feedStore(t, 100*time.Millisecond)
 	clock := skewedClock(store)
-	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := bucketKV(t, store, presence.StatusBucket)
 	burst := func(user string) {
 		t.Helper()
 		for range 2*presence.StatusHistory + 1 {

@@ -207,10 +207,7 @@ func TestWriteStatusFromCache(t *testing.T) {
 func TestWriteStatusKeepsItsCopy(t *testing.T) {
 	store, _ := openStore(t, presence.BucketOptions{})
 	ctx := context.Background()
-	kv, err := store.JetStream().KeyValue(ctx, presence.StatusBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := bucketKV(t, store, presence.StatusBucket)
 	var cache presence.Cached
 	check := func(step string, decoded bool) {
 		t.Helper()

@@ -73,10 +73,7 @@ func TestRoomNames(t *testing.T) {
 func TestRoomStore(t *testing.T) {
 	st, _ := openStore(t, presence.BucketOptions{})
 	ctx := context.Background()
-	kv, err := st.JetStream().KeyValue(ctx, presence.RoomsBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := bucketKV(t, st, presence.RoomsBucket)
 	w, err := kv.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		t.Fatal(err)

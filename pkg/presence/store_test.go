@@ -28,9 +28,10 @@ func openStore(t *testing.T, opts presence.BucketOptions) (*presence.Store, *nat
 	return st, nc
 }
 
-func connsKV(t *testing.T, st *presence.Store) jetstream.KeyValue {
+// bucketKV returns one of st's buckets.
+func bucketKV(t *testing.T, st *presence.Store, bucket string) jetstream.KeyValue {
 	t.Helper()
-	kv, err := st.JetStream().KeyValue(context.Background(), presence.ConnsBucket)
+	kv, err := st.JetStream().KeyValue(context.Background(), bucket)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestStatusAfterDelete(t *testing.T) {
 func TestConnLifecycle(t *testing.T) {
 	st, _ := openStore(t, presence.BucketOptions{MarkerTTL: time.Second})
 	ctx := context.Background()
-	kv := connsKV(t, st)
+	kv := bucketKV(t, st, presence.ConnsBucket)
 
 	w, err := kv.Watch(ctx, presence.ConnKeyFilter("dave"), jetstream.UpdatesOnly())
 	if err != nil {
@@ -466,7 +467,7 @@ func TestEnsureBucket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kv := connsKV(t, st)
+	kv := bucketKV(t, st, presence.ConnsBucket)
 	status, err := kv.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
