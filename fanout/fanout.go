@@ -366,15 +366,8 @@ func (s *Service) finishDue(now time.Time) bool {
 	}
 	waiting := len(s.due) > 0
 	s.dueMu.Unlock()
-	var failed []*pending
-	var firstErr error
-	for i, p := range batch {
-		if err := s.finish(p); err != nil {
-			failed = append(failed, p)
-			firstErr = cmp.Or(firstErr, err)
-		}
-		batch[i] = nil // the array may live on under s.due
-	}
+	failed, firstErr := s.finishAll(batch)
+	clear(batch) // the array may live on under s.due
 	if len(failed) > 0 {
 		if len(s.retry) == 0 {
 			s.retryAt = now.Add(retryEvery)
@@ -395,14 +388,9 @@ const retryEvery = time.Second
 // the next try, at now plus retryEvery; each is told to the server as in
 // progress, so that it is not delivered again meanwhile.
 func (s *Service) tryAgain(now time.Time) {
-	var left []*pending
-	var firstErr error
-	for _, p := range s.retry {
-		if err := s.finish(p); err != nil {
-			_ = p.msg.InProgress()
-			left = append(left, p)
-			firstErr = cmp.Or(firstErr, err)
-		}
+	left, firstErr := s.finishAll(s.retry)
+	for _, p := range left {
+		_ = p.msg.InProgress()
 	}
 	if n := len(s.retry) - len(left); n > 0 {
 		s.log.Info("published events on another try", "revisions", n)
@@ -413,6 +401,18 @@ func (s *Service) tryAgain(now time.Time) {
 	clear(s.retry)
 	s.retry, s.retryAt = left, now.Add(retryEvery)
 	s.noteHeld()
+}
+
+// finishAll finishes each of batch, and returns those whose events could
+// not all be published, with the first error.
+func (s *Service) finishAll(batch []*pending) (failed []*pending, firstErr error) {
+	for _, p := range batch {
+		if err := s.finish(p); err != nil {
+			failed = append(failed, p)
+			firstErr = cmp.Or(firstErr, err)
+		}
+	}
+	return failed, firstErr
 }
 
 // noteHeld makes held say, per user, the newest revision in retry.
