@@ -619,16 +619,15 @@ func (r *runner) death(ctx context.Context) error {
 // latency's name) and of the things seen (changes, signals). Nothing,
 // where no worker could probe.
 func (r *runner) addSlow(replies []Reply, what, things string) error {
-	probed, probing := int64(0), 0
-	var medians []int64
+	probed := int64(0)
+	var medians []int64 // one per worker that probed
 	for _, rep := range replies {
 		if n := rep.Counts["probed_ns"]; n > 0 {
 			probed += n
-			probing++
 			medians = append(medians, rep.Counts["probe_median_ns"])
 		}
 	}
-	if probing == 0 {
+	if len(medians) == 0 {
 		return nil
 	}
 	slices.Sort(medians)
@@ -637,7 +636,7 @@ func (r *runner) addSlow(replies []Reply, what, things string) error {
 		return err
 	}
 	r.add("machine ran slow (speed probe)", 100*float64(sum(replies, "slow_ns"))/float64(probed), "% of the time", "")
-	r.add("machine's slow spans (speed probe)", float64(sum(replies, "slow_spans"))/float64(probing), "count", "")
+	r.add("machine's slow spans (speed probe)", float64(sum(replies, "slow_spans"))/float64(len(medians)), "count", "")
 	// How long the probe's work usually took: runs on a slower machine,
 	// or in a slower hour of the same one, take longer, and their CPU
 	// figures are higher for the same work.

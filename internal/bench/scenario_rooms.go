@@ -272,12 +272,7 @@ func (w *worker) roomFrame(v *vconn, m *protocol.ServerMessage, now int64) {
 				continue
 			}
 			w.signalsSeen.Add(1)
-			if h := w.latency.Load(); h != nil {
-				h.record(time.Duration(now - d.T))
-			}
-			if l := w.delivered.Load(); l != nil {
-				l.add(d.T, now)
-			}
+			w.seenAt(d.T, now)
 		}
 	}
 }

@@ -162,7 +162,8 @@ type worker struct {
 	serverErrors atomic.Int64 // error frames
 	latency      atomic.Pointer[hist]
 	// delivered, while set, logs each change seen by a watcher
-	// (propagate), to be told apart by the machine's slow spans.
+	// (propagate) or signal seen by a member (typing), to be told apart
+	// by the machine's slow spans.
 	delivered atomic.Pointer[deliveryLog]
 
 	// Rooms state: the plan of the rooms scenario in progress, and what
@@ -640,12 +641,19 @@ func (w *worker) observe(v *vconn, list []presence.Presence, now int64, init boo
 			continue
 		}
 		w.deliveries.Add(1)
-		if h := w.latency.Load(); h != nil {
-			h.record(time.Duration(now - at))
-		}
-		if l := w.delivered.Load(); l != nil {
-			l.add(at, now)
-		}
+		w.seenAt(at, now)
+	}
+}
+
+// seenAt counts a delivery sent at sent and seen at seen (unix ns) in the
+// measured phase's latency, and logs it for the speed probe's reckoning
+// (watchSpeed), where each is set.
+func (w *worker) seenAt(sent, seen int64) {
+	if h := w.latency.Load(); h != nil {
+		h.record(time.Duration(seen - sent))
+	}
+	if l := w.delivered.Load(); l != nil {
+		l.add(sent, seen)
 	}
 }
 
