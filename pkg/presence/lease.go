@@ -62,10 +62,14 @@ func (s *Store) Lease(ctx context.Context, gatewayID, epoch string) (LeaseRecord
 
 // DeleteLease ends a gateway's lease now, if its newest revision is rev:
 // what a gateway does when it stops, once its connections are gone. The
-// reaper learns of it as of an expiry.
+// reaper learns of it as of an expiry, and the delete marker stays
+// LeaseMarkerTTL, as an expired lease's does, so that leases that come
+// and go leave nothing behind.
 func (s *Store) DeleteLease(ctx context.Context, gatewayID, epoch string, rev uint64) error {
 	key := LeaseKey(gatewayID, epoch)
-	if err := s.leases.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil {
+	_, err := s.js.PublishMsg(ctx, deleteMsg(LeasesBucket, key),
+		jetstream.WithMsgTTL(LeaseMarkerTTL), jetstream.WithExpectLastSequencePerSubject(rev))
+	if err != nil {
 		return fmt.Errorf("delete lease %q: %w", key, err)
 	}
 	return nil

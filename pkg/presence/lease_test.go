@@ -11,6 +11,7 @@ import (
 
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestLeaseKeys(t *testing.T) {
@@ -128,11 +129,30 @@ func TestLeaseLife(t *testing.T) {
 		t.Errorf("removing E1's connections touched E2's: %v", conns)
 	}
 
+	if err := store.DeleteLease(ctx, "gw-1", "E1", rev+1); err == nil {
+		t.Error("a lease was deleted at a revision not its newest")
+	}
 	if err := store.DeleteLease(ctx, "gw-1", "E1", rev); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := store.Lease(ctx, "gw-1", "E1"); !errors.Is(err, presence.ErrNotFound) {
 		t.Errorf("Lease after delete: %v, want ErrNotFound", err)
+	}
+	// The delete marker expires as an expired lease's does: markers of
+	// leases that come and go do not pile up.
+	stream, err := store.JetStream().Stream(ctx, "KV_"+presence.LeasesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	marker, err := stream.GetLastMsgForSubject(ctx, presence.KeySubject(presence.LeasesBucket, "gw-1.E1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if op := presence.EntryOp(marker.Header); op != jetstream.KeyValueDelete {
+		t.Errorf("the lease's last message is a %v, want a delete", op)
+	}
+	if ttl, err := time.ParseDuration(marker.Header.Get(jetstream.MsgTTLHeader)); err != nil || ttl != presence.LeaseMarkerTTL {
+		t.Errorf("the delete marker's TTL is %q, want %v", marker.Header.Get(jetstream.MsgTTLHeader), presence.LeaseMarkerTTL)
 	}
 
 	// A lease whose gateway stops refreshing it expires.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -112,9 +111,7 @@ func (s *Store) PutRoomMember(ctx context.Context, m RoomMember, v RoomValue) (u
 // delete marker expires after the bucket's marker TTL, so that members
 // that come and go leave nothing behind.
 func (s *Store) DeleteRoomMember(ctx context.Context, m RoomMember) (uint64, error) {
-	msg := &nats.Msg{Subject: KeySubject(RoomsBucket, m.Key()), Header: nats.Header{}}
-	msg.Header.Set(kvOpHeader, kvOpDel)
-	ack, err := s.js.PublishMsg(ctx, msg, jetstream.WithMsgTTL(s.opts.markerTTL()))
+	ack, err := s.js.PublishMsg(ctx, deleteMsg(RoomsBucket, m.Key()), jetstream.WithMsgTTL(s.opts.markerTTL()))
 	if err != nil {
 		return 0, fmt.Errorf("delete room key %q: %w", m.Key(), err)
 	}

@@ -265,6 +265,14 @@ const (
 	kvOpPurge  = "PURGE"
 )
 
+// deleteMsg returns the marker a KV delete of key in bucket publishes,
+// for a caller that gives it a TTL (which a KV delete cannot).
+func deleteMsg(bucket, key string) *nats.Msg {
+	msg := &nats.Msg{Subject: KeySubject(bucket, key), Header: nats.Header{}}
+	msg.Header.Set(kvOpHeader, kvOpDel)
+	return msg
+}
+
 // Status reads a user's Record from the stream leader. It returns ErrNotFound
 // (and a zero Record) when the user has none; rev is then the revision to
 // create it at.
