@@ -28,8 +28,9 @@ import (
 )
 
 // Service is a gateway: it terminates client WebSockets and serves the HTTP
-// API on one listener, keeps a connection key alive per socket while its
-// heartbeats arrive, writes users' chosen statuses, answers subscriptions
+// API on one listener, keeps a connection key per socket under its lease
+// and closes a socket whose heartbeats stop, writes users' statuses,
+// answers subscriptions
 // with snapshots, and delivers changes to watching sockets in batches.
 //
 // Its parts, each with one job:

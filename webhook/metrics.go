@@ -38,7 +38,7 @@ func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
 		attempts: f.Counter("greendot_webhook_attempts_total",
 			"POSTs sent to the endpoint, retries included."),
 		failures: f.CounterVec("greendot_webhook_failures_total",
-			"Attempts that failed, by reason: timeout, network, http_429, http_5xx, http_4xx (refused for good), http_other (1xx, 3xx).", "reason"),
+			"Attempts that failed, by reason: timeout, network, http_429, http_5xx, http_4xx (refused for good, but for 408, which is tried again), http_other (1xx, 3xx).", "reason"),
 		deadLetters: f.Counter("greendot_webhook_dead_letters_total",
 			"Batches given up: refused for good (4xx other than 408 and 429) or failing for longer than --give-up-after. Their users and revisions are logged."),
 		deadEvents: f.Counter("greendot_webhook_dead_letter_events_total",

@@ -68,7 +68,7 @@ func runBuckets(c *cli.Context) error {
 	}
 	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "bucket\treplicas\thistory\tstorage\tkeys\tbytes")
-	for _, name := range []string{presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket} {
+	for _, name := range []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket} {
 		kv, err := store.JetStream().KeyValue(ctx, name)
 		if err != nil {
 			return fmt.Errorf("bucket %q: %w", name, err)

@@ -2,7 +2,7 @@
 //
 //	greendot standalone            everything in one process, with an embedded NATS server
 //	greendot gateway               the WebSocket and HTTP gateway
-//	greendot reaper                connection expiry to offline, inactivity to away
+//	greendot reaper                the ends of gateway leases to offline
 //	greendot fanout                status changes to presence events
 //	greendot graph ...             follow, unfollow, privacy and show in the social graph
 //

@@ -70,8 +70,8 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
   ignored.
 - **Renamed variables.** Each flag of the reaper and of the fanout, and
   ` + "`greendot graph show --json`" + `, has a variable of its own; these commands no
-  longer read the old names, some of which other commands read with another
-  meaning: ` + "`GREENDOT_ACK_WAIT`" + ` is now ` + "`GREENDOT_REAPER_ACK_WAIT`" + ` and
+  longer read the old names, and no command reads them:
+  ` + "`GREENDOT_ACK_WAIT`" + ` is now ` + "`GREENDOT_REAPER_ACK_WAIT`" + ` and
   ` + "`GREENDOT_FANOUT_ACK_WAIT`" + `; ` + "`GREENDOT_METRICS_LISTEN`" + `,
   ` + "`GREENDOT_REAPER_METRICS_LISTEN`" + ` and ` + "`GREENDOT_FANOUT_METRICS_LISTEN`" + `;
   ` + "`GREENDOT_WORKERS`" + `, ` + "`GREENDOT_REAPER_WORKERS`" + `; ` + "`GREENDOT_SWEEP_INTERVAL`" + `

@@ -26,10 +26,10 @@ func gatewayCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gateway",
 		Usage: "run a gateway: client WebSockets on /ws and the HTTP API, against a NATS server",
-		Description: "A gateway authenticates clients (JWTs, or dev auth), keeps a connection key alive per socket,\n" +
-			"writes users' chosen statuses and delivers presence changes to watching sockets. It serves\n" +
-			"GET /healthz, /readyz, /metrics and the browser client (/greendot.js) on --listen. Run as many\n" +
-			"as you need behind a load balancer.",
+		Description: "A gateway authenticates clients (JWTs, or dev auth), holds a lease under which it keeps a\n" +
+			"connection key per socket, writes users' statuses and delivers presence changes to watching\n" +
+			"sockets. It serves GET /healthz, /readyz, /metrics and the browser client (/greendot.js) on\n" +
+			"--listen. Run as many as you need behind a load balancer.",
 		Flags:        concat(gatewayFlags(false), natsFlags(), logFlags()),
 		OnUsageError: usageError,
 		Action:       runGateway,
@@ -39,7 +39,7 @@ func gatewayCommand() *cli.Command {
 func reaperCommand() *cli.Command {
 	return &cli.Command{
 		Name:         "reaper",
-		Usage:        "run a reaper: ended connections to offline, inactive users to away",
+		Usage:        "run a reaper: the ends of gateway leases to offline",
 		Description:  "Reapers share their work through a durable NATS consumer: run two or more for availability.",
 		Flags:        concat(reaperFlags(), natsFlags(), logFlags()),
 		OnUsageError: usageError,

@@ -42,8 +42,9 @@ const FeedStream = "presence_feed"
 
 // Durable consumer names, on the streams behind the buckets ("KV_" + bucket).
 const (
-	// ReaperConsumer is the durable consumer on ConnsBucket's stream that all
-	// reaper instances share.
+	// ReaperConsumer is the durable consumer on LeasesBucket's stream (and
+	// one of the same name on ConnsBucket's, for keys of the earlier shape)
+	// that all reaper instances share.
 	ReaperConsumer = "reaper"
 	// FanoutConsumer is the durable consumer on StatusBucket's stream that all
 	// fanout instances share.
