@@ -13,7 +13,13 @@ func (r *runner) roomsJoin(ctx context.Context, plan *RoomPlan) error {
 	total := r.l.Total()
 	members := plan.rooms(total) * plan.members(total)
 	r.log.Info("joining rooms", "rooms", plan.rooms(total), "members", members)
-	const timeout = 5 * time.Minute
+	// Joining ends within a third of the run's time left, when the run
+	// has a deadline: a member never shown its room full is then reported
+	// as such, with the workers' errors, before the run runs out of time.
+	timeout := 5 * time.Minute
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(d)/3)
+	}
 	a := r.sample(ctx)
 	var replies []Reply
 	group := ""
