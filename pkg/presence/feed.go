@@ -55,7 +55,10 @@ func FeedConfig(o BucketOptions, maxAge time.Duration) (jetstream.StreamConfig, 
 
 // EnsureFeed creates FeedStream, or updates its configuration when it
 // differs from FeedConfig's, waits until it sources StatusBucket's stream,
-// and returns it. It is idempotent.
+// and returns it. It is idempotent. A maxAge of zero keeps an existing
+// stream's max age (and is DefaultFeedMaxAge for a new one): shortening it
+// would drop the revisions a receiver's outage left unsent. An existing
+// stream keeps its storage too.
 func EnsureFeed(ctx context.Context, js jetstream.JetStream, o BucketOptions, maxAge time.Duration) (jetstream.Stream, error) {
 	cfg, err := FeedConfig(o, maxAge)
 	if err != nil {
@@ -64,7 +67,12 @@ func EnsureFeed(ctx context.Context, js jetstream.JetStream, o BucketOptions, ma
 	st, err := js.Stream(ctx, FeedStream)
 	switch {
 	case err == nil:
-		if feedMatches(st.CachedInfo().Config, cfg) {
+		cur := st.CachedInfo().Config
+		if maxAge == 0 {
+			cfg.MaxAge = cur.MaxAge
+		}
+		cfg.Storage = cur.Storage
+		if feedMatches(cur, cfg) {
 			return st, nil
 		}
 	case !errors.Is(err, jetstream.ErrStreamNotFound):

@@ -59,6 +59,30 @@ func TestFeedRevision(t *testing.T) {
 	}
 }
 
+// TestEnsureFeedMaxAge: the feed's max age changes only when one is asked
+// for: ensuring it again with none keeps what it has.
+func TestEnsureFeedMaxAge(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	for _, step := range []struct {
+		ask, want time.Duration
+	}{
+		{0, presence.DefaultFeedMaxAge}, // created
+		{168 * time.Hour, 168 * time.Hour},
+		{0, 168 * time.Hour},
+		{2 * time.Hour, 2 * time.Hour},
+		{0, 2 * time.Hour},
+	} {
+		feed, err := presence.EnsureFeed(ctx, st.JetStream(), presence.BucketOptions{}, step.ask)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := feed.CachedInfo().Config.MaxAge; got != step.want {
+			t.Errorf("after EnsureFeed(%v): max age %v, want %v", step.ask, got, step.want)
+		}
+	}
+}
+
 // TestFeedKeepsEveryRevision: the feed keeps more revisions of a user than
 // the bucket, each with its bucket revision, deletions included.
 func TestFeedKeepsEveryRevision(t *testing.T) {
