@@ -101,8 +101,11 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 }
 
 // EnsureBucket binds to a bucket, creating it or updating its configuration
-// when it is missing or differs from what greendot wants. It is idempotent
-// and safe to run from many processes at once.
+// when it is missing or differs from what greendot wants. An update changes
+// only what greendot sets (history, marker TTL, replicas, description): an
+// existing bucket keeps its storage and whatever else its operator set
+// (limits, compression, placement). It is idempotent and safe to run from
+// many processes at once.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, error) {
 	cfg, err := BucketConfig(bucket, o)
 	if err != nil {
@@ -117,6 +120,11 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o 
 		}
 		if bucketMatches(st, cfg) {
 			return kv, nil
+		}
+		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+			cur := s.Config()
+			cur.Description, cur.History, cur.Replicas, cur.LimitMarkerTTL = cfg.Description, cfg.History, cfg.Replicas, cfg.LimitMarkerTTL
+			cfg = cur
 		}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
 		return nil, fmt.Errorf("bind bucket %q: %w", bucket, err)

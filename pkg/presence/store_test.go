@@ -482,3 +482,34 @@ func TestEnsureBucket(t *testing.T) {
 		t.Error("opened with invalid options")
 	}
 }
+
+// TestEnsureBucketKeepsOperatorSettings: bringing a bucket up to date
+// changes what greendot sets and keeps what its operator chose.
+func TestEnsureBucketKeepsOperatorSettings(t *testing.T) {
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As `nats kv add presence_status --storage memory --max-bytes 1MiB
+	// --compress` would make it, with greendot's history not yet set.
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: presence.StatusBucket,
+		Storage: jetstream.MemoryStorage, MaxBytes: 1 << 20, Compression: true}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatalf("Open over a bucket made by hand: %v", err)
+	}
+	status, err := bucketKV(t, st, presence.StatusBucket).Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := status.(*jetstream.KeyValueBucketStatus).StreamInfo().Config
+	if status.History() != presence.StatusHistory || cfg.Storage != jetstream.MemoryStorage || cfg.MaxBytes != 1<<20 || cfg.Compression != jetstream.S2Compression {
+		t.Errorf("status bucket: history %d, storage %v, max bytes %d, compression %v; want %d, memory, 1 MiB, s2",
+			status.History(), cfg.Storage, cfg.MaxBytes, cfg.Compression, presence.StatusHistory)
+	}
+}
