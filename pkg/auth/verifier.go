@@ -145,14 +145,18 @@ func (v *Verifier) VerifyWatch(token string) (userID string, expires time.Time, 
 		if err := json.Unmarshal(claims.Watch, &watch); err != nil {
 			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrWatchClaim, err)
 		}
-		if watch == nil {
-			watch = []string{}
-		}
+		ids := make([]string, 0, len(watch))
+		seen := make(map[string]bool, len(watch))
 		for _, u := range watch {
 			if !presence.ValidUserID(u) {
 				return "", time.Time{}, nil, fmt.Errorf("%w: %q is not 1 to %d characters of A-Z a-z 0-9 _ -", ErrWatchClaim, u, presence.MaxUserIDLen)
 			}
+			if !seen[u] {
+				seen[u] = true
+				ids = append(ids, u)
+			}
 		}
+		watch = ids
 	}
 	return claims.Subject, claims.ExpiresAt.Add(v.leeway), watch, nil
 }

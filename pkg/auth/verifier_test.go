@@ -360,6 +360,7 @@ func TestVerifyWatch(t *testing.T) {
 		{"no claim", nil, nil},
 		{"empty list", []string{}, []string{}},
 		{"list", []string{"bob", "carol"}, []string{"bob", "carol"}},
+		{"repeats", []string{"bob", "carol", "bob", "bob"}, []string{"bob", "carol"}},
 	} {
 		sub, _, got, err := v.VerifyWatch(token(tc.watch))
 		if err != nil || sub != "alice" || !slices.Equal(got, tc.want) || (got == nil) != (tc.want == nil) {
