@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
@@ -30,7 +31,7 @@ func bucketsCommand() *cli.Command {
 			"It costs one more JetStream write per status change: create it only if webhooks run.",
 		Flags: concat(natsFlags(), ownEnv("buckets",
 			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume, or bring it up to date"),
-			durationFlag(catProcess, "feed-max-age", presence.DefaultFeedMaxAge, "how long presence_feed keeps a revision (with --feed): the longest receiver outage that loses nothing"),
+			durationFlag(catProcess, "feed-max-age", presence.DefaultFeedMaxAge, "how long presence_feed keeps a revision (with --feed): the longest receiver outage that loses nothing; unless it is given, an existing feed keeps its own"),
 		), logFlags()),
 		OnUsageError: usageError,
 		Action:       runBuckets,
@@ -53,7 +54,11 @@ func runBuckets(c *cli.Context) error {
 	if c.IsSet("feed-max-age") && !feed {
 		return errors.New("--feed-max-age needs --feed")
 	}
-	maxAge := c.Duration("feed-max-age")
+	// Without --feed-max-age, an existing feed keeps its max age.
+	var maxAge time.Duration
+	if c.IsSet("feed-max-age") {
+		maxAge = c.Duration("feed-max-age")
+	}
 	if _, err := presence.FeedConfig(buckets, maxAge); err != nil {
 		return fmt.Errorf("--feed-max-age: %w", err)
 	}
@@ -67,7 +72,7 @@ func runBuckets(c *cli.Context) error {
 		}
 	}
 	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "bucket\treplicas\thistory\tstorage\tkeys\tbytes")
+	fmt.Fprintln(w, "bucket\treplicas\thistory\tstorage\tvalues\tbytes")
 	for _, name := range []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket} {
 		kv, err := store.JetStream().KeyValue(ctx, name)
 		if err != nil {

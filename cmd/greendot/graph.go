@@ -181,12 +181,9 @@ func graphPrivacy(c *cli.Context) error {
 		return fmt.Errorf("privacy %s: want everyone, contacts or nobody", quote(args[1]))
 	}
 	return withStore(c, func(ctx context.Context, store *presence.Store) error {
-		st, err := store.Settings(ctx, user)
-		if err != nil {
-			return err
-		}
-		st.LastSeen = vis
-		if err := store.SetSettings(ctx, user, st); err != nil {
+		// last_seen is all the settings hold: writing them whole, unread,
+		// also repairs a value written by hand that cannot be read.
+		if err := store.SetSettings(ctx, user, presence.Settings{LastSeen: vis}); err != nil {
 			return fmt.Errorf("privacy of %s: %w", user, err)
 		}
 		fmt.Fprintf(c.App.Writer, "%s's last_seen is now %s\n", user, describeVisibility(user, vis))

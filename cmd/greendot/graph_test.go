@@ -105,6 +105,10 @@ func TestGraphCommands(t *testing.T) {
 	if len(v.Mutuals) != 0 || !reflect.DeepEqual(v.Following, []string{"carol"}) {
 		t.Errorf("after unfollow, show alice = %+v", v)
 	}
+	// A value written by hand that cannot be read is replaced.
+	if _, err := kv.Put(ctx, presence.SettingsKey("alice"), []byte("Nobody")); err != nil {
+		t.Fatal(err)
+	}
 	expect(graph("privacy", "alice", "everyone"), "alice's last_seen is now visible to everyone allowed to watch alice\n")
 
 	st, err := kv.Status(ctx)
