@@ -11,8 +11,11 @@
 // and registered as one step: a graph change that lands between the two
 // makes the targets it touches be decided again before anything is
 // registered, and a change that lands after the registration re-checks
-// the subscriptions it touches (Changed). So an unfollow can never leave a
-// socket watching someone it may no longer watch.
+// the subscriptions it touches (Changed). A re-check that cannot read the
+// graph (NATS slow or away) is tried again until it decides or the
+// subscription ends, and what it can refuse without that read it refuses
+// at once. So an unfollow can never leave a socket watching someone it may
+// no longer watch.
 package authz
 
 import (
@@ -116,6 +119,12 @@ type Decision struct {
 	LastSeen bool
 }
 
+// refused reports that d refuses, with its reason. A refusal holds even
+// when Decide or DecideAll fails: it was made from what could be read
+// (follow edges, the watch list, the app's answer), and needs none of the
+// reads that failed; what is not refused is unknown then.
+func (d Decision) refused() bool { return !d.Allowed && d.Reason != "" }
+
 // Denial is a target a subscribe was refused, and why.
 type Denial struct {
 	User, Reason string
@@ -149,6 +158,12 @@ type Authorizer struct {
 	gen uint64
 	// tickets are the subscriptions being decided.
 	tickets map[*ticket]struct{}
+	// retries are the re-checks that failed, to be tried again, each
+	// with its mark: the value of retrySeq when it was queued. retrying
+	// says a goroutine tries them (retry.go).
+	retries  map[retryKey]uint64
+	retrySeq uint64
+	retrying bool
 
 	// decided, when set, is called by Subscribe between deciding and
 	// registering (tests make the graph change there).
@@ -173,7 +188,9 @@ type ticket struct {
 	touched bool
 }
 
-// New returns an authorizer. It starts nothing and does no I/O.
+// New returns an authorizer. It starts nothing and does no I/O; a
+// re-check that fails later starts the goroutine that tries it again,
+// which ends once no re-check is left to try.
 func New(cfg Config) *Authorizer {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -184,6 +201,7 @@ func New(cfg Config) *Authorizer {
 		settings: make(map[string]cachedSettings),
 		answers:  make(map[pair]cachedBool),
 		tickets:  make(map[*ticket]struct{}),
+		retries:  make(map[retryKey]uint64),
 	}
 }
 
@@ -192,6 +210,7 @@ func New(cfg Config) *Authorizer {
 func (a *Authorizer) Everyone() bool { return a.cfg.Policy == Everyone }
 
 // Decide says whether watcher may watch target, and see its last_seen.
+// When it fails, a refusal it returns still holds (see Decision.refused).
 func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decision, error) {
 	if watcher == target {
 		return Decision{Allowed: true, LastSeen: true}, nil
@@ -235,7 +254,8 @@ func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decisi
 
 // DecideAll decides every target for watcher, reading the graph in
 // parallel. Under the app policy the targets not cached are asked in one
-// question.
+// question. When it fails, the refusals it returns still hold (see
+// Decision.refused).
 func (a *Authorizer) DecideAll(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
 	if a.cfg.Policy.external() {
 		return a.decideExternal(ctx, watcher, targets)
@@ -516,27 +536,33 @@ func (a *Authorizer) recheckUser(ctx context.Context, watcher, target string) {
 }
 
 // recheck re-decides w's subscription to target: one no longer allowed
-// ends; a change of what w may see has target shown to it again.
+// ends; a change of what w may see has target shown to it again. One that
+// cannot be decided for a failed read is tried again later.
 func (a *Authorizer) recheck(ctx context.Context, w hub.Watcher, target string) {
+	k := retryKey{w, target}
+	before := a.queued(k)
 	d, err := a.Decide(withListOf(ctx, w), w.UserID(), target)
 	if err != nil {
-		a.cfg.Logger.Warn("recheck subscription", "user_id", w.UserID(), "target", target, "err", err)
-		return
+		a.cfg.Logger.Warn("recheck subscription; trying again", "user_id", w.UserID(), "target", target, "err", err)
 	}
-	a.apply(w, target, d)
+	a.settle(k, before, d, err)
 }
 
-// apply makes w's subscription to target what d says: one no longer
-// allowed ends; a change of what w may see has target shown again.
-func (a *Authorizer) apply(w hub.Watcher, target string, d Decision) {
-	if !d.Allowed {
-		a.cfg.Hub.Remove(w, []string{target})
-		a.cfg.Notify.Revoked(w, target, d.Reason)
-		return
+// changeLocked makes k's subscription in the hub what d says, and returns
+// how to tell its socket: one no longer allowed ends (told once, however
+// many re-checks refuse it); a change of what it may see has its target
+// shown again. The caller holds mu, so that re-checks change a
+// subscription one at a time, and tells the socket once it has unlocked.
+func (a *Authorizer) changeLocked(k retryKey, d Decision) (tell func()) {
+	h := a.cfg.Hub
+	switch {
+	case !d.Allowed && h.Watching(k.w, k.target):
+		h.Remove(k.w, []string{k.target})
+		return func() { a.cfg.Notify.Revoked(k.w, k.target, d.Reason) }
+	case d.Allowed && h.SetLastSeen(k.w, k.target, d.LastSeen):
+		return func() { a.cfg.Notify.Reshow(k.w, k.target) }
 	}
-	if a.cfg.Hub.SetLastSeen(w, target, d.LastSeen) {
-		a.cfg.Notify.Reshow(w, target)
-	}
+	return func() {}
 }
 
 // String returns the policy's name.

@@ -2,9 +2,11 @@ package authz
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/greendot/greendot/gateway/internal/hub"
@@ -12,13 +14,17 @@ import (
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
-// graph is an in-memory Graph.
+// graph is an in-memory Graph. While down, its reads fail, as they do
+// while NATS is slow or away.
 type graph struct {
 	mu       sync.Mutex
 	follows  map[[2]string]bool
 	settings map[string]presence.Settings
-	reads    int
+	reads    int // of follow edges
+	down     bool
 }
+
+var errGraphDown = errors.New("nats: timeout")
 
 func newGraph(edges ...[2]string) *graph {
 	g := &graph{follows: make(map[[2]string]bool), settings: make(map[string]presence.Settings)}
@@ -32,6 +38,9 @@ func (g *graph) Follows(_ context.Context, a, b string) (bool, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.reads++
+	if g.down {
+		return false, errGraphDown
+	}
 	return g.follows[[2]string{a, b}], nil
 }
 
@@ -51,7 +60,24 @@ func (g *graph) Following(_ context.Context, a string) ([]string, error) {
 func (g *graph) Settings(_ context.Context, u string) (presence.Settings, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.down {
+		return presence.Settings{}, errGraphDown
+	}
 	return g.settings[u], nil
+}
+
+// setDown has the graph's reads fail (down) or succeed again.
+func (g *graph) setDown(down bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.down = down
+}
+
+// readCount returns how many follow edges were read.
+func (g *graph) readCount() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.reads
 }
 
 func (g *graph) set(a, b string, on bool) {
@@ -226,4 +252,71 @@ func TestFriends(t *testing.T) {
 	if want := []hub.Grant{{User: "bob", LastSeen: true}, {User: "dave"}}; !slices.Equal(got, want) {
 		t.Errorf("friends %v, want %v", got, want)
 	}
+}
+
+// TestFailedRecheckIsTriedAgain: a re-check whose read of the graph fails
+// (NATS slow or away) is not dropped: it is tried again until it decides,
+// so an unfollow still ends the subscription it no longer allows.
+func TestFailedRecheckIsTriedAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
+		r := newRig(Mutual, g)
+		alice := r.sock("alice")
+		if _, _, _, err := r.a.Subscribe(ctx, alice, []string{"bob"}); err != nil {
+			t.Fatal(err)
+		}
+		g.set("bob", "alice", false)
+		g.setDown(true)
+		r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
+		// A minute without NATS: tried again and again, nothing decided.
+		reads := g.readCount()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if g.readCount() == reads {
+			t.Error("the failed re-check was not tried again")
+		}
+		if !r.h.Watching(alice, "bob") || len(r.n.revoked) != 0 {
+			t.Fatalf("decided without reading the graph: watching %v, revoked %v", r.h.Watching(alice, "bob"), r.n.revoked)
+		}
+		g.setDown(false)
+		time.Sleep(retryMax)
+		synctest.Wait()
+		if r.h.Watching(alice, "bob") {
+			t.Error("alice still watches bob, who stopped following her while the graph could not be read")
+		}
+		if want := []string{"alice->bob:" + protocol.ReasonNotMutualFollowers}; !slices.Equal(r.n.revoked, want) {
+			t.Errorf("revoked %v, want %v", r.n.revoked, want)
+		}
+	})
+}
+
+// TestRecheckRetriesEndWithTheSubscription: a re-check tried again is
+// given up once the subscription it is about ends (an unsubscribe, a
+// closed socket): nothing is left to decide.
+func TestRecheckRetriesEndWithTheSubscription(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
+		r := newRig(Mutual, g)
+		alice := r.sock("alice")
+		if _, _, _, err := r.a.Subscribe(ctx, alice, []string{"bob"}); err != nil {
+			t.Fatal(err)
+		}
+		g.setDown(true)
+		defer g.setDown(false) // lets a retry that would not give up end
+		r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
+		r.h.Remove(alice, []string{"bob"})
+		time.Sleep(retryMax)
+		synctest.Wait()
+		reads := g.readCount()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if g.readCount() != reads {
+			t.Errorf("%d reads in a minute after the subscription ended, want none", g.readCount()-reads)
+		}
+		if len(r.n.revoked) != 0 {
+			t.Errorf("revoked %v, want nothing (alice unsubscribed herself)", r.n.revoked)
+		}
+	})
 }

@@ -100,7 +100,8 @@ type pair struct{ watcher, target string }
 
 // decideExternal decides every target for watcher under the token or the
 // app policy. What the app did not answer is refused with
-// ReasonAuthorizationUnavailable.
+// ReasonAuthorizationUnavailable. Every refusal is made before the reads
+// of settings, so it holds even when one of those fails.
 func (a *Authorizer) decideExternal(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
 	allowed := make([]bool, len(targets))
 	out := make([]Decision, len(targets))
@@ -201,18 +202,9 @@ func (a *Authorizer) friendsExternal(ctx context.Context, user string, max int) 
 		}
 	case App:
 		var err error
-		if ids, err = a.cfg.App.List(ctx, user, max); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrAppUnavailable, err)
+		if ids, err = a.listApp(ctx, user, max); err != nil {
+			return nil, err
 		}
-		now := time.Now()
-		a.mu.Lock()
-		if len(a.answers)+len(ids) > maxCacheEntries {
-			clear(a.answers)
-		}
-		for _, u := range ids {
-			a.answers[pair{user, u}] = cachedBool{true, now}
-		}
-		a.mu.Unlock()
 	}
 	var targets []string
 	for _, u := range ids {
@@ -234,6 +226,33 @@ func (a *Authorizer) friendsExternal(ctx context.Context, user string, max int) 
 		return nil, err
 	}
 	return grants, nil
+}
+
+// listApp asks the app for the users user may watch (at most max), and
+// caches them as allowed, as askApp caches its answers: not when an
+// invalidation (or a graph change) landed while the app was asked, since
+// the list may predate it and would outlive it by AppCacheTTL.
+func (a *Authorizer) listApp(ctx context.Context, user string, max int) ([]string, error) {
+	now := time.Now()
+	a.mu.Lock()
+	gen := a.gen
+	a.mu.Unlock()
+	ids, err := a.cfg.App.List(ctx, user, max)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrAppUnavailable, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.gen != gen {
+		return ids, nil
+	}
+	if len(a.answers)+len(ids) > maxCacheEntries {
+		clear(a.answers)
+	}
+	for _, u := range ids {
+		a.answers[pair{user, u}] = cachedBool{true, now}
+	}
+	return ids, nil
 }
 
 // Invalidate drops the cached answers of the app that match watcher and
@@ -286,19 +305,27 @@ func (a *Authorizer) Recheck(ctx context.Context, w hub.Watcher) {
 }
 
 // recheckAll re-decides w's subscriptions to targets, in one question
-// under the app policy.
+// under the app policy. When a read of settings fails, the targets no
+// longer allowed end all the same (their refusal needs no such read); the
+// others are tried again later.
 func (a *Authorizer) recheckAll(ctx context.Context, w hub.Watcher, targets []string) {
 	if len(targets) == 0 {
 		return
 	}
+	keys := make([]retryKey, len(targets))
+	before := make([]uint64, len(targets))
+	a.mu.Lock()
+	for i, t := range targets {
+		keys[i] = retryKey{w, t}
+		before[i] = a.retries[keys[i]]
+	}
+	a.mu.Unlock()
 	ds, err := a.DecideAll(withListOf(ctx, w), w.UserID(), targets)
 	if err != nil {
-		a.cfg.Logger.Warn("recheck subscriptions", "user_id", w.UserID(), "targets", len(targets), "err", err)
-		return
+		a.cfg.Logger.Warn("recheck subscriptions; refusing what can be, trying the rest again",
+			"user_id", w.UserID(), "targets", len(targets), "err", err)
 	}
-	for i, t := range targets {
-		if a.cfg.Hub.Watching(w, t) {
-			a.apply(w, t, ds[i])
-		}
+	for i, k := range keys {
+		a.settle(k, before[i], ds[i], err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/greendot/greendot/gateway/internal/hub"
@@ -60,7 +61,7 @@ func (p *appAnswers) set(w, t string, on bool) {
 	p.allowed[[2]string{w, t}] = on
 }
 
-func newAppRig(g *graph, app *appAnswers) *rig {
+func newAppRig(g *graph, app AppSource) *rig {
 	r := &rig{g: g, h: hub.New(nil), n: &notes{}, socks: make(map[string][]hub.Watcher)}
 	r.a = New(Config{
 		Policy: App, Graph: g, CacheTTL: time.Hour, Hub: r.h, Notify: r.n,
@@ -202,5 +203,124 @@ func TestAppInvalidation(t *testing.T) {
 	grants, _, _, err := r.a.Subscribe(ctx, alice, []string{"bob"})
 	if err != nil || len(grants) != 0 || r.h.Watching(alice, "bob") {
 		t.Errorf("subscribe across an invalidation granted %v (%v)", grants, err)
+	}
+}
+
+// TestRecheckRefusesDespiteFailedSettingsRead: under the token and app
+// policies, a re-check that cannot read a target's settings still ends at
+// once the subscriptions no longer allowed, which need no such read; the
+// others are tried again once the graph can be read.
+func TestRecheckRefusesDespiteFailedSettingsRead(t *testing.T) {
+	for _, tt := range []struct {
+		policy Policy
+		// revoke makes alice no longer allowed to watch bob, and has
+		// her subscriptions re-checked.
+		revoke func(r *rig, alice *listSock, app *appAnswers)
+	}{
+		{Token, func(r *rig, alice *listSock, _ *appAnswers) {
+			alice.list = NewWatchList([]string{"carol"})
+			r.a.Recheck(context.Background(), alice)
+		}},
+		{App, func(r *rig, _ *listSock, app *appAnswers) {
+			app.set("alice", "bob", false)
+			r.a.Invalidate(context.Background(), "alice", "")
+		}},
+	} {
+		t.Run(string(tt.policy), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGraph()
+				app := &appAnswers{allowed: map[[2]string]bool{{"alice", "bob"}: true, {"alice", "carol"}: true}}
+				r := newAppRig(g, app)
+				r.a.cfg.Policy = tt.policy
+				r.a.cfg.CacheTTL = 0 // every re-check reads the settings
+				alice := &listSock{sock{"alice"}, NewWatchList([]string{"bob", "carol"})}
+				r.socks["alice"] = []hub.Watcher{alice}
+				if _, _, _, err := r.a.Subscribe(context.Background(), alice, []string{"bob", "carol"}); err != nil {
+					t.Fatal(err)
+				}
+				g.setDown(true)
+				tt.revoke(r, alice, app)
+				if r.h.Watching(alice, "bob") || !r.h.Watching(alice, "carol") {
+					t.Errorf("with the settings unreadable: alice watches bob %v (want false), carol %v (want true)",
+						r.h.Watching(alice, "bob"), r.h.Watching(alice, "carol"))
+				}
+				want := []string{"alice->bob:" + protocol.ReasonNotAllowed}
+				if !slices.Equal(r.n.revoked, want) {
+					t.Errorf("revoked %v, want %v", r.n.revoked, want)
+				}
+				// carol's re-check is tried again, and keeps her.
+				g.setDown(false)
+				time.Sleep(retryMax)
+				synctest.Wait()
+				if !r.h.Watching(alice, "carol") || !slices.Equal(r.n.revoked, want) {
+					t.Errorf("once the settings are read: alice watches carol %v (want true); revoked %v, want %v",
+						r.h.Watching(alice, "carol"), r.n.revoked, want)
+				}
+			})
+		})
+	}
+}
+
+// slowList is an AppSource whose List answers what the app said when
+// asked, but only once released: an answer still on its way.
+type slowList struct {
+	*appAnswers
+	asked, release chan struct{}
+}
+
+func (s *slowList) List(ctx context.Context, watcher string, max int) ([]string, error) {
+	out, err := s.appAnswers.List(ctx, watcher, max)
+	close(s.asked)
+	<-s.release
+	return out, err
+}
+
+// TestAppFriendsListOlderThanInvalidationIsNotCached: a friends list the
+// app answered before revoking a user, and that arrives after its
+// invalidation, is not cached: the revoked user is not allowed for
+// AppCacheTTL on the strength of it.
+func TestAppFriendsListOlderThanInvalidationIsNotCached(t *testing.T) {
+	ctx := context.Background()
+	app := &appAnswers{allowed: map[[2]string]bool{{"alice", "bob"}: true}}
+	list := &slowList{appAnswers: app, asked: make(chan struct{}), release: make(chan struct{})}
+	r := newAppRig(newGraph(), list)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.a.Friends(ctx, "alice", 50)
+		done <- err
+	}()
+	await(t, list.asked, "the app was never asked for the friends list")
+	app.set("alice", "bob", false)
+	r.a.Invalidate(ctx, "alice", "bob")
+	close(list.release)
+	if err := await(t, done, "the friends list never came"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := r.a.Decide(ctx, "alice", "bob"); err != nil || d.Allowed {
+		t.Errorf("alice -> bob after the app revoked and invalidated it: %+v, %v; want refused", d, err)
+	}
+	// A list not overtaken by an invalidation is cached as before.
+	app.set("alice", "carol", true)
+	list.asked, list.release = make(chan struct{}), make(chan struct{})
+	close(list.release)
+	if _, err := r.a.Friends(ctx, "alice", 50); err != nil {
+		t.Fatal(err)
+	}
+	app.down = true
+	if d, _ := r.a.Decide(ctx, "alice", "carol"); !d.Allowed {
+		t.Errorf("alice -> carol from the cached friends list: %+v", d)
+	}
+}
+
+// await returns what ch gives, or fails the test if it gives nothing in
+// a while.
+func await[T any](t *testing.T, ch <-chan T, failure string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatal(failure)
+		panic("unreachable")
 	}
 }
