@@ -168,3 +168,19 @@ func (s *Service) roomTable(roomID string) *room {
 	defer s.rooms.mu.Unlock()
 	return s.rooms.rooms[roomID]
 }
+
+// RoomLogMinTrim is the length below which a room's change log is never
+// trimmed.
+const RoomLogMinTrim = minTrim
+
+// RoomLogLen returns how many changes the log of a room's table holds;
+// -1 when the gateway keeps no table of the room.
+func (s *Service) RoomLogLen(roomID string) int {
+	r := s.roomTable(roomID)
+	if r == nil {
+		return -1
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.log.list)
+}

@@ -31,6 +31,11 @@ type connRooms struct {
 	// grace of a clean close): its keys go.
 	ended   bool
 	running bool
+	// turn is held by a join and by a revocation while they run: a
+	// revocation run outside the connection's queue (an auth renewal that
+	// found it full) waits for a join under way, which could otherwise
+	// add a room after the revocation looked, or show one it took away.
+	turn sync.Mutex
 }
 
 // joinedRoom is one room of a connection, and what its key says.
@@ -173,8 +178,17 @@ func (s *Service) joinMessage(c *conn, m *protocol.ClientMessage) {
 }
 
 // join makes c a member of a room (or changes its meta there), waits for
-// its key, and answers with the room's state.
+// its key, and answers with the room's state; or answers room_denied if
+// c's grant no longer allows the room.
 func (s *Service) join(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) {
+	c.rooms.turn.Lock()
+	defer c.rooms.turn.Unlock()
+	// The grant was checked when the join was queued; an auth renewal may
+	// have replaced it since, and its revocation may have run already.
+	if !c.roomGrant.Load().allows(roomID) {
+		s.sendRoomDenied(c, id, roomID, protocol.ReasonNotAllowed)
+		return
+	}
 	jr, gen, err := s.joinedRoom(ctx, c, id, roomID, meta)
 	if err != nil || jr == nil {
 		s.reply(c, id, err)
@@ -329,6 +343,8 @@ func (s *Service) leaveRoom(c *conn, roomID string) {
 // revokeRooms takes c out of the rooms its grant no longer allows, each
 // with a room_denied frame (no id): an auth renewal replaced the grant.
 func (s *Service) revokeRooms(c *conn) {
+	c.rooms.turn.Lock()
+	defer c.rooms.turn.Unlock()
 	grant := c.roomGrant.Load()
 	c.rooms.mu.Lock()
 	var revoked []string

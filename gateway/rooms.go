@@ -93,12 +93,18 @@ type room struct {
 	// buffered meanwhile.
 	listing  bool
 	buffered []presence.RoomEvent
-	members  map[string]*roomMember // by connection id
-	users    map[string]int         // connections in the room per user
-	// gone holds the revision of connections that left, so that a late
-	// event older than the leave does not bring them back. It is cleared
-	// when it grows beyond the members' number: such an event is at most
-	// a few round trips late.
+	// ended holds the leases that ended while the room's keys were
+	// listed: the listing may have read their keys before the reaper
+	// removed them, so they are dropped after it.
+	ended   []presence.RoomLeaseEnded
+	members map[string]*roomMember // by connection id
+	users   map[string]int         // connections in the room per user
+	// gone holds the revision of connections that left, so that neither a
+	// late event older than the leave nor a listing that read the key
+	// before it went (the reaper publishes a dead lease's leaves, then
+	// removes its keys) brings them back. It is cleared when it grows
+	// beyond the members' number: such an event or key is at most a few
+	// round trips late.
 	gone   map[string]uint64
 	locals map[*conn]*roomView
 	// log holds the table's changes that some local connection has not
@@ -362,15 +368,28 @@ func (r *room) list(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	buffered := r.buffered
-	r.listing, r.buffered = false, nil
-	if err != nil {
-		for i := range buffered {
-			r.applyLocked(&buffered[i])
-		}
-		return err
+	buffered, ended := r.buffered, r.ended
+	r.listing, r.buffered, r.ended = false, nil, nil
+	if err == nil {
+		r.takeListingLocked(membersOf(entries))
 	}
-	fresh := membersOf(entries)
+	for i := range buffered {
+		r.applyLocked(&buffered[i])
+	}
+	for _, e := range ended {
+		r.dropLeaseLocked(e.Gateway, e.Epoch)
+	}
+	return err
+}
+
+// takeListingLocked makes the members a listing read the table, but for
+// keys of connections whose leave the table has applied (see gone).
+func (r *room) takeListingLocked(fresh map[string]*roomMember) {
+	for id, f := range fresh {
+		if f.rev <= r.gone[id] {
+			delete(fresh, id)
+		}
+	}
 	for id, m := range r.members {
 		if f, ok := fresh[id]; !ok {
 			r.removeLocked(id, m)
@@ -383,10 +402,6 @@ func (r *room) list(ctx context.Context) error {
 			r.putLocked(id, f)
 		}
 	}
-	for i := range buffered {
-		r.applyLocked(&buffered[i])
-	}
-	return nil
 }
 
 // membersOf returns the members a listing of a room's keys shows, by
@@ -450,10 +465,20 @@ func (r *room) applyLocked(ev *presence.RoomEvent) {
 	}
 }
 
-// leaseEnded drops the members held under a lease that ended.
+// leaseEnded drops the members held under a lease that ended, or has
+// the listing under way drop them once it is over.
 func (r *room) leaseEnded(gw, epoch string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.listing {
+		r.ended = append(r.ended, presence.RoomLeaseEnded{Gateway: gw, Epoch: epoch})
+		return
+	}
+	r.dropLeaseLocked(gw, epoch)
+}
+
+// dropLeaseLocked drops the members held under a lease.
+func (r *room) dropLeaseLocked(gw, epoch string) {
 	for id, m := range r.members {
 		if m.gateway == gw && m.epoch == epoch {
 			r.removeLocked(id, m)
@@ -494,9 +519,16 @@ func (r *room) recordLocked(ch roomChange) {
 	}
 	r.log.add(ch)
 	for c, v := range r.locals {
-		if !v.notified && (ch.counted || v.shows(ch.userID)) {
+		switch {
+		case v.notified:
+		case ch.counted || v.shows(ch.userID):
 			v.notified = true
 			c.roomsChanged()
+		default:
+			// Nothing it follows changed since its seen: it has taken the
+			// whole log, and must not keep it from being trimmed (a view
+			// of a truncated room is not told of most changes).
+			v.seen = r.log.seq
 		}
 	}
 	if r.log.due() {
