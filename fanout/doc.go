@@ -22,8 +22,12 @@
 //
 // Records carry version counters (pv, sv) that their writers bump on every
 // change, so a fanout that skipped revisions (History keeps a few) or
-// restarted still knows what moved. A fanout skips a revision no newer
-// than one it already handled for the user (delivered again after a lost
-// acknowledgement), and gateways drop events whose revision is not newer
-// than what they have, so duplicates are harmless.
+// restarted still knows what moved. A revision no newer than one a fanout
+// already handled for the user was delivered again after a lost
+// acknowledgement, which its events may have been lost with (a connection
+// that died with both in flight): the fanout publishes them again, unless
+// the server confirmed it has them, or a newer revision's (a ping answered
+// on the connection they went out on, after each batch that published
+// something). Gateways drop events whose revision is not newer than what
+// they have, so duplicates are harmless.
 package fanout

@@ -34,6 +34,10 @@ type Service struct {
 	sent map[string]versions
 	// cached is len(sent), for the metrics.
 	cached atomic.Int64
+	// out holds, per user, the newest revisions whose events are known to
+	// have reached the server: work notes them, and a revision delivered
+	// again has its events published again unless they cover it (again).
+	out *outRevs
 
 	// seen holds the events writers published, as their reports
 	// (presence.Published) said; work reads the reports from reports,
@@ -78,6 +82,9 @@ type pending struct {
 	self     *presence.SelfEvent
 	gateways []string
 	due      time.Time
+	// wrote says that finish published an event of it, which only a
+	// flush of the connection confirms.
+	wrote bool
 }
 
 // New validates cfg and returns a fanout that will use nc. It starts no
@@ -93,6 +100,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		log:  cfg.Logger.With("svc", "fanout"),
 		sent: make(map[string]versions),
 		seen: newSeenEvents(),
+		out:  newOutRevs(cfg.CacheSize),
 		wake: make(chan struct{}, 1),
 		held: make(map[string]uint64),
 		reg:  metrics.NewRegistry(),
@@ -240,16 +248,10 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 		return nil, nil
 	}
 
+	due := dueAt(meta.Timestamp, time.Now(), s.cfg.Delay)
 	last, known := s.sent[userID]
 	if known && rev <= last.rev {
-		if s.isHeld(userID, rev) {
-			return nil, errHeld
-		}
-		// Handled already, or older than a revision that was: delivered
-		// again because an acknowledgement was lost. What it says is out
-		// of date; publishing it would also set this memory back.
-		s.metrics.ignored.WithLabelValues("stale").Inc()
-		return nil, nil
+		return s.again(msg, userID, rev, next, due)
 	}
 	// What this instance handled last stands for the record before: the
 	// versions move with every change, so a fanout that skipped revisions
@@ -272,7 +274,49 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	if pub == nil && self == nil {
 		return nil, nil
 	}
-	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: meta.Timestamp.Add(s.cfg.Delay)}, nil
+	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: due}, nil
+}
+
+// dueAt returns when the events of a revision the server stored at written
+// (its clock) and this instance received at received (its own) are due:
+// Delay after the earlier of the two, on this instance's clock. A server
+// clock ahead of this one would otherwise hold revisions back by the skew
+// (and their redeliveries could come while they wait), so a revision never
+// waits longer than Delay after it arrived; a revision that arrived late
+// (a backlog) is due Delay after its write. A server clock behind this one
+// still makes revisions due early by the skew: their events may go out
+// before their writers' reports come, duplicates that gateways drop.
+func dueAt(written, received time.Time, delay time.Duration) time.Time {
+	if written.After(received) {
+		written = received
+	}
+	return written.Add(delay)
+}
+
+// again works out what a revision no newer than the one handled last
+// calls for: it was delivered again because its acknowledgement was lost,
+// perhaps with its events, both in flight on a connection that died. The
+// events known to be out, its own or a newer revision's (gateways would
+// drop them), are not published again, nor is a revision's held for
+// another try; the rest are, as if the record before were unknown. What
+// it says is out of date: sent stays where it is.
+func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *presence.Record, due time.Time) (*pending, error) {
+	if s.isHeld(userID, rev) {
+		return nil, errHeld
+	}
+	pub, self, gws := presence.Changes(userID, &presence.Record{}, next, rev)
+	out := s.out.of(userID)
+	if rev <= out.pub {
+		pub = nil
+	}
+	if rev <= out.self {
+		self, gws = nil, nil
+	}
+	if pub == nil && self == nil {
+		s.metrics.ignored.WithLabelValues("stale").Inc()
+		return nil, nil
+	}
+	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: due}, nil
 }
 
 // errHeld says that a revision delivered again is one whose events wait
@@ -404,15 +448,42 @@ func (s *Service) tryAgain(now time.Time) {
 }
 
 // finishAll finishes each of batch, and returns those whose events could
-// not all be published, with the first error.
+// not all be published, with the first error; it notes the others' events
+// as out once the server confirmed it has them. One flush per batch, and
+// none for a batch that published nothing (a healthy system's).
 func (s *Service) finishAll(batch []*pending) (failed []*pending, firstErr error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	// Read before publishing: read after, it could count a reconnect that
+	// completed meanwhile, and a flush of the new connection would vouch
+	// for events lost with the old one.
+	conn := s.nc.Stats().Reconnects
+	wrote := false
 	for _, p := range batch {
 		if err := s.finish(p); err != nil {
 			failed = append(failed, p)
 			firstErr = cmp.Or(firstErr, err)
 		}
+		wrote = wrote || p.wrote
 	}
+	s.out.noteAll(batch, failed, wrote && s.flushed(conn))
 	return failed, firstErr
+}
+
+// flushTimeout bounds the wait for the server to confirm that it has what
+// a batch of finishes published: a healthy server answers within
+// milliseconds; a stalled one holds the work up this long at most, and
+// the batch's events count as lost.
+const flushTimeout = time.Second
+
+// flushed reports whether the server has everything published on the
+// connection since its reconnect count was conn: it answered a ping on
+// the same connection. Bytes written to a connection that died are lost
+// without an error, acknowledgements with the events they follow, and the
+// server then delivers those revisions again.
+func (s *Service) flushed(conn uint64) bool {
+	return s.nc.IsConnected() && s.nc.FlushTimeout(flushTimeout) == nil && s.nc.Stats().Reconnects == conn
 }
 
 // noteHeld makes held say, per user, the newest revision in retry.
@@ -438,9 +509,10 @@ func (s *Service) handBack() {
 // finish publishes what a revision calls for that its writer did not,
 // then acknowledges it. The acknowledgement goes out on the same
 // connection after the events, so if it reaches the server the events
-// did too. If an event cannot be published, it returns the error and
-// leaves the revision unacknowledged: its events may be published again
-// on another try, which gateways drop as not newer.
+// did too; if the connection dies with both in flight, both are lost, and
+// the revision comes again (again). If an event cannot be published, it
+// returns the error and leaves the revision unacknowledged: its events may
+// be published again on another try, which gateways drop as not newer.
 func (s *Service) finish(p *pending) error {
 	if p.pub != nil {
 		if s.seen.has(p.userID, false, p.rev) {
@@ -449,6 +521,7 @@ func (s *Service) finish(p *pending) error {
 			s.metrics.failed.Inc()
 			return err
 		} else {
+			p.wrote = true
 			s.metrics.published.Inc()
 			if p.pub.At != 0 {
 				s.metrics.lag.Observe(time.Since(time.UnixMilli(p.pub.At)).Seconds())
@@ -461,6 +534,7 @@ func (s *Service) finish(p *pending) error {
 				s.metrics.failed.Inc()
 				return err
 			}
+			p.wrote = true
 			s.metrics.self.Inc()
 		}
 	}
@@ -477,6 +551,65 @@ func (s *Service) publish(subject string, v any) error {
 		return fmt.Errorf("publish %s: %w", subject, err)
 	}
 	return nil
+}
+
+// outRevs are, per user, the newest revisions whose public event, and
+// whose self events, are known to have reached the server: published by
+// this instance on a connection that confirmed them, or reported by their
+// writers. It is safe for concurrent use.
+type outRevs struct {
+	mu   sync.Mutex
+	most int
+	m    map[string]outRev
+}
+
+type outRev struct{ pub, self uint64 }
+
+func newOutRevs(most int) *outRevs {
+	return &outRevs{most: most, m: make(map[string]outRev)}
+}
+
+// of returns the revisions of user's events known to be out.
+func (o *outRevs) of(user string) outRev {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.m[user]
+}
+
+// noteAll notes as out the events of the finished revisions of batch, the
+// ones not among failed (a subsequence of batch): those whose finish
+// published nothing (their writers' reports covered them), and, if
+// flushed, the rest. A revision not noted has its events published again
+// if it is delivered again.
+func (o *outRevs) noteAll(batch, failed []*pending, flushed bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, p := range batch {
+		if len(failed) > 0 && failed[0] == p {
+			failed = failed[1:]
+			continue
+		}
+		if !p.wrote || flushed {
+			o.note(p)
+		}
+	}
+}
+
+// note notes that the events p calls for are out. When the memory is
+// full it starts over, as sent does: a revision delivered again then has
+// its events published again, which gateways drop.
+func (o *outRevs) note(p *pending) {
+	r, ok := o.m[p.userID]
+	if !ok && len(o.m) >= o.most {
+		clear(o.m)
+	}
+	if p.pub != nil {
+		r.pub = max(r.pub, p.rev)
+	}
+	if p.self != nil {
+		r.self = max(r.self, p.rev)
+	}
+	o.m[p.userID] = r
 }
 
 // seenFor is how long the fanout remembers an event a writer published:

@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,4 +463,232 @@ func TestPublishRetried(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestEventsLostInFlightPublishedAgain: the fanout publishes a dead
+// writer's revision and acknowledges it, and its connection dies with both
+// in flight: the server never had them, and delivers the revision again.
+// The fanout must publish its events again, whether it handled a newer
+// revision of the user meanwhile or not: acknowledging the redelivery as
+// handled already, or as older than a revision handled since, would leave
+// the user's watchers with what they saw before it until the user changes
+// again.
+func TestEventsLostInFlightPublishedAgain(t *testing.T) {
+	srv := natstest.RunServer(t)
+	b := newBench(t, srv)
+	gw2 := b.subscribe(presence.SelfSubject("gw2"))
+	px := startLossyProxy(t, srv.Addr().String())
+	// AckWait leaves the fanout's reader time to get over the request it
+	// lost with its connection (a second) before a revision comes again.
+	f, _ := b.runFanout(fanout.Config{Delay: 50 * time.Millisecond, AckWait: 2 * time.Second},
+		natsURL(px.url()), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	received, lost := 0, 0
+	// lostInFlight writes a change of zoe's while the fanout's connection
+	// loses what it sends, cuts the connection once the fanout has
+	// acknowledged the change into the loss, runs more (each writes one
+	// revision), and waits for the change to be delivered again.
+	lostInFlight := func(change func(*presence.Record), more ...func()) uint64 {
+		t.Helper()
+		b.loseFanout(px)
+		_, rev := b.update("zoe", change)
+		received++
+		lost++
+		natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+			if px.lost("$JS.ACK.") < lost {
+				return errors.New("the fanout has not acknowledged the revision yet")
+			}
+			return nil
+		})
+		px.sever()
+		for _, write := range more {
+			write()
+			received++
+		}
+		received++ // the lost revision, again once AckWait has passed
+		natstest.CheckFor(t, 20*time.Second, time.Millisecond, func() error {
+			if v, _ := metricstest.Value(f.Registry(), "greendot_fanout_revisions_total"); v < float64(received) {
+				return fmt.Errorf("%v revisions received, want %d", v, received)
+			}
+			return nil
+		})
+		return rev
+	}
+	// publishedAgain checks that zoe's revision rev was published, as
+	// status, before a change written after its redelivery.
+	publishedAgain := func(rev uint64, status presence.Status) {
+		t.Helper()
+		mark := fmt.Sprint("mark", rev)
+		_, after := b.update(mark, func(r *presence.Record) { r.SetConn("m1", presence.ConnInfo{Gateway: "gw3"}) })
+		received++
+		if ev := b.nextEvent(); ev.UserID != "zoe" || ev.Rev != rev || ev.Status != status {
+			t.Fatalf("event = %+v, want zoe %s at %d, published again", ev, status, rev)
+		}
+		if ev := b.nextEvent(); ev.UserID != mark || ev.Rev != after {
+			t.Fatalf("event = %+v, want %s's at %d", ev, mark, after)
+		}
+	}
+
+	// Delivered again after a newer revision, which changed only her
+	// devices, went out on the connection made again.
+	rev := lostInFlight(func(r *presence.Record) { r.SetConn("z1", presence.ConnInfo{Gateway: "gw1"}) }, func() {
+		_, rev := b.update("zoe", func(r *presence.Record) { r.SetConn("z2", presence.ConnInfo{Gateway: "gw2"}) })
+		if self := next[presence.SelfEvent](t, gw2); self.UserID != "zoe" || self.Rev != rev || self.Devices != 2 {
+			t.Fatalf("self event = %+v, want zoe's 2 devices at %d", self, rev)
+		}
+		if v, _ := metricstest.Value(f.Registry(), "greendot_fanout_revisions_total"); v != 2 {
+			t.Fatalf("%v revisions received by the time the newer one was handled, want 2: the first came again before it", v)
+		}
+	})
+	publishedAgain(rev, presence.Online)
+
+	// Delivered again as the newest revision the fanout handled.
+	rev = lostInFlight(func(r *presence.Record) { r.Chosen = presence.Busy })
+	publishedAgain(rev, presence.Busy)
+	if self := next[presence.SelfEvent](t, gw2); self.UserID != "zoe" || self.Rev != rev || self.Status != presence.Busy {
+		t.Errorf("self event = %+v, want zoe busy at %d", self, rev)
+	}
+}
+
+// loseFanout has the fanout's connection through px lose what the fanout
+// sends from the moment its pull request waits on the server: revisions
+// still reach it.
+func (b *bench) loseFanout(px *lossyProxy) {
+	b.t.Helper()
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	natstest.CheckFor(b.t, 10*time.Second, time.Millisecond, func() error {
+		c, err := js.Consumer(context.Background(), presence.StreamName(presence.StatusBucket), presence.FanoutConsumer)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.NumWaiting == 0 {
+			return errors.New("no pull request waits")
+		}
+		return nil
+	})
+	px.lose()
+}
+
+// natsURL has a fanout connect to url rather than the bench's server.
+func natsURL(url string) nats.Option {
+	return func(o *nats.Options) error {
+		o.Url, o.Servers = url, nil
+		return nil
+	}
+}
+
+// lossyProxy passes TCP connections through to a NATS server. lose makes
+// the connections open at the time lose what their clients send, as a
+// connection that dies with bytes in flight does, until sever closes
+// them; connections made after pass everything.
+type lossyProxy struct {
+	ln     net.Listener
+	target string
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	links  []*link
+	lostTo strings.Builder // what the lost connections' clients sent
+}
+
+type link struct {
+	client, server net.Conn
+	losing         atomic.Bool
+}
+
+func startLossyProxy(t *testing.T, target string) *lossyProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lossyProxy{ln: ln, target: target}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.sever()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *lossyProxy) url() string { return "nats://" + p.ln.Addr().String() }
+
+func (p *lossyProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l := &link{client: c, server: s}
+		p.mu.Lock()
+		p.links = append(p.links, l)
+		p.mu.Unlock()
+		p.wg.Go(func() { p.upstream(l) })
+		p.wg.Go(func() {
+			_, _ = io.Copy(c, s)
+			_ = c.Close()
+		})
+	}
+}
+
+// upstream passes what the client sends to the server, or, once the link
+// is losing, notes it and drops it.
+func (p *lossyProxy) upstream(l *link) {
+	defer l.server.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := l.client.Read(buf)
+		if n > 0 && l.losing.Load() {
+			p.mu.Lock()
+			p.lostTo.Write(buf[:n])
+			p.mu.Unlock()
+		} else if n > 0 {
+			if _, err := l.server.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// lose makes the open connections lose what their clients send.
+func (p *lossyProxy) lose() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		l.losing.Store(true)
+	}
+}
+
+// lost returns how many times s is in what the clients sent that was
+// lost.
+func (p *lossyProxy) lost(s string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Count(p.lostTo.String(), s)
+}
+
+// sever closes every connection through the proxy.
+func (p *lossyProxy) sever() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range p.links {
+		_ = l.client.Close()
+		_ = l.server.Close()
+	}
+	p.links = nil
 }

@@ -33,7 +33,7 @@ func newFanoutMetrics(reg prometheus.Registerer, s *Service) *fanoutMetrics {
 		self: f.Counter("greendot_fanout_self_events_published_total",
 			"Self events the fanout published on presence.gw.<gateway>.self (one per gateway holding a connection of the user) because their writer did not."),
 		ignored: f.CounterVec("greendot_fanout_revisions_ignored_total",
-			"Revisions acknowledged without an event, by reason: not greendot's (invalid_key, undecodable), or delivered again after a newer one was handled (stale).", "reason"),
+			"Revisions acknowledged without an event, by reason: not greendot's (invalid_key, undecodable), or delivered again when its events, or a newer revision's, were known to be out (stale).", "reason"),
 		failed: f.Counter("greendot_fanout_revisions_failed_total",
 			"Failures to process a revision: metadata that could not be read (the revision is handed back for redelivery), or events that could not be published (tried again every second until they are out); counted at each failure."),
 		lag: f.Histogram("greendot_fanout_lag_seconds",

@@ -67,7 +67,7 @@ type Publisher struct {
 
 	mu sync.Mutex
 	// pending is what was published since the last report; conn is the
-	// connection's reconnect count when its first event was published.
+	// connection's reconnect count from before its first event was published.
 	pending Published
 	conn    uint64
 	// armed is set while a report is scheduled or being sent.
@@ -102,6 +102,10 @@ func (p *Publisher) Publish(userID string, w *Write, handOver bool) (int, error)
 		return 0, nil
 	}
 	pub, self, gws := Changes(userID, &w.Prev, &w.Next, w.Rev)
+	// Read before publishing: read after, it could count a reconnect that
+	// completed meanwhile, and a report the new connection confirms would
+	// name events lost with the old one.
+	conn := p.nc.Stats().Reconnects
 	n := 0
 	var pubSent, selfSent bool
 	err := func() error {
@@ -138,17 +142,17 @@ func (p *Publisher) Publish(userID string, w *Write, handOver bool) (int, error)
 		}
 		return nil
 	}()
-	p.note(userID, w.Rev, pubSent, selfSent)
+	p.note(userID, w.Rev, pubSent, selfSent, conn)
 	return n, err
 }
 
 // note adds what a write published (its public event, its self events)
-// to the next report, and schedules it.
-func (p *Publisher) note(user string, rev uint64, pub, self bool) {
+// to the next report, and schedules it. conn is the connection's
+// reconnect count from before they were published.
+func (p *Publisher) note(user string, rev uint64, pub, self bool, conn uint64) {
 	if !pub && !self {
 		return
 	}
-	conn := p.nc.Stats().Reconnects
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
