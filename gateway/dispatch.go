@@ -103,9 +103,16 @@ func (s *Service) watchGraph(ctx context.Context, w jetstream.KeyWatcher) {
 // subscriptions (authz.Notifier).
 type notifier struct{ s *Service }
 
-// Revoked sends the socket a denied frame for a subscription that ended.
+// Revoked sends the socket a denied frame for a subscription that ended,
+// after which none of user's changes may reach it. The hub hands it no
+// more of them (the subscription was removed first), but one may wait in
+// its box: it is dropped before the denied is written. A flush that took
+// it already holds the socket's lock until it is written, so it goes out
+// before the denied, never after.
 func (n notifier) Revoked(w hub.Watcher, user, reason string) {
-	n.s.sendDenied(w.(*conn), "", user, reason)
+	c := w.(*conn)
+	c.box.Remove(user)
+	n.s.sendDenied(c, "", user, reason)
 }
 
 // Reshow reads user's presence and delivers it to the socket again, as it

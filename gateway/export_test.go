@@ -184,3 +184,14 @@ func (s *Service) RoomLogLen(roomID string) int {
 	defer r.mu.Unlock()
 	return len(r.log.list)
 }
+
+// WatchedBy returns the users one connection of a user watches, sorted;
+// nil when the gateway holds no such connection.
+func (s *Service) WatchedBy(userID, connID string) []string {
+	for _, c := range s.registry.userConns(userID) {
+		if c.connID == connID {
+			return slices.Sorted(slices.Values(s.hub.WatchedBy(c)))
+		}
+	}
+	return nil
+}

@@ -105,11 +105,13 @@ func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]prese
 	}
 	entries, err := s.snapshot(ctx, subscribed, grants)
 	if err != nil {
+		// The client is told nothing changed: the subscriptions this
+		// subscribe made end, and those the socket had before go on.
 		users := make([]string, len(grants))
 		for i, g := range grants {
 			users[i] = g.User
 		}
-		s.hub.Remove(c, users)
+		s.hub.Cancel(c, users)
 		return nil, nil, err
 	}
 	entries = s.hub.Settle(c, entries)

@@ -13,7 +13,6 @@ package hub
 
 import (
 	"errors"
-	"math"
 	"sync"
 
 	"github.com/greendot/greendot/pkg/presence"
@@ -79,16 +78,20 @@ type target struct {
 // watch is one socket's subscription to one user.
 type watch struct {
 	// rev is the status revision of the newest state the socket has of the
-	// user; events not newer are dropped. It is blocked while the socket's
-	// snapshot is being read. It is written only by Deliver (under the read
-	// lock: Deliver runs on one goroutine) or under the write lock.
+	// user; events not newer are dropped. It is written only by Deliver
+	// (under the read lock: Deliver runs on one goroutine) or under the
+	// write lock.
 	rev uint64
 	// lastSeen reports that the socket may see the user's last_seen.
 	lastSeen bool
+	// blocked reports that the socket's snapshot of the user is being read
+	// (from Add to Settle or Cancel): events wait for the snapshot, and rev
+	// stays what the socket had, for Cancel to go back to.
+	blocked bool
+	// added reports that the Add being settled made the watch: Cancel ends
+	// it rather than unblocking it.
+	added bool
 }
-
-// blocked is a watch's rev while its snapshot is being read.
-const blocked = math.MaxUint64
 
 // New returns a hub that calls subscribe to receive the events of a user
 // that a socket starts watching, and ends that subscription when no socket
@@ -103,44 +106,72 @@ func New(subscribe func(user string) (Subscription, error)) *Hub {
 }
 
 // Add registers (or resets) w's subscriptions to the granted users,
-// blocked until Settle gives their snapshots, and subscribes to the events
-// of users nobody watched yet. It reports whether it made a subscription:
-// the caller then makes sure NATS knows of it (a flush) before reading
-// snapshots, so that no event published after the read is missed. It
-// fails with ErrClosed when w is closed: a socket that closes while its
-// subscribe is being decided leaves nothing behind.
+// blocked until Settle gives their snapshots (or Cancel gives up on them),
+// and subscribes to the events of users nobody watched yet. It reports
+// whether it made a subscription: the caller then makes sure NATS knows of
+// it (a flush) before reading snapshots, so that no event published after
+// the read is missed. It fails with ErrClosed when w is closed: a socket
+// that closes while its subscribe is being decided leaves nothing behind.
+// When a subscription cannot be made it fails having changed nothing.
 func (h *Hub) Add(w Watcher, grants []Grant) (subscribed bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if w.Closed() {
 		return false, ErrClosed
 	}
+	if subscribed, err = h.targetLocked(grants); err != nil {
+		return false, err
+	}
 	for _, g := range grants {
-		t := h.targets[g.User]
-		if t == nil {
-			t = &target{watchers: make(map[Watcher]*watch)}
-			if h.subscribe != nil {
-				if t.sub, err = h.subscribe(g.User); err != nil {
-					return subscribed, err
-				}
-				subscribed = true
-			}
-			h.targets[g.User] = t
-		}
-		wt := t.watchers[w]
-		if wt == nil {
-			wt = &watch{}
-			t.watchers[w] = wt
-			subs := h.byWatcher[w]
-			if subs == nil {
-				subs = make(map[string]*watch)
-				h.byWatcher[w] = subs
-			}
-			subs[g.User] = wt
-		}
-		wt.rev, wt.lastSeen = blocked, g.LastSeen
+		h.watchLocked(w, g)
 	}
 	return subscribed, nil
+}
+
+// targetLocked makes every granted user a target, subscribing to the
+// events of the new ones, and reports whether it subscribed. All of them
+// are made before any watch is touched, so that a subscription that fails
+// leaves no watch blocked with nothing to settle it: the targets made
+// before it are dropped again.
+func (h *Hub) targetLocked(grants []Grant) (subscribed bool, err error) {
+	for i, g := range grants {
+		if h.targets[g.User] != nil {
+			continue
+		}
+		t := &target{watchers: make(map[Watcher]*watch)}
+		if h.subscribe != nil {
+			if t.sub, err = h.subscribe(g.User); err != nil {
+				for _, g := range grants[:i] {
+					// Only a target made here has no watcher yet.
+					if made := h.targets[g.User]; made != nil && len(made.watchers) == 0 {
+						h.endLocked(g.User, made)
+					}
+				}
+				return false, err
+			}
+			subscribed = true
+		}
+		h.targets[g.User] = t
+	}
+	return subscribed, nil
+}
+
+// watchLocked registers w's watch of g's user, whose target exists,
+// blocked; a watch w had already keeps its rev, for Cancel.
+func (h *Hub) watchLocked(w Watcher, g Grant) {
+	t := h.targets[g.User]
+	wt := t.watchers[w]
+	if wt == nil {
+		wt = &watch{added: true}
+		t.watchers[w] = wt
+		subs := h.byWatcher[w]
+		if subs == nil {
+			subs = make(map[string]*watch)
+			h.byWatcher[w] = subs
+		}
+		subs[g.User] = wt
+	}
+	wt.blocked, wt.lastSeen = true, g.LastSeen
 }
 
 // Settle unblocks w's subscriptions to the users of snapshot. An event
@@ -161,13 +192,56 @@ func (h *Hub) Settle(w Watcher, snapshot []Entry) []Entry {
 		if t := h.targets[e.Presence.UserID]; t.last.Rev > e.Rev {
 			e.Rev, e.Presence = t.last.Rev, t.last.Presence()
 		}
-		wt.rev = e.Rev
+		wt.rev, wt.blocked, wt.added = e.Rev, false, false
 		if !wt.lastSeen {
 			e.Presence.LastSeen = 0
 		}
 		out = append(out, e)
 	}
 	return out
+}
+
+// Cancel undoes what Add did to w's subscriptions to users, whose
+// snapshots could not be read, so that the failed subscribe changes
+// nothing: the watches it made end, and those w had before are unblocked
+// at the revision w has, with the newest change that came meanwhile
+// delivered (events wait while blocked). What w may see of last_seen
+// stays as the authorizer last decided: the old value may be one a
+// privacy change has since taken back. Watches that are not blocked (Add
+// never reached them, or they were revoked meanwhile) are left alone.
+func (h *Hub) Cancel(w Watcher, users []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	subs := h.byWatcher[w]
+	for _, u := range users {
+		wt := subs[u]
+		switch {
+		case wt == nil || !wt.blocked:
+		case wt.added:
+			h.dropLocked(w, u)
+			delete(subs, u)
+		default:
+			wt.blocked = false
+			h.catchUpLocked(w, h.targets[u], wt)
+		}
+	}
+	if len(subs) == 0 {
+		delete(h.byWatcher, w)
+	}
+}
+
+// catchUpLocked delivers to w the newest event of t if w's watch wt does
+// not have it yet. The caller holds the write lock.
+func (h *Hub) catchUpLocked(w Watcher, t *target, wt *watch) {
+	if t.last.Rev <= wt.rev {
+		return
+	}
+	wt.rev = t.last.Rev
+	p := t.last.Presence()
+	if !wt.lastSeen {
+		p.LastSeen = 0
+	}
+	w.Deliver(p, t.last.At)
 }
 
 // Remove ends w's subscriptions to users.
@@ -206,11 +280,17 @@ func (h *Hub) dropLocked(w Watcher, user string) {
 	}
 	delete(t.watchers, w)
 	if len(t.watchers) == 0 {
-		if t.sub != nil {
-			_ = t.sub.Unsubscribe()
-		}
-		delete(h.targets, user)
+		h.endLocked(user, t)
 	}
+}
+
+// endLocked ends the subscription of user's target t, which nobody
+// watches any more.
+func (h *Hub) endLocked(user string, t *target) {
+	if t.sub != nil {
+		_ = t.sub.Unsubscribe()
+	}
+	delete(h.targets, user)
 }
 
 // Count returns how many users w watches.
@@ -311,7 +391,7 @@ func (h *Hub) Deliver(ev *presence.Event) (dropped int) {
 	}
 	p := ev.Presence()
 	for w, wt := range t.watchers {
-		if wt.rev >= ev.Rev { // also while blocked
+		if wt.blocked || wt.rev >= ev.Rev {
 			dropped++
 			continue
 		}
@@ -337,7 +417,7 @@ func (h *Hub) Resend(w Watcher, p presence.Presence, rev uint64) {
 		return
 	}
 	wt := t.watchers[w]
-	if wt == nil || wt.rev == blocked {
+	if wt == nil || wt.blocked {
 		return
 	}
 	if t.last.Rev > rev {

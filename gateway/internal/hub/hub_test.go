@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -208,4 +209,92 @@ func TestSharedSubscription(t *testing.T) {
 		t.Errorf("delivered %v, want bob's change", got)
 	}
 	h.Close()
+}
+
+// mustAdd registers w's grants, failing the test if it cannot.
+func mustAdd(t *testing.T, h *Hub, w Watcher, grants ...Grant) {
+	t.Helper()
+	if _, err := h.Add(w, grants); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCancelChangesNothing: a subscribe whose snapshots could not be read
+// leaves the socket's subscriptions as they were. The ones it made end;
+// the ones it had go on from the revision it has, and the change that
+// came while they were blocked is delivered, not lost.
+func TestCancelChangesNothing(t *testing.T) {
+	h, s := newHub()
+	a := &sock{}
+	mustAdd(t, h, a, Grant{User: "bob", LastSeen: true})
+	h.Settle(a, []Entry{{presence.Presence{UserID: "bob", Status: presence.Online}, 5}})
+	mustAdd(t, h, a, Grant{User: "bob", LastSeen: true}, Grant{User: "carol"})
+	h.Deliver(ev("bob", presence.Busy, 7)) // waits: bob is blocked
+	h.Cancel(a, []string{"bob", "carol", "nobody"})
+	if want := map[string]int{"bob": 1}; !mapsEqual(s.live, want) || h.Count(a) != 1 || !h.Watching(a, "bob") {
+		t.Fatalf("after Cancel: subscriptions %v, a watches %d; want bob only", s.live, h.Count(a))
+	}
+	if got, want := a.take(), []presence.Presence{{UserID: "bob", Status: presence.Busy, LastSeen: 1007}}; !slices.Equal(got, want) {
+		t.Fatalf("delivered on Cancel %v, want %v (the change that waited)", got, want)
+	}
+	h.Deliver(ev("bob", presence.Away, 7)) // what a has
+	h.Deliver(ev("bob", presence.Away, 8))
+	if got, want := a.take(), []presence.Presence{{UserID: "bob", Status: presence.Away, LastSeen: 1008}}; !slices.Equal(got, want) {
+		t.Errorf("delivered after Cancel %v, want %v", got, want)
+	}
+	// Nothing waited: nothing is delivered, and the watch is not blocked.
+	mustAdd(t, h, a, Grant{User: "bob", LastSeen: true})
+	h.Cancel(a, []string{"bob"})
+	h.Resend(a, presence.Presence{UserID: "bob", Status: presence.Away, LastSeen: 1008}, 8)
+	if got := a.take(); len(got) != 1 {
+		t.Errorf("after a Cancel with nothing new: delivered %v, want the resent state only", got)
+	}
+}
+
+// TestCancelLeavesWatchesAlone: Cancel touches only what Add blocked: not
+// a watch Add never reached, and not one revoked meanwhile, which stays
+// ended.
+func TestCancelLeavesWatchesAlone(t *testing.T) {
+	h, s := newHub()
+	a := &sock{}
+	mustAdd(t, h, a, Grant{User: "bob"}, Grant{User: "carol"})
+	h.Settle(a, []Entry{{presence.Presence{UserID: "bob"}, 1}, {presence.Presence{UserID: "carol"}, 1}})
+	mustAdd(t, h, a, Grant{User: "carol"}, Grant{User: "dave"})
+	h.Remove(a, []string{"carol"}) // revoked while its snapshot is read
+	h.Cancel(a, []string{"bob", "carol", "dave"})
+	if want := map[string]int{"bob": 1}; !mapsEqual(s.live, want) || h.Count(a) != 1 {
+		t.Fatalf("after Cancel: subscriptions %v, a watches %d; want bob only", s.live, h.Count(a))
+	}
+	h.Deliver(ev("bob", presence.Busy, 2))
+	if got := a.take(); len(got) != 1 {
+		t.Errorf("delivered %v, want bob's change", got)
+	}
+}
+
+// TestFailedAddChangesNothing: when a subscription cannot be made, Add
+// fails with nothing registered, nothing subscribed, and no watch the
+// socket had left blocked.
+func TestFailedAddChangesNothing(t *testing.T) {
+	s := &subs{live: make(map[string]int)}
+	failing := errors.New("no subscription")
+	h := New(func(user string) (Subscription, error) {
+		if user == "carol" {
+			return nil, failing
+		}
+		s.live[user]++
+		return &sub{s, user}, nil
+	})
+	a := &sock{}
+	mustAdd(t, h, a, Grant{User: "bob"})
+	h.Settle(a, []Entry{{presence.Presence{UserID: "bob"}, 1}})
+	if _, err := h.Add(a, []Grant{{User: "dave"}, {User: "bob"}, {User: "carol"}}); err != failing {
+		t.Fatalf("Add = %v, want the subscription's error", err)
+	}
+	if want := map[string]int{"bob": 1}; !mapsEqual(s.live, want) || h.Len() != 1 || h.Count(a) != 1 {
+		t.Fatalf("after a failed Add: subscriptions %v, %d users watched, a watches %d; want bob only", s.live, h.Len(), h.Count(a))
+	}
+	h.Deliver(ev("bob", presence.Busy, 2))
+	if got := a.take(); len(got) != 1 {
+		t.Errorf("delivered %v, want bob's change: his watch was left blocked", got)
+	}
 }

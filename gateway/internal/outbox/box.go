@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -65,6 +66,21 @@ func (b *Box) Add(p presence.Presence, at int64) bool {
 		b.oldest = at
 	}
 	return b.queueLocked()
+}
+
+// Remove drops the change of user that waits, if one does: the socket no
+// longer watches user, and must not be written that change any more.
+func (b *Box) Remove(user string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := slices.IndexFunc(b.pending, func(p presence.Presence) bool { return p.UserID == user })
+	if i < 0 {
+		return
+	}
+	b.pending = slices.Delete(b.pending, i, i+1)
+	if len(b.pending) == 0 {
+		b.oldest = 0
+	}
 }
 
 // AddSelf records the socket's own user's state at status revision rev,

@@ -111,6 +111,33 @@ func TestBoxRooms(t *testing.T) {
 	}
 }
 
+// TestBoxRemove: the change of a user no longer watched is dropped, also
+// from a held box, and the others keep their order.
+func TestBoxRemove(t *testing.T) {
+	var b Box
+	b.Hold()
+	b.Add(online("bob"), 30)
+	b.Add(online("carol"), 40)
+	b.Add(online("dave"), 0)
+	b.Remove("carol")
+	b.Remove("nobody")
+	if !b.Release() {
+		t.Fatal("the release of a box with changes left did not ask to be scheduled")
+	}
+	if u, _, oldest, _ := b.Take(1, 10); !slices.Equal(u, []presence.Presence{online("bob"), online("dave")}) || oldest != 30 {
+		t.Fatalf("Take = %v, oldest %d; want bob and dave, 30", u, oldest)
+	}
+	b.Hold()
+	b.Add(online("bob"), 50)
+	b.Remove("bob")
+	if b.Release() {
+		t.Error("a box whose only change was removed asked to be scheduled on release")
+	}
+	if u, _, oldest, _ := b.Take(2, 10); len(u) != 0 || oldest != 0 {
+		t.Errorf("Take = %v, oldest %d; want nothing", u, oldest)
+	}
+}
+
 // sock is a Flusher that records when it was written.
 type sock struct {
 	s     *Scheduler

@@ -1,0 +1,129 @@
+package gateway_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/protocol"
+)
+
+// TestRevokeDropsQueuedChange: a change of bob that waits in alice's
+// outbox when bob stops following her is never written after the denied
+// frame that ends her subscription (protocol.md: the gateway sends denied
+// "and stops sending that target's changes"), whether it waits for her
+// batch interval or behind a subscribe being answered.
+func TestRevokeDropsQueuedChange(t *testing.T) {
+	t.Run("batch interval", func(t *testing.T) {
+		// alice's self frame, right after hello, was her last write: bob's
+		// change waits until the interval has passed.
+		sys := systest.Start(t, systest.Options{Gateway: gateway.Config{BatchInterval: 3 * time.Second}})
+		gw := sys.Gateway()
+		sys.Mutual("alice", "bob", "carol")
+		alice, bob, carol := revokeDial(t, sys, gw)
+		subscribe(t, alice, "s", "bob", "carol")
+		revokeQueued(t, sys, gw, alice, bob, carol)
+	})
+	t.Run("held by a subscribe", func(t *testing.T) {
+		sys := systest.Start(t, systest.Options{})
+		gw := sys.Gateway()
+		sys.Mutual("alice", "bob", "carol")
+		alice, bob, carol := revokeDial(t, sys, gw)
+		subscribe(t, alice, "s1", "bob")
+		// alice's next subscribe waits between its decision and its
+		// registration, her outbox held until it is answered.
+		held, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		gw.AfterDecide(func() {
+			once.Do(func() {
+				close(held)
+				<-release
+			})
+		})
+		releaseOnce := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(releaseOnce)
+		if err := alice.Subscribe("s2", "carol"); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-held:
+		case <-time.After(systest.EventTimeout):
+			t.Fatal("alice's subscribe was never decided")
+		}
+		revokeQueued(t, sys, gw, alice, bob, nil)
+		releaseOnce()
+		systest.Await(t, alice, systest.EventTimeout, "presence_init s2", func(m protocol.ServerMessage) bool {
+			revokeNoBob(t, m)
+			return m.Type == protocol.TypePresenceInit && m.ID == "s2"
+		})
+		// carol's change, made after the subscribe was answered, is
+		// written after whatever its release let out.
+		awaitWithoutBob(t, alice, carol)
+	})
+}
+
+// revokeDial connects alice, bob and carol to gw, kept alive.
+func revokeDial(t *testing.T, sys *systest.System, gw *systest.Gateway) (alice, bob, carol *client.Conn) {
+	t.Helper()
+	conns := make([]*client.Conn, 3)
+	for i, u := range []string{"bob", "carol", "alice"} {
+		conns[i] = sys.Dial(gw, u)
+		t.Cleanup(systest.KeepAlive(conns[i], systest.Heartbeat))
+	}
+	return conns[2], conns[0], conns[1]
+}
+
+// revokeQueued has a change of bob wait in alice's outbox, then bob
+// unfollow alice, and waits for alice's denied. When carol is given, it
+// then checks that nothing of bob comes before carol's next change.
+func revokeQueued(t *testing.T, sys *systest.System, gw *systest.Gateway, alice, bob, carol *client.Conn) {
+	t.Helper()
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
+			return errors.New("bob's change does not wait in alice's outbox")
+		}
+		return nil
+	})
+	if err := sys.Store.Unfollow(context.Background(), "bob", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "denied bob", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeDenied && m.UserID == "bob"
+	})
+	if carol != nil {
+		awaitWithoutBob(t, alice, carol)
+	}
+}
+
+// awaitWithoutBob has carol change her status and reads alice's frames
+// until that change, failing the test if one carries bob: a change of bob
+// still waiting would be written no later than carol's.
+func awaitWithoutBob(t *testing.T, alice, carol *client.Conn) {
+	t.Helper()
+	if err := carol.SetStatus("away"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "carol away", func(m protocol.ServerMessage) bool {
+		revokeNoBob(t, m)
+		p, ok := presenceOf(m, "carol")
+		return ok && p.Status == presence.Away
+	})
+}
+
+// revokeNoBob fails the test if m carries a change of bob.
+func revokeNoBob(t *testing.T, m protocol.ServerMessage) {
+	t.Helper()
+	if p, ok := presenceOf(m, "bob"); ok {
+		t.Fatalf("alice got %s with bob after the denied that ended her subscription: %+v", m.Type, p)
+	}
+}
