@@ -195,3 +195,15 @@ func (s *Service) WatchedBy(userID, connID string) []string {
 	}
 	return nil
 }
+
+// AfterSnapshot has fn run each time a subscribe of user has read its
+// snapshots, before it settles them; until the test ends.
+func AfterSnapshot(tb interface{ Cleanup(func()) }, user string, fn func()) {
+	hook := func(userID string) {
+		if userID == user {
+			fn()
+		}
+	}
+	afterSnapshotHook.Store(&hook)
+	tb.Cleanup(func() { afterSnapshotHook.Store(nil) })
+}

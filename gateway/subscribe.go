@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -14,6 +15,12 @@ import (
 // readConcurrency bounds the status reads of one request in flight at
 // once.
 const readConcurrency = 16
+
+// afterSnapshotHook, a test hook set only by export_test.go, runs with a
+// subscribing connection's user once its snapshots are read, before they
+// are settled: a revocation that lands meanwhile must not be answered
+// with presence_init after its denied.
+var afterSnapshotHook atomic.Pointer[func(userID string)]
 
 // subscribe answers a subscribe message: presence_init with the current
 // state of every allowed target, and a denied frame per refused one.
@@ -63,7 +70,7 @@ func (s *Service) subscribe(ctx context.Context, c *conn, m *protocol.ClientMess
 
 	c.box.Hold()
 	defer c.release()
-	users, refused, err := s.watch(ctx, c, candidates)
+	entries, refused, err := s.watch(ctx, c, candidates)
 	if err != nil {
 		s.reply(c, m.ID, err)
 		return
@@ -71,8 +78,15 @@ func (s *Service) subscribe(ctx context.Context, c *conn, m *protocol.ClientMess
 	for _, d := range refused {
 		deny(d.User, d.Reason)
 	}
+	if hook := afterSnapshotHook.Load(); hook != nil {
+		(*hook)(c.userID)
+	}
 	c.sock.Lock()
 	defer c.sock.Unlock()
+	// Settled under the socket's lock, as a revocation's denied is
+	// written: one that lands before leaves its user out of presence_init,
+	// one that lands after writes its denied after presence_init.
+	users := s.settle(c, entries)
 	if s.sendLocked(c, protocol.TypePresenceInit, &protocol.PresenceInit{
 		Type: protocol.TypePresenceInit, ID: m.ID, Users: users,
 	}) != nil {
@@ -86,11 +100,11 @@ func (s *Service) subscribe(ctx context.Context, c *conn, m *protocol.ClientMess
 }
 
 // watch has the authorizer decide and register c's subscriptions to
-// targets, reads their snapshots, and returns the presence of each one
-// allowed, as c may see it, and the refused ones.
-func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]presence.Presence, []denial, error) {
+// targets, reads their snapshots, and returns them, to be settled, and
+// the refused targets.
+func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]hub.Entry, []denial, error) {
 	if len(targets) == 0 {
-		return []presence.Presence{}, nil, nil
+		return nil, nil, nil
 	}
 	grants, refused, subscribed, err := s.authz.Subscribe(ctx, c, targets)
 	if err != nil {
@@ -101,7 +115,7 @@ func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]prese
 		denials = append(denials, denial{d.User, d.Reason})
 	}
 	if len(grants) == 0 {
-		return []presence.Presence{}, denials, nil
+		return nil, denials, nil
 	}
 	entries, err := s.snapshot(ctx, subscribed, grants)
 	if err != nil {
@@ -114,12 +128,18 @@ func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]prese
 		s.hub.Cancel(c, users)
 		return nil, nil, err
 	}
+	return entries, denials, nil
+}
+
+// settle unblocks c's subscriptions to the users of entries, and returns
+// the presence of each one c still watches, as it may see it.
+func (s *Service) settle(c *conn, entries []hub.Entry) []presence.Presence {
 	entries = s.hub.Settle(c, entries)
 	out := make([]presence.Presence, len(entries))
 	for i := range entries {
 		out[i] = entries[i].Presence
 	}
-	return out, denials, nil
+	return out
 }
 
 // denial is a refused subscription.
