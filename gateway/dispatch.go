@@ -54,6 +54,9 @@ func (s *Service) dispatch(ctx context.Context) {
 // the writer's own writes (presence.Publisher.HandOver): each connection
 // keeps the newest revision it is given, whichever comes first.
 func (s *Service) deliverSelf(ev *presence.SelfEvent) {
+	// Noted first: a connection that enters the registry after the walk
+	// below is given it when it is listed.
+	s.keys.learnSelf(ev)
 	for _, c := range s.registry.userConns(ev.UserID) {
 		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
 		s.roomStatus(c, ev.Rev, ev.Status)

@@ -185,6 +185,33 @@ func (s *Service) RoomLogLen(roomID string) int {
 	return len(r.log.list)
 }
 
+// PauseAfterRegister has the next connection of user, on any gateway,
+// wait once it is registered and upgraded and before it is in its
+// gateway's registry, until release is called; registered is closed when
+// it waits. Later connections do not wait. It is undone, and the
+// connection released, when the test ends.
+func PauseAfterRegister(tb interface{ Cleanup(func()) }, user string) (registered <-chan struct{}, release func()) {
+	regc, relc := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	hook := func(userID string) {
+		if userID == user && held.CompareAndSwap(false, true) {
+			close(regc)
+			<-relc
+		}
+	}
+	afterRegisterHook.Store(&hook)
+	release = sync.OnceFunc(func() { close(relc) })
+	tb.Cleanup(func() {
+		afterRegisterHook.Store(nil)
+		release()
+	})
+	return regc, release
+}
+
+// LeaseEpoch returns the epoch of the gateway's lease, and whether the
+// gateway holds it.
+func (s *Service) LeaseEpoch() (string, bool) { return s.keys.lease.epoch() }
+
 // WatchedBy returns the users one connection of a user watches, sorted;
 // nil when the gateway holds no such connection.
 func (s *Service) WatchedBy(userID, connID string) []string {
@@ -206,4 +233,18 @@ func AfterSnapshot(tb interface{ Cleanup(func()) }, user string, fn func()) {
 	}
 	afterSnapshotHook.Store(&hook)
 	tb.Cleanup(func() { afterSnapshotHook.Store(nil) })
+}
+
+// KnownSelf returns the revision of the newest own state of user the
+// gateway knows of, to give a connection of the user's it lists.
+func (s *Service) KnownSelf(user string) uint64 {
+	s.keys.mu.Lock()
+	us := s.keys.users[user]
+	s.keys.mu.Unlock()
+	if us == nil {
+		return 0
+	}
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	return us.self.rev
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gobwas/ws"
@@ -24,6 +25,12 @@ import (
 const WebSocketPath = "/ws"
 
 var sniffPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
+
+// afterRegisterHook, a test hook set only by export_test.go, runs with a
+// connection's user once the connection is registered and upgraded, and
+// before it is in the registry: what happens meanwhile (a lease lost, a
+// write of another device's) is what a slow start must survive.
+var afterRegisterHook atomic.Pointer[func(userID string)]
 
 // handshake reads the start of a new connection's first request: a GET on
 // WebSocketPath is upgraded here, on the raw connection, with
@@ -156,7 +163,10 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		return
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
-	s.start(c, nc, status.Status, statusRev, status.Devices)
+	if hook := afterRegisterHook.Load(); hook != nil {
+		(*hook)(c.userID)
+	}
+	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices})
 }
 
 // newConn returns a connection of a verified client, not yet registered.
@@ -181,7 +191,8 @@ func (s *Service) newConn(id identity) *conn {
 
 // start runs a registered, upgraded connection: it indexes it, writes
 // hello (and the user's own state), and hands the socket to the poller.
-func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev uint64, devices int) {
+// reg is the user's own state its registration wrote.
+func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	// The TTL counts from hello, not from the start of registration: a
 	// slow upgrade must not eat into the client's first heartbeat interval.
 	c.lastFrame.Store(nowNano())
@@ -204,21 +215,23 @@ func (s *Service) start(c *conn, nc net.Conn, status presence.Status, statusRev 
 		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
 	}
-	s.keys.listed(c)
+	// The newest own state known, not only the registration's: another
+	// device's change written meanwhile may have gone by (listed).
+	self := s.keys.listed(c, reg)
 	// The user's own state goes right after hello, before any answer to
 	// what the client sends once it has hello: written here, under the
 	// same hold, not left to the scheduler. (A box handed to the
 	// scheduler meanwhile, by another device's change, is taken here
 	// too, and the scheduler then finds it empty.)
-	c.box.AddSelf(statusRev, status, devices)
-	s.roomStatus(c, statusRev, status)
+	c.box.AddSelf(self.rev, self.status, self.devices)
+	s.roomStatus(c, self.rev, self.status)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,
 		UserID:              c.userID,
 		ConnID:              c.connID,
 		HeartbeatIntervalMS: s.cfg.HeartbeatInterval.Milliseconds(),
 		TTLMS:               s.cfg.ConnTTL.Milliseconds(),
-		Status:              status,
+		Status:              self.status,
 	}
 	err := s.sendLocked(c, protocol.TypeHello, &hello)
 	if err == nil {

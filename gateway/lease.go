@@ -93,6 +93,14 @@ func (l *lease) epoch() (string, bool) {
 	return l.rec.Epoch, l.held
 }
 
+// holds reports whether the lease under epoch is held: taken, and not
+// known to be lost.
+func (l *lease) holds(epoch string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held && l.rec.Epoch == epoch
+}
+
 // fresh reports whether the lease is held and was confirmed recently
 // enough to be sure it has not expired: within half its TTL.
 func (l *lease) freshLocked(now time.Time) bool {

@@ -118,6 +118,18 @@ type userState struct {
 	cache presence.Cached
 	// wrote is when the writer last stopped (unix ns).
 	wrote int64
+	// self is the user's own state at the newest revision of the record
+	// the writer wrote or read. A connection not yet in the registry
+	// misses the self events of that time (they go through NATS, and the
+	// dispatcher finds it nowhere), so it is given this when it is listed.
+	self selfState
+}
+
+// selfState is a user's own state at a revision of the user's record.
+type selfState struct {
+	rev     uint64
+	status  presence.Status
+	devices int
 }
 
 // cacheKeep is how long a user's writer keeps its copy of the record after
@@ -300,11 +312,21 @@ func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uin
 }
 
 // listed notes that c, registered, is now in the gateway's registry (see
-// listedLocked).
-func (r *registrar) listed(c *conn) {
+// listedLocked), and returns the user's own state to show it: st, what
+// its registration wrote, unless the writer wrote or read a newer
+// revision since. While c was not listed, the self events of the user's
+// writes went through NATS, and one the dispatcher handed out before c
+// was in the registry missed it; the writer notes each write's state
+// before publishing its events, so c gets the newest either here or from
+// the registry.
+func (r *registrar) listed(c *conn, st selfState) selfState {
 	c.us.mu.Lock()
+	defer c.us.mu.Unlock()
 	c.key.listed = true
-	c.us.mu.Unlock()
+	if c.us.self.rev > st.rev {
+		return c.us.self
+	}
+	return st
 }
 
 // connRecord returns the value of c's key under epoch.
@@ -380,6 +402,11 @@ func (r *registrar) write(us *userState) {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		// Noted before its self event goes out: a connection listed after
+		// the event reached the registry finds the state here.
+		us.mu.Lock()
+		us.noteSelfLocked(&w)
+		us.mu.Unlock()
 		r.publish(us.id, &w, handOver)
 		r.removeKeys(gone)
 
@@ -410,6 +437,32 @@ func (r *registrar) write(us *userState) {
 			us.waiters = nil
 		}
 		us.mu.Unlock()
+	}
+}
+
+// learnSelf keeps ev, a self event of a user with connections here, as
+// the user's own state if it is newer than the one kept: a write of
+// another gateway's, a reaper's or the fanout's, which a connection not
+// yet in the registry misses (listed).
+func (r *registrar) learnSelf(ev *presence.SelfEvent) {
+	r.mu.Lock()
+	us := r.users[ev.UserID]
+	r.mu.Unlock()
+	if us == nil {
+		return
+	}
+	us.mu.Lock()
+	if ev.Rev > us.self.rev {
+		us.self = selfState{rev: ev.Rev, status: ev.Status, devices: ev.Devices}
+	}
+	us.mu.Unlock()
+}
+
+// noteSelfLocked keeps the user's own state of w's record, if newer than
+// the one kept; the caller holds us.mu.
+func (us *userState) noteSelfLocked(w *presence.Write) {
+	if w.Rev > us.self.rev {
+		us.self = selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices}
 	}
 }
 
@@ -514,14 +567,20 @@ func (r *registrar) publish(userID string, w *presence.Write, handOver bool) {
 // One that fails to go is removed with its lease.
 func (r *registrar) removeKeys(gone map[string]goneConn) {
 	for _, g := range gone {
-		ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
-		err := r.store.RemoveLeaseConn(ctx, g.key)
-		cancel()
-		r.metrics.kvWrites.WithLabelValues("remove").Inc()
-		if err != nil {
-			r.metrics.kvErrors.WithLabelValues("remove").Inc()
-			r.log.Warn("remove connection key", "user_id", g.key.UserID, "conn_id", g.key.ConnID, "err", err)
-		}
+		r.removeKey(g.key)
+	}
+}
+
+// removeKey removes a connection's key; one that fails to go is removed
+// with its lease.
+func (r *registrar) removeKey(key presence.LeaseConn) {
+	ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
+	err := r.store.RemoveLeaseConn(ctx, key)
+	cancel()
+	r.metrics.kvWrites.WithLabelValues("remove").Inc()
+	if err != nil {
+		r.metrics.kvErrors.WithLabelValues("remove").Inc()
+		r.log.Warn("remove connection key", "user_id", key.UserID, "conn_id", key.ConnID, "err", err)
 	}
 }
 
@@ -540,15 +599,26 @@ func (r *registrar) setIdle(c *conn, idle bool) bool {
 	c.key.idle = idle
 	c.idle.Store(idle)
 	r.changedLocked(us)
-	// The key says it too, for operators; nothing waits for it.
+	// The key says it too, for operators, but only under the lease held:
+	// a key under a lost lease may be removed already, and a put would
+	// make it again, for nobody to remove. Registered again under the new
+	// lease, its key there says what c is then (reregisterConn).
+	if r.lease.holds(c.key.lease) {
+		r.putKeyLocked(c)
+	}
+	return true
+}
+
+// putKeyLocked rewrites c's key under its lease with what it says of c
+// now; nothing waits for it. The caller holds c.us.mu.
+func (r *registrar) putKeyLocked(c *conn) {
 	key := presence.LeaseConn{Gateway: r.cfg.ID, Epoch: c.key.lease, UserID: c.userID, ConnID: c.connID}
-	rec := r.connRecord(c, c.key.lease, idle)
+	rec := r.connRecord(c, c.key.lease, c.key.idle)
 	if msg, err := presence.LeaseConnMsg(key, &rec); err == nil {
 		if _, err := r.asyncJS.PublishMsgAsync(msg); err == nil {
 			r.metrics.kvWrites.WithLabelValues("update").Inc()
 		}
 	}
-	return true
 }
 
 // choose takes the status the user of c chose: it is written with the
@@ -627,8 +697,10 @@ func (r *registrar) end(c *conn, lastSeen int64) {
 
 // run keeps the lease and ends the clean closes whose grace is over,
 // until ctx is canceled. When the lease is lost it takes a new one and
-// registers every live connection of reg again under it.
-func (r *registrar) run(ctx context.Context, reg *registry) {
+// registers every live connection again under it (reregister). The
+// registry is not what it goes by: a connection registered and not yet
+// in it is live too.
+func (r *registrar) run(ctx context.Context) {
 	t := time.NewTicker(min(r.lease.every, 250*time.Millisecond))
 	defer t.Stop()
 	lastRefresh, lastDrop := time.Time{}, time.Now()
@@ -661,7 +733,7 @@ func (r *registrar) run(ctx context.Context, reg *registry) {
 				r.reregistering.Store(true)
 				if !r.tasks.Go(func() {
 					defer r.reregistering.Store(false)
-					r.reregister(ctx, reg)
+					r.reregister(ctx)
 				}) {
 					r.reregistering.Store(false)
 				}
@@ -712,7 +784,7 @@ func (r *registrar) closing() int {
 // under it, MaxRegistering at once; the gateway is not ready meanwhile.
 // Clean closes in their grace are ended: the end of the old lease ended
 // them already.
-func (r *registrar) reregister(ctx context.Context, reg *registry) {
+func (r *registrar) reregister(ctx context.Context) {
 	epoch, err := r.lease.take(ctx)
 	if err != nil {
 		return
@@ -729,19 +801,34 @@ func (r *registrar) reregister(ctx context.Context, reg *registry) {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(r.cfg.MaxRegistering)
 	n := 0
-	reg.each(func(c *conn) {
+	for _, c := range r.conns() {
 		if c.closed.Load() {
-			return
+			continue
 		}
 		n++
 		g.Go(func() error {
 			r.reregisterConn(gctx, c, epoch)
 			return nil
 		})
-	})
+	}
 	_ = g.Wait()
 	r.metrics.reregistered.Add(float64(n))
 	r.log.Info("connections registered again under a new lease", "conns", n, "lease", presence.LeaseKey(r.cfg.ID, epoch))
+}
+
+// conns returns the connections registered here that have not ended:
+// those in the registry, and those between their registration and their
+// entry in it, which a lease lost meanwhile must not leave behind.
+func (r *registrar) conns() []*conn {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*conn
+	for _, us := range r.users {
+		us.mu.Lock()
+		out = append(out, us.conns...)
+		us.mu.Unlock()
+	}
+	return out
 }
 
 // reregisterConn creates c's key under epoch and has its writer write it
@@ -752,34 +839,54 @@ func (r *registrar) reregisterConn(ctx context.Context, c *conn, epoch string) {
 	idle, old := c.key.idle, c.key.lease
 	us.mu.Unlock()
 	key := presence.LeaseConn{Gateway: r.cfg.ID, Epoch: epoch, UserID: c.userID, ConnID: c.connID}
-	backoff := 100 * time.Millisecond
-	for {
-		if cur, _ := r.lease.epoch(); cur != epoch || c.closed.Load() || ctx.Err() != nil {
-			return
-		}
-		wctx, cancel := context.WithTimeout(ctx, requestTimeout)
-		_, err := r.store.CreateLeaseConn(wctx, key, r.connRecord(c, epoch, idle))
-		cancel()
-		r.metrics.kvWrites.WithLabelValues("create").Inc()
-		if err == nil || errors.Is(err, jetstream.ErrKeyExists) {
-			break
-		}
-		r.metrics.kvErrors.WithLabelValues("create").Inc()
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 2*time.Second)
+	if !r.createKeyAgain(ctx, c, key, idle) {
+		return
 	}
 	us.mu.Lock()
-	if c.key.ended || c.key.lease != old {
+	if c.key.ended {
+		us.mu.Unlock()
+		// c ended while its key was created: its end removes only the key
+		// it was held under, and no write names it under epoch, so this
+		// one is left for nobody else to remove.
+		r.removeKey(key)
+		return
+	}
+	if c.key.lease != old {
 		us.mu.Unlock()
 		return
 	}
 	c.key.lease = epoch
+	if c.key.idle != idle && r.lease.holds(epoch) {
+		r.putKeyLocked(c) // it turned idle or active meanwhile (setIdle)
+	}
 	r.changedLocked(us)
 	us.mu.Unlock()
+}
+
+// createKeyAgain creates c's key under a new lease, trying until it is
+// done, c ends, or the lease moves on again. It reports whether the key
+// was created.
+func (r *registrar) createKeyAgain(ctx context.Context, c *conn, key presence.LeaseConn, idle bool) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		if cur, _ := r.lease.epoch(); cur != key.Epoch || c.closed.Load() || ctx.Err() != nil {
+			return false
+		}
+		wctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		_, err := r.store.CreateLeaseConn(wctx, key, r.connRecord(c, key.Epoch, idle))
+		cancel()
+		r.metrics.kvWrites.WithLabelValues("create").Inc()
+		if err == nil || errors.Is(err, jetstream.ErrKeyExists) {
+			return true
+		}
+		r.metrics.kvErrors.WithLabelValues("create").Inc()
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // sweep checks every connection of reg each sweep interval, until ctx is

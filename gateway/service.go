@@ -362,7 +362,7 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 	g.Go(s.readLost)
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
-	g.Go(func(ctx context.Context) { s.keys.run(ctx, s.registry) })
+	g.Go(func(ctx context.Context) { s.keys.run(ctx) })
 	graph, err := s.store.WatchGraph(ctx)
 	if err != nil {
 		return err
