@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/adminclient"
+	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
@@ -216,5 +217,124 @@ func TestSweepKeepsConnectionsOfNewLeases(t *testing.T) {
 	}
 	if rec := w.record("alice"); len(rec.Conns) != 30 {
 		t.Errorf("alice has %d connections, want 30", len(rec.Conns))
+	}
+}
+
+// endLease ends a lease now, as its gateway does when it stops.
+func (w *world) endLease(gw, epoch string, rev uint64) {
+	w.t.Helper()
+	if err := w.store.DeleteLease(context.Background(), gw, epoch, rev); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// TestLeaseEndPastAnUndecodableRecord: one user's record under a lease
+// that ends is not greendot's (a `nats kv put` by hand). It is left as it
+// is, counted, and the end of the lease is applied all the same: the other
+// users go offline, and the lease's connection keys and room keys go.
+func TestLeaseEndPastAnUndecodableRecord(t *testing.T) {
+	w := newWorld(t, presence.BucketOptions{MarkerTTL: time.Second})
+	r, _ := w.startReaperOn(natstest.Connect(t, w.srv), reaper.Config{})
+	ctx := context.Background()
+	rev := w.takeLease("gw1", "E1", time.Hour)
+	w.register("gw1", "E1", "alice", "a1")
+	w.register("gw1", "E1", "bob", "b1")
+	w.joinRoom("lobby", "gw1", "E1", "bob", "b1")
+	kv, err := w.store.JetStream().KeyValue(ctx, presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "bob", []byte("not json")); err != nil {
+		t.Fatal(err)
+	}
+
+	w.endLease("gw1", "E1", rev)
+	w.await("alice", presence.Offline)
+	natstest.CheckFor(t, patience, 20*time.Millisecond, func() error {
+		if n, m := w.leaseConns("gw1", "E1"), len(w.roomConns("lobby")); n != 0 || m != 0 {
+			return fmt.Errorf("%d connection keys and %d room keys left under the ended lease", n, m)
+		}
+		return nil
+	})
+	if got, _ := metricstest.Value(r.Registry(), "greendot_reaper_reconciles_total", "kind", "lease", "result", "undecodable"); got < 1 {
+		t.Errorf("undecodable reconciles = %v, want at least 1", got)
+	}
+	if e, err := kv.Get(ctx, "bob"); err != nil || string(e.Value()) != "not json" {
+		t.Errorf("bob's record was changed: %v", err)
+	}
+}
+
+// TestLeaseEndsAfterTheConsumerIsDeleted: the reaper's durable consumer
+// is deleted while it runs (`nats consumer rm KV_presence_leases
+// reaper`): the reaper creates it again, and applies the ends of leases
+// as before.
+func TestLeaseEndsAfterTheConsumerIsDeleted(t *testing.T) {
+	w := newWorld(t, presence.BucketOptions{MarkerTTL: time.Second})
+	r, _ := w.startReaperOn(natstest.Connect(t, w.srv), reaper.Config{})
+	ctx := context.Background()
+	js := w.store.JetStream()
+	stream := presence.StreamName(presence.LeasesBucket)
+	if err := js.DeleteConsumer(ctx, stream, presence.ReaperConsumer); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error {
+		_, err := js.Consumer(ctx, stream, presence.ReaperConsumer)
+		return err
+	})
+	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error { return r.Ready(ctx) })
+
+	rev := w.takeLease("gw1", "E1", time.Hour)
+	w.register("gw1", "E1", "alice", "a1")
+	w.endLease("gw1", "E1", rev)
+	w.await("alice", presence.Offline)
+}
+
+// TestSweepHeldAfterReconnect: the reaper's NATS connection came back a
+// moment ago, and a lease ended while it was away: its gateway, which
+// lost NATS too, may be registering its connections again under a new
+// lease. The lease's end waits for the rejoin hold, and so do the sweeps,
+// periodic and on request: the lease's connections stay in their records,
+// and their keys stay.
+func TestSweepHeldAfterReconnect(t *testing.T) {
+	w := newWorld(t, presence.BucketOptions{MarkerTTL: time.Second})
+	nc := natstest.Connect(t, w.srv)
+	r, _ := w.startReaperOn(nc, reaper.Config{SweepInterval: 100 * time.Millisecond, RejoinHold: time.Hour})
+	ctx := context.Background()
+	rev := w.takeLease("gw1", "E1", time.Hour)
+	w.register("gw1", "E1", "alice", "a1")
+
+	if err := nc.ForceReconnect(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error {
+		if nc.Stats().Reconnects == 0 || !nc.IsConnected() {
+			return errors.New("the reaper's connection has not come back")
+		}
+		return nil
+	})
+	w.endLease("gw1", "E1", rev)
+
+	reply, err := adminclient.Sweep(ctx, w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Removed != 0 {
+		t.Errorf("a sweep within the rejoin hold removed %d connections", reply.Removed)
+	}
+	// Two periodic sweeps more, the second begun after the lease ended.
+	sweeps := func() float64 {
+		v, _ := metricstest.Value(r.Registry(), "greendot_reaper_sweeps_total", "result", "ok")
+		return v
+	}
+	after := sweeps() + 2
+	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error {
+		if got := sweeps(); got < after {
+			return fmt.Errorf("%v sweeps, waiting for %v", got, after)
+		}
+		return nil
+	})
+	w.await("alice", presence.Online, "a1")
+	if n := w.leaseConns("gw1", "E1"); n != 1 {
+		t.Errorf("%d connection keys under the ended lease within the rejoin hold, want 1", n)
 	}
 }

@@ -35,9 +35,10 @@ const (
 	kindRemoval = "marker"
 	kindSweep   = "sweep"
 
-	resultWritten   = "written"
-	resultUnchanged = "unchanged"
-	resultError     = "error"
+	resultWritten     = "written"
+	resultUnchanged   = "unchanged"
+	resultUndecodable = "undecodable"
+	resultError       = "error"
 )
 
 func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
@@ -46,7 +47,7 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 		markers: f.CounterVec("greendot_reaper_markers_total",
 			"Markers seen: of gateway leases that ended (lease_expired, lease_deleted, lease_purged), and of connection keys of the earlier shape (expired, deleted, purged).", "reason"),
 		reconciles: f.CounterVec("greendot_reaper_reconciles_total",
-			"Reconciles of a user's status record, by kind (lease, marker, sweep) and result (written, unchanged, error).", "kind", "result"),
+			"Reconciles of a user's status record, by kind (lease, marker, sweep) and result (written, unchanged, undecodable: a record not greendot's, left as it is; error).", "kind", "result"),
 		reconcile: f.HistogramVec("greendot_reaper_reconcile_seconds",
 			"Time to reconcile a user's status record with the end of connections, compare-and-set retries included.",
 			metrics.LatencyBuckets, "kind"),
@@ -110,6 +111,12 @@ func (m *reaperMetrics) done(kind string, start time.Time, written bool, err err
 	}
 	m.reconciles.WithLabelValues(kind, resultWritten).Inc()
 	m.transition(before, after)
+}
+
+// ignored records a reconcile that left an undecodable record as it is.
+func (m *reaperMetrics) ignored(kind string, start time.Time) {
+	m.reconcile.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	m.reconciles.WithLabelValues(kind, resultUndecodable).Inc()
 }
 
 // transition counts a written status change to offline or away.

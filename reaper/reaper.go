@@ -447,19 +447,31 @@ func (s *Service) removeLegacy(ctx context.Context, userID, connID string, marke
 // write changes a user's record by compare-and-set from a fresh read each
 // attempt (remove says how many connections it took out; none means
 // nothing to write), and publishes the events the write calls for.
+//
+// A record that cannot be decoded (not greendot's: one put by hand) is
+// left as it is, logged and counted: it holds no connection to take out,
+// and reading it again will not change that, so the rest of the work (the
+// other users of a lease, and its keys) goes on.
 func (s *Service) write(ctx context.Context, userID, kind string, remove func(*presence.Record) (int, error)) error {
 	start := time.Now()
 	n := 0
+	var removeErr error
 	w, err := s.store.WriteStatus(ctx, userID, &presence.Cached{}, func(r *presence.Record) error {
-		var err error
-		if n, err = remove(r); err != nil {
-			return err
+		if n, removeErr = remove(r); removeErr != nil {
+			return removeErr
 		}
 		if n == 0 {
 			return presence.ErrNoChange
 		}
 		return nil
 	})
+	// An error of remove's own (a connection key a sweep could not
+	// decode) is not the record's.
+	if err != nil && removeErr == nil && undecodable(err) {
+		s.metrics.ignored(kind, start)
+		s.log.Warn("ignoring undecodable status record", "user_id", userID, "kind", kind, "err", err)
+		return nil
+	}
 	s.metrics.done(kind, start, w.Written, err, w.Prev.Status, w.Next.Status)
 	if err != nil {
 		return err
@@ -476,6 +488,14 @@ func (s *Service) write(ctx context.Context, userID, kind string, remove func(*p
 			slog.Int("conns", n), slog.String("status", string(w.Next.Status)))
 	}
 	return nil
+}
+
+// undecodable reports whether err says a stored record is not JSON of a
+// record's shape.
+func undecodable(err error) bool {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	return errors.As(err, &syntax) || errors.As(err, &typ)
 }
 
 // startupSweep runs the first sweep, again after a failure, until one
@@ -530,7 +550,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	over := newLeaseCheck(s.store, leases)
+	over := newLeaseCheck(s.store, leases, s.rejoinWait)
 	type seen struct {
 		userID string
 		conns  map[string]presence.ConnInfo
@@ -641,6 +661,9 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	if removed > 0 {
 		s.log.Info("sweep removed ended connections", "users", removed, "conns", removedConns)
 	}
+	if over.held {
+		s.log.Info("sweep left the ends of leases to the rejoin hold", "in", s.rejoinWait().Round(time.Millisecond).String())
+	}
 	return removedConns, nil
 }
 
@@ -671,20 +694,34 @@ func (s *Service) sweepRooms(ctx context.Context, live map[string]presence.Lease
 
 // leaseCheck tells, during one sweep, whether a lease is over: not among
 // the live ones listed, and confirmed gone by a read from the stream
-// leader (the listing may miss a lease taken while it ran).
+// leader (the listing may miss a lease taken while it ran). While the
+// ends of leases are held back after a reconnect (Config.RejoinHold), no
+// lease is over to a sweep.
 type leaseCheck struct {
 	store *presence.Store
 	live  map[string]presence.LeaseRecord
 	over  map[string]bool
+	// hold returns how long the ends of leases must still wait
+	// (Service.rejoinWait); held says a lease was left to it.
+	hold func() time.Duration
+	held bool
 }
 
-func newLeaseCheck(store *presence.Store, live map[string]presence.LeaseRecord) *leaseCheck {
-	return &leaseCheck{store: store, live: live, over: make(map[string]bool)}
+func newLeaseCheck(store *presence.Store, live map[string]presence.LeaseRecord, hold func() time.Duration) *leaseCheck {
+	return &leaseCheck{store: store, live: live, over: make(map[string]bool), hold: hold}
 }
 
 func (l *leaseCheck) check(ctx context.Context, gw, epoch string) (bool, error) {
 	key := presence.LeaseKey(gw, epoch)
 	if _, ok := l.live[key]; ok {
+		return false, nil
+	}
+	if l.hold() > 0 {
+		// As in handleLease: NATS was away from this reaper, so perhaps
+		// from the lease's gateway too, which is registering its
+		// connections again under a new lease. Asked at each use, not
+		// once per sweep: NATS may come back while the sweep runs.
+		l.held = true
 		return false, nil
 	}
 	if o, ok := l.over[key]; ok {

@@ -49,8 +49,16 @@ func newWorld(t *testing.T, opts presence.BucketOptions) *world {
 // test) stops it, and waits until it is ready.
 func (w *world) startReaper(cfg reaper.Config) (stop func()) {
 	w.t.Helper()
+	_, stop = w.startReaperOn(natstest.Connect(w.t, w.srv), cfg)
+	return stop
+}
+
+// startReaperOn is startReaper over the connection nc, and returns the
+// reaper too.
+func (w *world) startReaperOn(nc *nats.Conn, cfg reaper.Config) (r *reaper.Service, stop func()) {
+	w.t.Helper()
 	cfg.Buckets = w.opts
-	r, err := reaper.New(natstest.Connect(w.t, w.srv), cfg)
+	r, err := reaper.New(nc, cfg)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -73,7 +81,7 @@ func (w *world) startReaper(cfg reaper.Config) (stop func()) {
 	}
 	w.t.Cleanup(stop)
 	natstest.CheckFor(w.t, patience, 10*time.Millisecond, func() error { return r.Ready(ctx) })
-	return stop
+	return r, stop
 }
 
 // live is the key value of a connection in use, inactive an hour from now.

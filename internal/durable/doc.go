@@ -12,7 +12,11 @@
 //  5. start the process's admin micro service;
 //  6. start the process's work, consume, and start its loops;
 //
-// and when its context is canceled it undoes them in reverse: it stops
+// While it runs, a consumer that goes (deleted by an operator, or lost by
+// the cluster), and would otherwise never deliver again, is created again
+// and read from anew; the process is not ready until it is.
+//
+// When its context is canceled it undoes those steps in reverse: it stops
 // being ready, stops the admin service (waiting for requests being
 // handled), stops the loops, drains the consumer (the messages handed out
 // are handled), then lets the workers finish what they hold. Run starts

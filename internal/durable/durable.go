@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,7 +51,8 @@ type Config struct {
 	// Handle; zero means the nats.go default.
 	PullMaxMessages int
 	// PullOptions are further options of Consume, such as the priority
-	// group of a consumer with a pinned client.
+	// group of a consumer with a pinned client. An error handler among
+	// them is replaced: the Consumer watches the errors itself.
 	PullOptions []jetstream.PullConsumeOpt
 	// PullEvery, if set, reads the consumer in batches instead of one
 	// message at a time (see Stream.PullEvery).
@@ -133,6 +136,11 @@ type Consumer struct {
 	notReady error
 	// ready holds the store while the process is ready.
 	ready atomic.Pointer[presence.Store]
+	// stalled names the consumers that stopped delivering while the
+	// process runs and are being created again (see recreate): the
+	// process is not ready meanwhile.
+	stalledMu sync.Mutex
+	stalled   map[string]bool
 }
 
 // New checks cfg and returns a Consumer that will use nc. It starts no
@@ -160,7 +168,7 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler, a pull limit of 0 or more and a pull period of 0 or more (without pull options)", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
 		}
 	}
-	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady}
+	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady, stalled: make(map[string]bool)}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -174,14 +182,41 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 }
 
 // Ready reports whether the process runs: its buckets are open, its
-// preparation has finished, it is not stopping, and its NATS connection is
-// up.
+// preparation has finished, it is not stopping, every one of its
+// consumers delivers (none is being created again), and its NATS
+// connection is up.
 func (c *Consumer) Ready(ctx context.Context) error {
 	store := c.ready.Load()
 	if store == nil {
 		return c.notReady
 	}
+	if name := c.firstStalled(); name != "" {
+		return fmt.Errorf("%w: consumer %s stopped delivering; creating it again", c.notReady, name)
+	}
 	return store.Ready(ctx)
+}
+
+// setStalled notes whether the consumer named name (durable and stream)
+// stopped delivering and is being created again.
+func (c *Consumer) setStalled(name string, stalled bool) {
+	c.stalledMu.Lock()
+	defer c.stalledMu.Unlock()
+	if stalled {
+		c.stalled[name] = true
+	} else {
+		delete(c.stalled, name)
+	}
+}
+
+// firstStalled returns the name of a stalled consumer, the first in
+// order, or "" when every consumer delivers.
+func (c *Consumer) firstStalled() string {
+	c.stalledMu.Lock()
+	defer c.stalledMu.Unlock()
+	if len(c.stalled) == 0 {
+		return ""
+	}
+	return slices.Sorted(maps.Keys(c.stalled))[0]
 }
 
 // Run opens the buckets, creates the consumer, prepares, starts the admin
@@ -240,7 +275,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.cfg.Work != nil {
 		work.Go(func() { c.cfg.Work(workCtx) })
 	}
-	var readers []reader
+	var readers []*reader
 	drain := func() {
 		for _, r := range readers {
 			r.stop()
@@ -250,16 +285,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 	}
 	for i, st := range streams {
-		if st.PullEvery > 0 {
-			readers = append(readers, c.pullBatches(conses[i], st))
-			continue
-		}
-		var opts []jetstream.PullConsumeOpt
-		if st.PullMaxMessages > 0 {
-			opts = append(opts, jetstream.PullMaxMessages(st.PullMaxMessages))
-		}
-		opts = append(opts, st.PullOptions...)
-		cc, err := conses[i].Consume(st.Handle, opts...)
+		r, err := c.startReader(store.JetStream(), conses[i], st)
 		if err != nil {
 			c.ready.Store(nil)
 			c.stopAdmin(ops)
@@ -268,7 +294,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			work.Wait()
 			return fmt.Errorf("consume %s on %s: %w", st.Consumer.Durable, st.streamName(), err)
 		}
-		readers = append(readers, consumeReader{cc})
+		readers = append(readers, r)
 	}
 	c.log.Info(c.cfg.Name+" running", "bucket", c.cfg.Bucket, "stream", streams[0].streamName())
 
@@ -301,8 +327,6 @@ func (c *Consumer) stopAdmin(ops *admin.Server) {
 // service's subscriptions.
 const flushTimeout = 10 * time.Second
 
-// startErr returns err, the reason a start failed, or nil when ctx was
-// canceled: a process asked to stop while it starts has not failed.
 // createConsumer creates or updates a durable consumer of stream,
 // trying again while the server does not answer in time (a cluster still
 // electing its leaders, or too busy), with a pause that doubles from
@@ -329,6 +353,8 @@ func unanswered(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
 }
 
+// startErr returns err, the reason a start failed, or nil when ctx was
+// canceled: a process asked to stop while it starts has not failed.
 func startErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return nil

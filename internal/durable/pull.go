@@ -12,30 +12,145 @@ import (
 	"github.com/greendot/greendot/internal/sleep"
 )
 
-// reader hands one consumer's messages to its handler until stopped.
-type reader interface {
-	// stop asks it to fetch no more.
-	stop()
-	// wait returns once every message it fetched was handled.
-	wait()
-}
-
-// consumeReader reads with nats.go's Consume: a message at a time, as the
-// server sends them.
-type consumeReader struct{ cc jetstream.ConsumeContext }
-
-func (r consumeReader) stop() { r.cc.Drain() }
-func (r consumeReader) wait() { <-r.cc.Closed() }
-
-// batchReader reads in batches (Stream.PullEvery) on a goroutine of its
-// own.
-type batchReader struct {
+// reader hands one consumer's messages to its handler, on a goroutine of
+// its own, until stopped.
+type reader struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-func (r *batchReader) stop() { r.cancel() }
-func (r *batchReader) wait() { <-r.done }
+// stop asks it to fetch no more.
+func (r *reader) stop() { r.cancel() }
+
+// wait returns once every message it fetched was handled.
+func (r *reader) wait() { <-r.done }
+
+// goRead runs read on a goroutine of its own until the reader is stopped.
+func goRead(read func(ctx context.Context)) *reader {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &reader{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		read(ctx)
+	}()
+	return r
+}
+
+// startReader starts handing st's messages to its handler: in batches
+// (Stream.PullEvery), or else with nats.go's Consume, a message at a time
+// as the server sends them. Either way the reader outlives its consumer:
+// should the consumer go (deleted by hand, or lost by the cluster), it
+// creates it again (see recreate).
+func (c *Consumer) startReader(js jetstream.JetStream, cons jetstream.Consumer, st Stream) (*reader, error) {
+	if st.PullEvery > 0 {
+		return goRead(func(ctx context.Context) { c.readBatches(ctx, js, cons, st) }), nil
+	}
+	suspect := make(chan struct{}, 1)
+	cc, err := cons.Consume(st.Handle, consumeOpts(st, suspect)...)
+	if err != nil {
+		return nil, err
+	}
+	return goRead(func(ctx context.Context) { c.keepConsuming(ctx, js, cons, cc, st, suspect) }), nil
+}
+
+// consumeOpts returns the options of a Consume of st's consumer. Its
+// errors that may say the consumer is gone are told on suspect: nats.go
+// ends a Consume for good when its consumer is deleted while it waits
+// ("409 Consumer Deleted"), and one whose consumer was deleted while the
+// connection was away only ever hears "no responders".
+func consumeOpts(st Stream, suspect chan<- struct{}) []jetstream.PullConsumeOpt {
+	var opts []jetstream.PullConsumeOpt
+	if st.PullMaxMessages > 0 {
+		opts = append(opts, jetstream.PullMaxMessages(st.PullMaxMessages))
+	}
+	opts = append(opts, st.PullOptions...)
+	return append(opts, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		if mayBeGone(err) {
+			select {
+			case suspect <- struct{}{}:
+			default: // one is enough
+			}
+		}
+	}))
+}
+
+// keepConsuming watches cc, a Consume of st's consumer, until ctx is
+// canceled, then drains it. A Consume that ended by itself, or whose
+// consumer the server says is gone, is replaced by one of the consumer
+// created again.
+func (c *Consumer) keepConsuming(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, cc jetstream.ConsumeContext, st Stream, suspect chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			cc.Drain()
+			<-cc.Closed()
+			return
+		case <-cc.Closed():
+		case <-suspect:
+			if !c.gone(ctx, cons) {
+				continue
+			}
+			cc.Stop()
+			<-cc.Closed()
+		}
+		cons = c.recreate(ctx, js, st, func(cons jetstream.Consumer) (err error) {
+			cc, err = cons.Consume(st.Handle, consumeOpts(st, suspect)...)
+			return err
+		})
+		if cons == nil {
+			return
+		}
+	}
+}
+
+// mayBeGone reports whether err, from reading a consumer, may say that
+// the consumer is gone: deleted while a request waited, or no longer
+// there to answer one (no responders; but so it is for a moment while a
+// cluster elects its leaders).
+func mayBeGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
+// gone asks the server whether cons is gone: only an answer that there is
+// no such consumer says so, not a request left unanswered.
+func (c *Consumer) gone(ctx context.Context, cons jetstream.Consumer) bool {
+	_, err := cons.Info(ctx)
+	return errors.Is(err, jetstream.ErrConsumerNotFound)
+}
+
+// recreate creates st's consumer again once it stopped delivering, and
+// starts reading it with start (if set), both tried again after a pause
+// that doubles up to retryMost, until they succeed or ctx is canceled
+// (then it returns nil). The process is not ready meanwhile: whoever
+// relies on it (an operator's alert, a deployment's rollout) sees that it
+// does not consume. A consumer created again starts where its
+// configuration says (DeliverPolicy), as one made at a first start does.
+func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stream, start func(jetstream.Consumer) error) jetstream.Consumer {
+	name := st.Consumer.Durable + " on " + st.streamName()
+	c.setStalled(name, true)
+	defer c.setStalled(name, false)
+	c.log.Warn("the durable consumer stopped delivering: creating it again", "consumer", st.Consumer.Durable, "stream", st.streamName())
+	var pause time.Duration
+	for {
+		cons, err := c.createConsumer(ctx, js, st.streamName(), st.Consumer)
+		if err == nil && start != nil {
+			err = start(cons)
+		}
+		if err == nil {
+			c.log.Info("the durable consumer was created again: consuming", "consumer", st.Consumer.Durable, "stream", st.streamName())
+			return cons
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		pause = nextRetry(pause)
+		c.log.Error("create the durable consumer again", "consumer", st.Consumer.Durable, "stream", st.streamName(), "err", err, "retry_in", pause)
+		if sleep.For(ctx, pause) != nil {
+			return nil
+		}
+	}
+}
 
 const (
 	// defaultBatch is the most messages one batch request asks for when
@@ -58,24 +173,14 @@ func nextRetry(prev time.Duration) time.Duration {
 	return min(max(2*prev, retryFirst), retryMost)
 }
 
-// pullBatches starts reading st's consumer in batches.
-func (c *Consumer) pullBatches(cons jetstream.Consumer, st Stream) reader {
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &batchReader{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(r.done)
-		c.readBatches(ctx, cons, st)
-	}()
-	return r
-}
-
 // readBatches hands st's messages to its handler, in the order the server
 // sends them, until ctx is canceled: a request for what waits, and, when
 // nothing does, one that waits for the next message; after a batch shorter
 // than the most it may hold, a pause of st.PullEvery lets the next one
 // gather. A failed request is tried again after a pause that doubles up
-// to retryMost.
-func (c *Consumer) readBatches(ctx context.Context, cons jetstream.Consumer, st Stream) {
+// to retryMost; one that failed because the consumer is gone, once the
+// consumer is created again.
+func (c *Consumer) readBatches(ctx context.Context, js jetstream.JetStream, cons jetstream.Consumer, st Stream) {
 	most := cmp.Or(st.PullMaxMessages, defaultBatch)
 	var backoff time.Duration
 	for {
@@ -92,6 +197,12 @@ func (c *Consumer) readBatches(ctx context.Context, cons jetstream.Consumer, st 
 		}
 		pause := st.PullEvery
 		switch {
+		case err != nil && mayBeGone(err) && c.gone(ctx, cons):
+			if cons = c.recreate(ctx, js, st, nil); cons == nil {
+				return
+			}
+			backoff = 0
+			continue
 		case err != nil:
 			backoff = nextRetry(backoff)
 			pause = backoff
