@@ -50,18 +50,24 @@ type Client struct {
 	self       protocol.Self
 	seq        uint64
 	err        error // why the client stopped; nil while it runs
-	// Subscribes are paced, as the gateway refuses a subscribe when 16
-	// requests of the socket wait: waiting holds the subscribes sent on the
-	// open connection and not yet answered, at most subscribeWindow, and
-	// backlog the subscribes and unsubscribes still to send, in order.
-	waiting []protocol.ClientMessage
+	// Requests (subscribe, unsubscribe, join, room_update, leave) are
+	// paced, as the gateway refuses one when 16 requests of the socket
+	// wait (requests.go): waiting holds those sent on the open connection
+	// whose handling the client has not seen yet, and backlog those still
+	// to send, in order.
+	waiting []sentRequest
 	backlog []protocol.ClientMessage
 	// tokens is what the rate of requests leaves to send, as of refilled;
-	// flushTimer, when set, sends the backlog once there are tokens again.
+	// flushTimer, when set, sends the backlog once the rate, the requests
+	// waiting or a refusal's backoff let it go on.
 	tokens     float64
 	refilled   time.Time
 	flushTimer *time.Timer
 	timers     sync.WaitGroup // the flushTimer's runs, scheduled or running
+	// retryAt holds the backlog after a refusal (rate_limited) until then;
+	// refusals counts the refusals in a row, for the backoff.
+	retryAt  time.Time
+	refusals int
 
 	heartbeats atomic.Uint64
 	reconnects atomic.Uint64
@@ -220,9 +226,10 @@ func (c *Client) setIdle(idle bool, typ string) error {
 // MaxSubscribeIDs ids and MaxMessageBytes bytes each), of which a few at
 // a time wait for their answer, as the gateway takes only so many at
 // once. A ServerError with the id of one of them refused it: with code
-// rate_limited or unavailable its users stay watched and are subscribed
-// on the next connection, or when Subscribe is called again; with another
-// code they are no longer watched.
+// rate_limited (too many requests waited) the client sends it again
+// shortly, for the users still watched; with unavailable its users stay
+// watched and are subscribed on the next connection, or when Subscribe is
+// called again; with another code they are no longer watched.
 func (c *Client) Subscribe(userIDs ...string) error {
 	ids, err := checkIDs(userIDs)
 	if err != nil {
@@ -255,8 +262,10 @@ func (c *Client) Unsubscribe(userIDs ...string) error {
 		delete(c.watched, id)
 		delete(c.presence, id)
 	}
+	// An id, though unsubscribe has no answer, lets a refusal of it be
+	// told, and the unsubscribe sent again.
 	for _, chunk := range chunks(ids, protocol.TypeUnsubscribe) {
-		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, UserIDs: chunk})
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: c.nextIDLocked(), UserIDs: chunk})
 	}
 	return nil
 }
@@ -286,7 +295,7 @@ func (c *Client) setAll(all bool) error {
 			delete(c.presence, id)
 		}
 	}
-	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, All: true})
+	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: c.nextIDLocked(), All: true})
 	return nil
 }
 

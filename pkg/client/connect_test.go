@@ -727,8 +727,9 @@ func TestManySubscriptionsArePaced(t *testing.T) {
 		t.Fatalf("%d users watched, want %d", n, len(ids))
 	}
 
-	// Unsubscribes have no answer to wait for: only the rate paces them.
-	// The subscribe after them is answered once they are all handled.
+	// Unsubscribes have no answer to wait for: only the rate, and a
+	// short settle for a burst of them, paces them. The subscribe after
+	// them is answered once they are all handled.
 	if err := bob.c.Unsubscribe(ids...); err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,14 @@
 //     the newest meta, on every new connection. Room keeps each room's
 //     members from the gateway's room_state and room_diff frames; Typing
 //     and Signal send short-lived signals to the other members.
+//   - The gateway handles a socket's subscribes, unsubscribes, joins,
+//     room updates and leaves in order, and refuses one (rate_limited)
+//     when 16 wait. The client sends them in order too, with at most 8
+//     of them waiting at once, and the rest as those are handled; one the
+//     gateway refuses all the same (the user's status changes also wait
+//     there), or that its message rate limit may have dropped, is sent
+//     again after a short backoff, as the client wants it then, so that a
+//     burst of calls ends in the state they asked for.
 //   - Server messages arrive on Events as typed events: Snapshot
 //     (presence_init), Changes (presence_batch), Self, Denied, RoomState,
 //     RoomDiff, RoomSignal, RoomDenied and ServerError, with Connected, Disconnected

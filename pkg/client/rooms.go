@@ -86,7 +86,9 @@ func checkRoomID(id string) error {
 // gateway answers with a RoomState event, or RoomDenied; the room is
 // joined again, with the newest meta, on every new connection, and its
 // members are kept in Room. Joining a room already joined replaces the
-// meta. A bad room id or meta is an error and nothing is sent.
+// meta. A join the gateway refuses because too many requests wait (a
+// ServerError rate_limited) is sent again shortly. A bad room id or meta
+// is an error and nothing is sent.
 func (c *Client) Join(roomID string, meta any) error {
 	if err := checkRoomID(roomID); err != nil {
 		return fmt.Errorf("join: %w", err)
@@ -112,7 +114,9 @@ func (c *Client) Join(roomID string, meta any) error {
 
 // UpdateRoomMeta replaces this connection's meta in a room it joined; the
 // change comes back in a RoomDiff, as to every member. The gateway may
-// refuse it with a ServerError rate_limited: send it again later.
+// refuse it with a ServerError rate_limited (too many updates, or
+// requests, at once): the client then sends the newest meta again
+// itself, shortly, unless a later update or join carries it.
 func (c *Client) UpdateRoomMeta(roomID string, meta any) error {
 	if err := checkRoomID(roomID); err != nil {
 		return fmt.Errorf("update room meta: %w", err)
@@ -138,7 +142,10 @@ func (c *Client) UpdateRoomMeta(roomID string, meta any) error {
 	return nil
 }
 
-// Leave leaves a room; leaving a room not joined does nothing.
+// Leave leaves a room; leaving a room not joined does nothing. A leave the
+// gateway refuses because too many requests wait (a ServerError
+// rate_limited) is sent again shortly, unless the room was joined again
+// since.
 func (c *Client) Leave(roomID string) error {
 	if err := checkRoomID(roomID); err != nil {
 		return fmt.Errorf("leave: %w", err)
@@ -152,7 +159,9 @@ func (c *Client) Leave(roomID string) error {
 		return nil
 	}
 	delete(c.rooms, roomID)
-	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeLeave, Room: roomID})
+	// An id, though leave has no answer, lets a refusal of it be told,
+	// and the leave sent again.
+	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeLeave, ID: c.nextRoomIDLocked(), Room: roomID})
 	return nil
 }
 
@@ -313,6 +322,10 @@ func (c *Client) signal(roomID string, m protocol.ClientMessage) error {
 	case !r.joined || c.conn == nil:
 		return fmt.Errorf("%s in %s: %w", m.Type, roomID, ErrNotJoined)
 	}
+	// An id tells the signal rate's refusal of it from the message rate
+	// limit's, which has none and may have dropped a request
+	// (droppedLocked).
+	m.ID = c.nextRoomIDLocked()
 	c.sendLocked(m)
 	return nil
 }

@@ -143,6 +143,7 @@ func (c *Client) run(conn *Conn) {
 		err := c.serve(conn)
 		c.mu.Lock()
 		c.conn, c.waiting, c.backlog = nil, nil, nil
+		c.retryAt, c.refusals = time.Time{}, 0
 		if c.flushTimer != nil && c.flushTimer.Stop() {
 			c.timers.Done()
 		}
@@ -303,7 +304,7 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 	c.mu.Lock()
 	switch ev := ev.(type) {
 	case Snapshot:
-		c.answeredLocked(ev.ID)
+		c.answeredLocked(ev.ID, true)
 		c.notedLocked(ev.Users)
 	case Changes:
 		c.notedLocked(ev.Updates)
@@ -324,18 +325,35 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 			}
 		}
 	case ServerError:
-		if m, ok := c.answeredLocked(ev.ID); ok && !transient(ev.Code) {
+		if ev.Code == protocol.CodeRateLimited {
+			// Too many requests waited, or room updates came too
+			// fast: the request is sent again. Without an id, the
+			// message rate limit dropped a message.
+			if ev.ID == "" {
+				c.droppedLocked()
+			} else {
+				c.refusedLocked(ev.ID)
+			}
+			break
+		}
+		if m, ok := c.answeredLocked(ev.ID, false); ok && m.Type == protocol.TypeSubscribe && !transient(ev.Code) {
 			// The subscribe was refused as a whole, for good: its users
 			// are not watched.
 			c.unwatchLocked(m)
 		}
 	case RoomState:
 		c.roomStateLocked(ev.RoomState)
+		c.answeredLocked(ev.ID, true)
 	case RoomDiff:
 		c.roomDiffLocked(ev.RoomDiff)
 	case RoomDenied:
 		delete(c.rooms, ev.Room)
+		c.answeredLocked(ev.ID, false)
 	case Denied:
+		// A denied with an id answers a subscribe: only a subscribe to
+		// all is answered with nothing else (the others with a
+		// presence_init first, which ended them).
+		c.answeredLocked(ev.ID, true)
 		if ev.UserID == "*" {
 			c.all = false
 		} else {
