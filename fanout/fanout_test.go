@@ -445,16 +445,8 @@ func TestPublishRetried(t *testing.T) {
 		t.Fatalf("event = %+v, want yara online at %d", ev, rev)
 	}
 	// And the revision was acknowledged once its events were out.
-	js, err := jetstream.New(b.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		c, err := js.Consumer(context.Background(), presence.StreamName(presence.StatusBucket), presence.FanoutConsumer)
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(context.Background())
+		info, err := b.fanoutConsumer()
 		if err != nil {
 			return err
 		}
@@ -554,16 +546,8 @@ func TestEventsLostInFlightPublishedAgain(t *testing.T) {
 // still reach it.
 func (b *bench) loseFanout(px *lossyProxy) {
 	b.t.Helper()
-	js, err := jetstream.New(b.nc)
-	if err != nil {
-		b.t.Fatal(err)
-	}
 	natstest.CheckFor(b.t, 10*time.Second, time.Millisecond, func() error {
-		c, err := js.Consumer(context.Background(), presence.StreamName(presence.StatusBucket), presence.FanoutConsumer)
-		if err != nil {
-			return err
-		}
-		info, err := c.Info(context.Background())
+		info, err := b.fanoutConsumer()
 		if err != nil {
 			return err
 		}
@@ -691,4 +675,17 @@ func (p *lossyProxy) sever() {
 		_ = l.server.Close()
 	}
 	p.links = nil
+}
+
+// fanoutConsumer returns the state of the fanouts' durable consumer.
+func (b *bench) fanoutConsumer() (*jetstream.ConsumerInfo, error) {
+	js, err := jetstream.New(b.nc)
+	if err != nil {
+		return nil, err
+	}
+	c, err := js.Consumer(context.Background(), presence.StreamName(presence.StatusBucket), presence.FanoutConsumer)
+	if err != nil {
+		return nil, err
+	}
+	return c.Info(context.Background())
 }

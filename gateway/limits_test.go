@@ -719,25 +719,11 @@ func TestRequestsWaitingAreBounded(t *testing.T) {
 	a := sys.Dial(gw, "alice")
 	defer systest.KeepAlive(a, systest.Heartbeat)()
 
-	held := make(chan struct{})
-	release := make(chan struct{})
-	var once, released sync.Once
-	releaseOnce := func() { released.Do(func() { close(release) }) }
-	defer releaseOnce()
-	gw.AfterDecide(func() {
-		once.Do(func() {
-			close(held)
-			<-release
-		})
-	})
+	held, releaseOnce := holdDecision(t, gw)
 	if err := a.Subscribe("s0", "bob"); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-held:
-	case <-time.After(systest.EventTimeout):
-		t.Fatal("the first subscribe never reached the authorizer")
-	}
+	awaitClosed(t, held, "the first subscribe to reach the authorizer")
 	const refused = 2
 	for i := 1; i <= gateway.MaxQueued+refused; i++ {
 		if err := a.Subscribe(fmt.Sprintf("s%d", i), "bob"); err != nil {
@@ -789,4 +775,21 @@ func TestRequestsWaitingAreBounded(t *testing.T) {
 			t.Errorf("subscribe s%d never answered", i)
 		}
 	}
+}
+
+// holdDecision has the gateway's next subscribe wait between its decision
+// and its registration until release is called, or the test ends; held
+// is closed once it waits. The socket's later requests queue behind it.
+func holdDecision(t *testing.T, gw *systest.Gateway) (held <-chan struct{}, release func()) {
+	h, r := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	gw.AfterDecide(func() {
+		once.Do(func() {
+			close(h)
+			<-r
+		})
+	})
+	release = sync.OnceFunc(func() { close(r) })
+	t.Cleanup(release)
+	return h, release
 }

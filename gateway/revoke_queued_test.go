@@ -3,7 +3,6 @@ package gateway_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,24 +38,11 @@ func TestRevokeDropsQueuedChange(t *testing.T) {
 		subscribe(t, alice, "s1", "bob")
 		// alice's next subscribe waits between its decision and its
 		// registration, her outbox held until it is answered.
-		held, release := make(chan struct{}), make(chan struct{})
-		var once sync.Once
-		gw.AfterDecide(func() {
-			once.Do(func() {
-				close(held)
-				<-release
-			})
-		})
-		releaseOnce := sync.OnceFunc(func() { close(release) })
-		t.Cleanup(releaseOnce)
+		held, releaseOnce := holdDecision(t, gw)
 		if err := alice.Subscribe("s2", "carol"); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-held:
-		case <-time.After(systest.EventTimeout):
-			t.Fatal("alice's subscribe was never decided")
-		}
+		awaitClosed(t, held, "alice's subscribe to be decided")
 		revokeQueued(t, sys, gw, alice, bob, nil)
 		releaseOnce()
 		systest.Await(t, alice, systest.EventTimeout, "presence_init s2", func(m protocol.ServerMessage) bool {

@@ -4,12 +4,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -25,48 +24,22 @@ func putRoomKey(t *testing.T, sys *systest.System, m presence.RoomMember) uint64
 	return rev
 }
 
-// within waits for done, failing the test after systest.EventTimeout.
-func within(t *testing.T, done <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-done:
-	case <-time.After(systest.EventTimeout):
-		t.Fatalf("waiting for %s", what)
-	}
-}
-
 // TestRoomJoinQueuedBeforeRenewal: an auth renewal that comes while 16
 // requests wait revokes at once the rooms its token no longer allows (its
 // revocation cannot wait in the full queue). A join queued before the
 // renewal, for a room the new token does not allow, is refused when its
 // turn comes, with room_denied not_allowed, and leaves no key.
 func TestRoomJoinQueuedBeforeRenewal(t *testing.T) {
-	sys := secStart(t, systest.Options{})
-	gw := sys.Gateway()
-	c, err := secDialErr(gw.WS, bearer(roomToken(t, "alice", []string{"doc:*"})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Abort() })
-	t.Cleanup(systest.KeepAlive(c, systest.Heartbeat))
+	sys, gw, c := docsAlice(t)
 	joinRoom(t, c, "a", "doc:0", "")
 
 	// alice's requests wait behind her subscribe, held between the
 	// gateway's decision and its registration.
-	held, release := make(chan struct{}), make(chan struct{})
-	var once, released sync.Once
-	releaseOnce := func() { released.Do(func() { close(release) }) }
-	defer releaseOnce()
-	gw.AfterDecide(func() {
-		once.Do(func() {
-			close(held)
-			<-release
-		})
-	})
+	held, releaseOnce := holdDecision(t, gw)
 	if err := c.Subscribe("s", "bob"); err != nil {
 		t.Fatal(err)
 	}
-	within(t, held, "the subscribe to reach the authorizer")
+	awaitClosed(t, held, "the subscribe to reach the authorizer")
 	sendRoom(t, c, protocol.TypeJoin, "j", "doc:1", "")
 	for i := range gateway.MaxQueued - 1 {
 		sendRoom(t, c, protocol.TypeLeave, "", fmt.Sprintf("doc:x%d", i), "")
@@ -106,20 +79,13 @@ func TestRoomJoinQueuedBeforeRenewal(t *testing.T) {
 // join is over: the revocation waits for it rather than looking for the
 // room before the join made it a member.
 func TestRoomRenewalDuringJoin(t *testing.T) {
-	sys := secStart(t, systest.Options{})
-	gw := sys.Gateway()
-	c, err := secDialErr(gw.WS, bearer(roomToken(t, "alice", []string{"doc:*"})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Abort() })
-	t.Cleanup(systest.KeepAlive(c, systest.Heartbeat))
+	sys, gw, c := docsAlice(t)
 
 	// The join is held once it has read the room's keys.
 	read, release := gw.HoldRoomListing()
 	defer release()
 	sendRoom(t, c, protocol.TypeJoin, "j", "doc:1", "")
-	within(t, read, "the join to list doc:1")
+	awaitClosed(t, read, "the join to list doc:1")
 	for i := range gateway.MaxQueued {
 		sendRoom(t, c, protocol.TypeLeave, "", fmt.Sprintf("doc:x%d", i), "")
 	}
@@ -169,7 +135,7 @@ func TestRoomListingAfterReaperLeave(t *testing.T) {
 	wa.until("the ghost gone", func(w *roomWatch) bool { _, in := w.members["ghost"]; return !in && w.count == 1 })
 
 	// The ghost's key is still there.
-	within(t, gw.ListRoomAgain("doc:1"), "the listing")
+	awaitClosed(t, gw.ListRoomAgain("doc:1"), "the listing")
 	if conns := gw.RoomConns("doc:1"); slices.Contains(conns, ghost.ConnID) {
 		t.Errorf("the listing brought the ghost back: the table holds %v", conns)
 	}
@@ -203,7 +169,7 @@ func TestRoomLeaseEndedWhileListing(t *testing.T) {
 	defer release()
 	alice := dialKept(t, sys, gw, "alice")
 	sendRoom(t, alice, protocol.TypeJoin, "j", "doc:1", "")
-	within(t, read, "the listing of doc:1 to read its keys")
+	awaitClosed(t, read, "the listing of doc:1 to read its keys")
 	if err := sys.Store.PurgeLeaseRooms(t.Context(), "gw-dead", "E1"); err != nil {
 		t.Fatal(err)
 	}
@@ -262,4 +228,19 @@ func TestRoomTruncatedViewLetsLogTrim(t *testing.T) {
 	if !slices.Equal(wa.users(), []string{"alice"}) || wa.count != 3 {
 		t.Errorf("alice sees %v (count %d), want herself only and 3", wa.members, wa.count)
 	}
+}
+
+// docsAlice starts a system whose JWTs are checked, and connects alice
+// with a token for the doc rooms, kept alive.
+func docsAlice(t *testing.T) (*systest.System, *systest.Gateway, *client.Conn) {
+	t.Helper()
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	c, err := secDialErr(gw.WS, bearer(roomToken(t, "alice", []string{"doc:*"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Abort() })
+	t.Cleanup(systest.KeepAlive(c, systest.Heartbeat))
+	return sys, gw, c
 }

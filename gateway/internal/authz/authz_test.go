@@ -254,18 +254,26 @@ func TestFriends(t *testing.T) {
 	}
 }
 
+// aliceWatchesBob returns a graph of alice and bob following each other,
+// and a rig under the mutual policy in which alice watches bob.
+func aliceWatchesBob(t *testing.T) (*graph, *rig, *sock) {
+	t.Helper()
+	g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
+	r := newRig(Mutual, g)
+	alice := r.sock("alice")
+	if _, _, _, err := r.a.Subscribe(context.Background(), alice, []string{"bob"}); err != nil {
+		t.Fatal(err)
+	}
+	return g, r, alice
+}
+
 // TestFailedRecheckIsTriedAgain: a re-check whose read of the graph fails
 // (NATS slow or away) is not dropped: it is tried again until it decides,
 // so an unfollow still ends the subscription it no longer allows.
 func TestFailedRecheckIsTriedAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
-		r := newRig(Mutual, g)
-		alice := r.sock("alice")
-		if _, _, _, err := r.a.Subscribe(ctx, alice, []string{"bob"}); err != nil {
-			t.Fatal(err)
-		}
+		g, r, alice := aliceWatchesBob(t)
 		g.set("bob", "alice", false)
 		g.setDown(true)
 		r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
@@ -297,12 +305,7 @@ func TestFailedRecheckIsTriedAgain(t *testing.T) {
 func TestRecheckRetriesEndWithTheSubscription(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
-		g := newGraph([2]string{"alice", "bob"}, [2]string{"bob", "alice"})
-		r := newRig(Mutual, g)
-		alice := r.sock("alice")
-		if _, _, _, err := r.a.Subscribe(ctx, alice, []string{"bob"}); err != nil {
-			t.Fatal(err)
-		}
+		g, r, alice := aliceWatchesBob(t)
 		g.setDown(true)
 		defer g.setDown(false) // lets a retry that would not give up end
 		r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
