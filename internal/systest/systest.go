@@ -183,6 +183,11 @@ func (s *System) StartReaper() {
 		s.tb.Fatalf("start reaper: %v", err)
 	}
 	s.replace(&s.reaper, p)
+	// Ready once its start-up sweep is over: a test's keys of leases that
+	// are not there (another gateway's, made up) are not swept meanwhile.
+	if err := p.AwaitReady(context.Background(), readyTimeout); err != nil {
+		s.tb.Fatal(err)
+	}
 }
 
 // StopReaper stops the reaper.
@@ -199,6 +204,9 @@ func (s *System) StartFanout() {
 		s.tb.Fatalf("start fanout: %v", err)
 	}
 	s.replace(&s.fanout, p)
+	if err := p.AwaitReady(context.Background(), readyTimeout); err != nil {
+		s.tb.Fatal(err)
+	}
 }
 
 // StartWebhooks creates the stream presence_feed, as an operator does, if
