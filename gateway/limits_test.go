@@ -533,6 +533,43 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 	by.check(t)
 }
 
+// TestStalledBodyIsCut: an HTTP request whose headers come at once but
+// whose announced body never does is cut at the handshake timeout, on a
+// path that reads no body (net/http waits for it before answering) as on
+// the API.
+func TestStalledBodyIsCut(t *testing.T) {
+	const timeout = time.Second
+	sys := secStart(t, systest.Options{})
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
+	tok := secLongToken(t, "slowbody")
+	for _, tt := range []struct{ name, head string }{
+		{"healthz", "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"},
+		{"query", "POST /api/presence/query HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + tok +
+			"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"user_ids\":"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nc, err := net.Dial("tcp", gw.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			start := time.Now()
+			if _, err := io.WriteString(nc, tt.head); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
+			_, err = io.ReadAll(nc)
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("still open after %v", time.Since(start))
+			}
+			if took := time.Since(start); took > timeout+2*time.Second {
+				t.Errorf("cut after %v, want about %v", took, timeout)
+			}
+		})
+	}
+}
+
 // TestIdleConnectionFlood opens hundreds of TCP connections that never
 // send a byte: a real client still connects and is served meanwhile, and
 // the gateway cuts every idle one at the handshake timeout.

@@ -217,9 +217,16 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	}
 
 	// 4. Serving.
+	// A request's headers and body must come within the handshake
+	// timeout, and its answer go within a NATS request's time and a
+	// write's: without them a client that stops sending (a body announced
+	// and never sent, which net/http waits for even before answering
+	// /healthz) holds its connection and a goroutine for good.
 	httpSrv := &http.Server{
 		Handler:           s.httpHandler(),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
+		ReadTimeout:       s.cfg.HandshakeTimeout,
+		WriteTimeout:      requestTimeout + s.cfg.WriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return core.ctx },
