@@ -113,15 +113,13 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			if err := s.keys.ready(); err != nil {
 				return nil, refuse(err)
 			}
-			if s.cfg.MaxConns > 0 && s.registry.len() >= s.cfg.MaxConns {
-				return nil, refuse(fmt.Errorf("%w: the gateway is full", ErrUnavailable))
-			}
-			if n := len(s.registry.userConns(id.userID)); n >= s.cfg.MaxConnsPerUser {
-				return nil, refuse(fmt.Errorf("%w: at most %d", ErrTooManyConns, s.cfg.MaxConnsPerUser))
+			if err := s.registry.reserve(id.userID, s.cfg.MaxConns); err != nil {
+				return nil, refuse(err)
 			}
 			select {
 			case s.regSem <- struct{}{}:
 			default:
+				s.registry.release(id.userID)
 				return nil, refuse(fmt.Errorf("%w: too many connections being registered; retry shortly", ErrUnavailable))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.HandshakeTimeout)
@@ -130,6 +128,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			status, statusRev, err = s.keys.register(ctx, cc)
 			<-s.regSem
 			if err != nil {
+				s.registry.release(id.userID)
 				s.log.Warn("register connection", "user_id", id.userID, "err", err)
 				return nil, refuse(err)
 			}
@@ -156,6 +155,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	if err != nil {
 		if c != nil {
 			// Registered, but the client is gone or misbehaved.
+			s.registry.release(c.userID)
 			c.closed.Store(true)
 			s.keys.end(c, c.since)
 		}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -21,9 +22,16 @@ type registry struct {
 	maxPerUser int
 	umu        sync.RWMutex
 	users      map[string][]*conn
+	// reserved counts the places held for connections being registered,
+	// in all and per user (see reserve); under umu.
+	reserved   int
+	reservedBy map[string]int
 }
 
 const registryShards = 64
+
+// errGatewayFull refuses a connection past --max-conns.
+var errGatewayFull = fmt.Errorf("%w: the gateway is full", ErrUnavailable)
 
 type registryShard struct {
 	mu    sync.RWMutex
@@ -33,23 +41,61 @@ type registryShard struct {
 // newRegistry returns a registry that holds at most maxPerUser connections
 // of one user.
 func newRegistry(maxPerUser int) *registry {
-	r := &registry{maxPerUser: maxPerUser, users: make(map[string][]*conn)}
+	r := &registry{maxPerUser: maxPerUser, users: make(map[string][]*conn), reservedBy: make(map[string]int)}
 	for i := range r.shards {
 		r.shards[i].conns = make(map[uint64]*conn)
 	}
 	return r
 }
 
-// add assigns c a tag and holds it. It fails with ErrTooManyConns when c's
-// user already has as many connections here as allowed.
+// reserve holds a place for a connection of user about to be
+// registered, if the gateway (at most max connections; zero for no limit)
+// and the user have one left, the places held counted: the limits hold
+// however many upgrades come at once, each refused before its upgrade.
+// add takes the place; release gives it back.
+func (r *registry) reserve(user string, max int) error {
+	r.umu.Lock()
+	defer r.umu.Unlock()
+	if max > 0 && r.len()+r.reserved >= max {
+		return errGatewayFull
+	}
+	if len(r.users[user])+r.reservedBy[user] >= r.maxPerUser {
+		return fmt.Errorf("%w: at most %d", ErrTooManyConns, r.maxPerUser)
+	}
+	r.reserved++
+	r.reservedBy[user]++
+	return nil
+}
+
+// release gives back a place reserve held for a connection of user that
+// will not be added.
+func (r *registry) release(user string) {
+	r.umu.Lock()
+	defer r.umu.Unlock()
+	r.releaseLocked(user)
+}
+
+func (r *registry) releaseLocked(user string) {
+	r.reserved--
+	if r.reservedBy[user]--; r.reservedBy[user] <= 0 {
+		delete(r.reservedBy, user)
+	}
+}
+
+// add assigns c a tag and holds it, in the place reserve held for it. It
+// fails with ErrTooManyConns when c's user already has as many
+// connections here as allowed.
 func (r *registry) add(c *conn) error {
 	r.umu.Lock()
+	r.releaseLocked(c.userID)
 	cs := r.users[c.userID]
 	if len(cs) >= r.maxPerUser {
 		r.umu.Unlock()
 		return ErrTooManyConns
 	}
 	r.users[c.userID] = append(cs, c)
+	// Counted before the place is given up to another (under umu).
+	r.count.Add(1)
 	r.umu.Unlock()
 
 	c.tag = r.next.Add(1)
@@ -57,7 +103,6 @@ func (r *registry) add(c *conn) error {
 	sh.mu.Lock()
 	sh.conns[c.tag] = c
 	sh.mu.Unlock()
-	r.count.Add(1)
 	return nil
 }
 

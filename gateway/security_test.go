@@ -593,6 +593,41 @@ func TestGatewayFullAndConnsPerUser(t *testing.T) {
 	by.check(t)
 }
 
+// TestLimitsCountConnectionsBeingRegistered: an upgrade being registered
+// holds its place under --max-conns and --max-conns-per-user, so one that
+// comes meanwhile is refused before its upgrade (503 or 429), not let in
+// past the limit or answered 101 and then closed.
+func TestLimitsCountConnectionsBeingRegistered(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.StartGateway(gateway.Config{MaxConns: 2, MaxConnsPerUser: 1})
+	// alice's first socket waits once registered, not yet counted by the
+	// gateway's registry.
+	registered, release := gateway.PauseAfterRegister(t, "alice")
+	first := make(chan error, 1)
+	go func() {
+		c, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
+		if err == nil {
+			t.Cleanup(func() { _ = c.Abort() })
+		}
+		first <- err
+	}()
+	awaitClosed(t, registered, "alice's registration")
+
+	_, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
+	refusedWith(t, err, http.StatusTooManyRequests)
+	secDial(t, gw, "bob")
+	_, err = secDialErr(gw.WS, bearer(secLongToken(t, "carol")))
+	refusedWith(t, err, http.StatusServiceUnavailable)
+
+	release()
+	if err := <-first; err != nil {
+		t.Fatalf("alice's first socket: %v", err)
+	}
+	if n := gw.Conns(); n != 2 {
+		t.Errorf("gateway holds %d connections, want 2", n)
+	}
+}
+
 // TestRegisteringLimit: an upgrade that finds MaxRegistering upgrades
 // being registered is refused with 503 at once, and gets in once one of
 // them is done.
