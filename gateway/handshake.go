@@ -32,6 +32,10 @@ var sniffPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096
 // write of another device's) is what a slow start must survive.
 var afterRegisterHook atomic.Pointer[func(userID string)]
 
+// errRegisterFailed refuses an upgrade whose registration failed (NATS
+// slow or away, the lease lost meanwhile).
+var errRegisterFailed = fmt.Errorf("%w: presence state is unavailable right now; try again", ErrUnavailable)
+
 // handshake reads the start of a new connection's first request: a GET on
 // WebSocketPath is upgraded here, on the raw connection, with
 // authentication in the upgrader's callbacks; anything else goes to the
@@ -130,7 +134,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			if err != nil {
 				s.registry.release(id.userID)
 				s.log.Warn("register connection", "user_id", id.userID, "err", err)
-				return nil, refuse(err)
+				// What failed is the operator's to read, in the log: the
+				// client learns only that it may try again.
+				return nil, refuse(errRegisterFailed)
 			}
 			c = cc
 			return nil, nil
