@@ -376,11 +376,11 @@ func (r *registrar) write(us *userState) {
 			return
 		}
 		gen := us.gen
-		entries, gone, chosen := r.desiredLocked(us)
+		entries, gone, chosen, epoch := r.desiredLocked(us)
 		handOver := listedLocked(us)
 		us.mu.Unlock()
 
-		w, err := r.writeOnce(us, entries, gone, chosen)
+		w, err := r.writeOnce(us, entries, gone, chosen, epoch)
 		if err != nil {
 			if r.ctx.Err() != nil || r.nc.IsClosed() {
 				// Stopping, or the connection is gone for good: the end
@@ -470,7 +470,7 @@ func (us *userState) noteSelfLocked(w *presence.Write) {
 // connections: the entries it must hold (of connections held under the
 // lease now held), those it must lose, and a chosen status to write. The
 // caller holds us.mu.
-func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, map[string]goneConn, presence.Status) {
+func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, map[string]goneConn, presence.Status, string) {
 	epoch, held := r.lease.epoch()
 	entries := make(map[string]presence.ConnInfo, len(us.conns))
 	for _, c := range us.conns {
@@ -486,17 +486,18 @@ func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, 
 	for id, g := range us.gone {
 		gone[id] = g
 	}
-	return entries, gone, us.chosen
+	return entries, gone, us.chosen, epoch
 }
 
 // writeOnce makes one compare-and-set write of the user's record, from
-// the writer's cache.
-func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status) (presence.Write, error) {
+// the writer's cache; entries are held under the lease epoch.
+func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status, epoch string) (presence.Write, error) {
 	if len(entries) > 0 {
 		// No entry is written unless the lease it is held under is
 		// certainly alive: a write after it ended would name a
-		// connection nobody will end.
-		epoch, _ := r.lease.epoch()
+		// connection nobody will end. The lease the entries were chosen
+		// under, not the one held now: a new one taken meanwhile does not
+		// vouch for them.
 		if !r.lease.waitFresh(r.ctx, epoch) {
 			return presence.Write{}, errLeaseLost
 		}
