@@ -48,18 +48,27 @@ export interface Denial {
 /**
  * An error: an error frame from the gateway (bad_request, unknown_type,
  * invalid_status, rate_limited, unauthorized, unavailable), or a failure in
- * the client (token_failed, connect_failed, bad_frame).
+ * the client (token_failed, connect_failed, bad_frame), or `refused`: the
+ * gateway closed the connection with a code that says not to come back as
+ * is (1002, 1003, 1007, 1009, or 1008 other than "token expired" with a
+ * token function), and the client is closed for good. A request refused
+ * with rate_limited (or a subscribe or join with unavailable) is sent
+ * again by the client itself; the error event still tells of it.
  */
 export interface ServerError {
   readonly code: string;
   readonly message: string;
   /** The id of the message that caused it, when it had one. */
   readonly id?: string;
+  /** The close code (refused). */
+  readonly close_code?: number;
+  /** The close reason (refused). */
+  readonly reason?: string;
 }
 
 /** What a state change says. */
 export interface StateDetail {
-  /** The close code of the socket that ended (reconnecting). */
+  /** The close code of the socket that ended (reconnecting; closed, when the gateway's close code ended the client). */
   readonly code?: number;
   readonly reason?: string;
   /** How long until the next attempt, in ms (reconnecting). */
@@ -157,16 +166,22 @@ export interface Room {
   on(event: "typing", fn: (userIds: string[]) => void): () => void;
   /** The join was refused; the room ends. */
   on(event: "denied", fn: (denial: RoomDenial) => void): () => void;
-  /** An error frame answering this room's join or updateMeta (also a client error event). */
+  /** An error frame answering one of this room's messages: join, updateMeta, typing, signal (also a client error event). */
   on(event: "error", fn: (error: ServerError) => void): () => void;
 
-  /** Replaces this connection's meta; reports whether it was sent now (later joins carry it). Throws for a meta that is not a JSON object of at most MAX_META_BYTES. */
+  /**
+   * Replaces this connection's meta; reports whether it goes out on the open
+   * connection (at once, or once the gateway takes more requests: updates
+   * that wait are folded into the newest, and one refused is sent again);
+   * later joins carry it. Throws for a meta that is not a JSON object of at
+   * most MAX_META_BYTES.
+   */
   updateMeta(meta: RoomMeta): boolean;
   /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS, once the room is joined, and reports whether it sent one. */
   typing(): boolean;
   /** Sends a short-lived signal to the other members; reports whether it was sent (only once the room is joined). Throws for a bad type or data over MAX_SIGNAL_BYTES. */
   signal(type: string, data?: unknown): boolean;
-  /** Leaves the room for good. */
+  /** Leaves the room for good (a leave the gateway refuses is sent again). */
   leave(): void;
 }
 
@@ -188,7 +203,9 @@ export interface Options {
   url?: string;
   /**
    * A JWT (its sub is the user id), or a function returning one, called
-   * before every connection so that reconnects use a fresh token.
+   * before every connection so that reconnects use a fresh token (also
+   * after setToken, and after the gateway closed the connection with 1008
+   * "token expired"; with a string token that close ends the client).
    */
   token?: string | (() => string | Promise<string>);
   /** The user id, for a gateway with dev auth; ignored when a token is given. */
@@ -268,6 +285,8 @@ export declare class GreenDot {
   /**
    * Starts watching users, now and after every reconnect; resolves with the
    * first answer. Throws a TypeError for an id that is not a user id.
+   * Requests wait in the client while 8 wait at the gateway, and one the
+   * gateway refuses for now (rate_limited, unavailable) is sent again.
    */
   subscribe(userIds: string | Iterable<string>): Promise<SubscribeResult>;
   /** Stops watching users. */
@@ -280,7 +299,7 @@ export declare class GreenDot {
    * meta given, if any). Throws a TypeError for a bad room id or meta.
    */
   room(id: string, meta?: RoomMeta): Room;
-  /** Gives a fresh token to the open connection and to later ones. */
+  /** Gives a fresh token to the open connection, and to later ones unless options.token is a function (which later ones call). */
   setToken(token: string): void;
   /** Sends one protocol message as it is; reports whether the connection was open. */
   send(message: { type: string; [field: string]: unknown }): boolean;

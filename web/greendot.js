@@ -15,7 +15,11 @@
 // reconnecting with capped exponential backoff and full jitter (and soon,
 // with jitter, when a gateway drains with close code 1001); subscriptions,
 // rooms (re-synced from the server's new state) and the chosen status
-// restored after every reconnect; `activity` on input
+// restored after every reconnect; requests paced to what the gateway
+// takes, and sent again when it refuses them for now; the client closed
+// for good after a close code that says not to come back as is (1002,
+// 1003, 1007, 1009, and 1008 but for "token expired" with a token
+// function), with an error event "refused"; `activity` on input
 // and focus (at most once per activityIntervalMs), `idle` when the tab has
 // been hidden idleAfterMs, and the socket closed after closeAfterMs hidden,
 // then opened again when the tab is visible.
@@ -56,6 +60,55 @@ export const TYPING_INTERVAL_MS = 2000;
 
 /** How long a signal lasts when the server does not say (expires_ms). */
 export const SIGNAL_EXPIRES_MS = 3000;
+
+// The gateway handles a socket's requests (subscribe, unsubscribe, join,
+// room_update, leave) in order, through a queue that takes 16 waiting
+// ones, set_status messages included; one more is refused with an error
+// rate_limited echoing its id, and changes nothing. So the client keeps at
+// most REQUEST_WINDOW of its own requests waiting there, and sends the
+// rest of its backlog as they are handled (#inFlight):
+//
+//   - subscribe and join are answered once handled (presence_init, or
+//     denied; room_state), and as the gateway handles them in order, such
+//     an answer also says that every request sent before it was handled.
+//     They count until then.
+//   - unsubscribe, room_update and leave have no answer. They need no
+//     NATS, so the gateway handles them at once unless an answered request
+//     of the client is still ahead of them: while one is, they count, and
+//     its answer (or a later one) says they were handled. With none ahead
+//     they count only for SETTLE_MS after they were sent, which paces a
+//     burst of them. Counting them until a later answer instead could hold
+//     the window forever, as nothing may be answered after them.
+//
+// An error or room_denied echoing a request's id may come before the
+// requests ahead of it were handled (the gateway refuses some messages as
+// it reads them), so it ends only that request. A request refused with
+// rate_limited (the queue was full of set_status messages, or room_update
+// was over its own rate), or a subscribe or join the gateway could not
+// answer for want of NATS (unavailable), is sent again after a backoff,
+// in the form the client wants now (#again); and so is every request
+// waiting when the message rate limit dropped a message (an error
+// rate_limited with no id), which may have been one of them (#dropped).
+// Every request carries an id, and so do typing and signal, whose own
+// rate's refusals are then told from the message rate limit's.
+
+/** How many requests may wait at the gateway at once: half of what it takes, leaving room for set_status. */
+const REQUEST_WINDOW = 8;
+/** How long a request without an answer, sent with no answered one ahead of it, counts as waiting. */
+const SETTLE_MS = 100;
+/** How long a request without an answer is remembered once it counts no more, to recognise a refusal of it. */
+const FORGET_AFTER_MS = 60_000;
+/** A refused request is sent again after RETRY_BASE_MS, doubled per refusal until an answer comes, up to RETRY_MAX_MS. */
+const RETRY_BASE_MS = 100;
+const RETRY_MAX_MS = 5_000;
+/** Requests go at most REQUEST_RATE a second after a burst of REQUEST_BURST: half the gateway's message rate limit. */
+const REQUEST_RATE = 10;
+const REQUEST_BURST = 20;
+/** The requests the gateway answers once it has handled them. */
+const ANSWERED = new Set(["subscribe", "join"]);
+
+/** The close codes after which the client does not come back as is (docs/integration.md, step 6). */
+const FINAL_CLOSE_CODES = new Set([1002, 1003, 1007, 1008, 1009]);
 
 const EVENTS = new Set(["change", "self", "state", "denied", "error"]);
 const ROOM_EVENTS = new Set(["join", "leave", "update", "sync", "signal", "typing", "denied", "error"]);
@@ -206,7 +259,15 @@ export class GreenDot {
   #listeners = new Map();
   #wanted = new Set();
   #presence = new Map();
-  #pending = new Map(); // message id -> subscribe request
+  #calls = new Set(); // subscribe calls not answered yet
+  #pending = new Map(); // subscribe message id -> the calls it answers
+  #backlog = []; // requests for the open connection not sent yet, in order
+  #sent = []; // {msg, at}: requests sent on the open connection not known to be handled
+  #tokens = REQUEST_BURST;
+  #refilled = 0;
+  #retryAt = 0;
+  #refusals = 0;
+  #flushTimer = null;
   #rooms = new Map(); // room id -> the link to its Room
   #self = null;
   #hello = null;
@@ -215,7 +276,8 @@ export class GreenDot {
   // #chosenSent: #chosen was sent and no self frame confirmed it yet; the self
   // frames before the confirmation show an earlier status.
   #chosenSent = false;
-  #token;
+  #token; // the newest token string: options.token, or setToken's
+  #tokenFn; // options.token when it is a function: called before every connection
   #seq = 0;
   #connectSeq = 0;
   #attempt = 0;
@@ -255,7 +317,8 @@ export class GreenDot {
     this.#WS = o.WebSocket ?? globalThis.WebSocket;
     if (typeof this.#WS !== "function") throw new TypeError("greendot: no WebSocket here; pass options.WebSocket");
     this.#opts = o;
-    this.#token = o.token;
+    if (typeof o.token === "function") this.#tokenFn = o.token;
+    else this.#token = o.token;
     this.#chosen = o.status;
     this.#url(""); // fail now on a bad url
     this.#activity = new Throttle(() => this.#send({ type: "activity" }), o.activityIntervalMs);
@@ -358,6 +421,11 @@ export class GreenDot {
 
   /** close closes the connection for good, removes page listeners and rejects pending subscribes. */
   close() {
+    this.#shutdown({});
+  }
+
+  // shutdown ends the client for good; detail goes with the closed state.
+  #shutdown(detail) {
     if (this.#closed) return;
     this.#closed = true;
     this.#clearRetry();
@@ -368,11 +436,16 @@ export class GreenDot {
     const ws = this.#ws;
     this.#dropSocket();
     if (ws) ws.close(1000, "client closed");
-    for (const req of this.#pending.values()) req.reject(new Error("greendot: client closed"));
+    const calls = [...this.#calls];
+    this.#calls.clear();
     this.#pending.clear();
+    for (const req of calls) {
+      req.done = true;
+      req.reject(new Error("greendot: client closed"));
+    }
     for (const link of [...this.#rooms.values()]) link.end();
     this.#rooms.clear();
-    this.#setState("closed", {});
+    this.#setState("closed", detail);
   }
 
   /**
@@ -384,12 +457,18 @@ export class GreenDot {
     const list = checkIds(ids);
     if (this.#closed) return Promise.reject(new Error("greendot: client closed"));
     for (const id of list) this.#wanted.add(id);
-    const open = this.#state === "open";
-    const parts = subscribeChunks(list).map((chunk) => this.#request(chunk, open));
-    const answer = Promise.all(parts).then((answers) => ({
-      users: answers.flatMap((a) => a.users),
-      denied: answers.flatMap((a) => a.denied),
-    }));
+    const answer = new Promise((resolve, reject) => {
+      const req = { remaining: new Set(list), users: [], denied: [], done: false, resolve, reject };
+      this.#calls.add(req);
+      this.#settle(req); // no ids: answered at once
+      // Before hello, the subscribes go out once it comes (#resubscribe).
+      if (this.#hello === null) return;
+      for (const chunk of subscribeChunks(list)) {
+        const id = this.#nextId();
+        this.#pending.set(id, [req]);
+        this.#request({ type: "subscribe", id, user_ids: chunk });
+      }
+    });
     // Most callers rely on onChange and never await this: a rejection they
     // ignore (the client closed, or an error frame, which onError also
     // reports) must not surface as an unhandled rejection.
@@ -401,9 +480,9 @@ export class GreenDot {
   unsubscribe(ids) {
     const list = checkIds(ids).filter((id) => this.#wanted.delete(id));
     for (const id of list) this.#presence.delete(id);
-    if (this.#state === "open") {
-      for (const chunk of subscribeChunks(list, "unsubscribe")) this.#send({ type: "unsubscribe", user_ids: chunk });
-    }
+    // Not open: the next connection subscribes only the users still watched.
+    if (this.#hello === null) return;
+    for (const chunk of subscribeChunks(list, "unsubscribe")) this.#request({ type: "unsubscribe", id: this.#nextId(), user_ids: chunk });
   }
 
   /** setStatus chooses the user's status (online, away, busy or invisible) for all their devices. */
@@ -437,6 +516,15 @@ export class GreenDot {
     }
     const link = {
       send: (msg) => this.#send(msg),
+      request: (msg) => this.#request(msg),
+      // update puts meta into this room's join or room_update that waits
+      // to be sent, if the last request of the room waiting is one.
+      update: (meta) => {
+        const last = this.#backlog.findLast((msg) => msg.room === id);
+        if (last?.type !== "join" && last?.type !== "room_update") return false;
+        last.meta = meta;
+        return true;
+      },
       open: () => this.#hello !== null,
       nextId: () => this.#nextId("r"),
       forget: () => {
@@ -451,7 +539,8 @@ export class GreenDot {
 
   /**
    * setToken gives a fresh token: it is sent on the open connection (an
-   * `auth` message) and used for every later connection.
+   * `auth` message). A later connection calls the token function, when
+   * options.token is one, and uses this token otherwise.
    */
   setToken(token) {
     if (typeof token !== "string" || token === "") throw new TypeError("greendot: token must be a non-empty string");
@@ -477,7 +566,7 @@ export class GreenDot {
     this.#setState("connecting", { attempt: this.#attempt });
     let url;
     try {
-      const token = typeof this.#token === "function" ? await this.#token() : this.#token;
+      const token = this.#tokenFn !== undefined ? await this.#tokenFn() : this.#token;
       if (token !== undefined && (typeof token !== "string" || token === "")) {
         throw new TypeError("the token function must return a non-empty string");
       }
@@ -539,6 +628,19 @@ export class GreenDot {
     const lived = wasOpen ? Date.now() - this.#helloAt : 0;
     this.#dropSocket();
     if (this.#closed || this.#suspended) return;
+    if (this.#final(code, reason)) {
+      // Coming back as is would be refused again (a client bug, abuse, a
+      // token that expired): the client ends, and says why.
+      const why = reason ? `${code} (${reason})` : String(code);
+      this.#emit("error", Object.freeze({
+        code: "refused",
+        message: `greendot: the gateway closed the connection with ${why}; not reconnecting`,
+        close_code: code,
+        reason: String(reason ?? ""),
+      }));
+      this.#shutdown({ code, reason });
+      return;
+    }
     if (wasOpen && lived >= this.#opts.stableAfterMs) this.#attempt = 0;
     this.#retry({ code, reason });
   }
@@ -562,6 +664,15 @@ export class GreenDot {
     this.#setState("reconnecting", { ...detail, delay, attempt: this.#attempt });
   }
 
+  // final reports whether a close code says not to come back as is: 1002,
+  // 1003, 1007 and 1009 (a client bug) and 1008 (kicked, abusive, or the
+  // token expired), except 1008 "token expired" when a token function can
+  // give a fresh token.
+  #final(code, reason) {
+    if (!FINAL_CLOSE_CODES.has(code)) return false;
+    return !(code === 1008 && reason === "token expired" && this.#tokenFn !== undefined);
+  }
+
   #clearRetry() {
     if (this.#retryTimer !== null) {
       clearTimeout(this.#retryTimer);
@@ -582,7 +693,210 @@ export class GreenDot {
       ws.onmessage = null;
       ws.onclose = null;
     }
+    // Requests belong to the socket: the next one subscribes and joins
+    // again (#opened).
+    this.#backlog = [];
+    this.#sent = [];
+    this.#pending.clear();
+    this.#tokens = REQUEST_BURST;
+    this.#retryAt = 0;
+    this.#refusals = 0;
+    if (this.#flushTimer !== null) {
+      clearTimeout(this.#flushTimer);
+      this.#flushTimer = null;
+    }
     for (const link of this.#rooms.values()) link.lost();
+  }
+
+  // --- requests (see the comment at REQUEST_WINDOW) ---
+
+  // request queues a request for the open connection, after those before
+  // it, and sends what may go now. It reports whether the connection is
+  // open to take it.
+  #request(msg) {
+    if (this.#ws === null || this.#hello === null) return false;
+    this.#backlog.push(msg);
+    this.#flush();
+    return true;
+  }
+
+  // inFlight counts the requests that may still wait at the gateway, and
+  // returns when the first of those counted for SETTLE_MS stops counting
+  // (0 if none).
+  #inFlight(now) {
+    let n = 0;
+    let settles = 0;
+    let behind = false;
+    for (const w of this.#sent) {
+      behind ||= ANSWERED.has(w.msg.type);
+      if (behind) {
+        n++;
+      } else if (now - w.at < SETTLE_MS) {
+        n++;
+        if (settles === 0) settles = w.at + SETTLE_MS;
+      }
+    }
+    return [n, settles];
+  }
+
+  // flush sends the backlog in order while the requests waiting at the
+  // gateway, the rate and a refusal's backoff leave room. When time will
+  // make room, a timer flushes again; an answer does too (#handled).
+  #flush() {
+    const now = Date.now();
+    this.#tokens = Math.min(REQUEST_BURST, this.#tokens + ((now - this.#refilled) / 1000) * REQUEST_RATE);
+    this.#refilled = now;
+    // Requests with no answered one ahead, sent long ago, are forgotten: a
+    // refusal of them would have come.
+    while (this.#sent.length > 0 && !ANSWERED.has(this.#sent[0].msg.type) && now - this.#sent[0].at >= FORGET_AFTER_MS) {
+      this.#sent.shift();
+    }
+    while (this.#backlog.length > 0 && this.#hello !== null) {
+      if (now < this.#retryAt) {
+        this.#wake(this.#retryAt - now);
+        return;
+      }
+      const [n, settles] = this.#inFlight(now);
+      if (n >= REQUEST_WINDOW) {
+        if (settles !== 0) this.#wake(settles - now);
+        return;
+      }
+      if (this.#tokens < 1) {
+        this.#wake(Math.ceil(((1 - this.#tokens) / REQUEST_RATE) * 1000));
+        return;
+      }
+      const msg = this.#backlog[0];
+      if (!this.#send(msg)) return; // the socket is closing: its end clears the backlog
+      this.#backlog.shift();
+      this.#tokens--;
+      this.#sent.push({ msg, at: now });
+    }
+  }
+
+  // wake flushes the backlog again after ms, unless a flush is already
+  // due: that one looks again at what holds the backlog.
+  #wake(ms) {
+    if (this.#flushTimer !== null) return;
+    this.#flushTimer = setTimeout(() => {
+      this.#flushTimer = null;
+      this.#flush();
+    }, Math.max(ms, 1));
+  }
+
+  // sentIndex returns the index in #sent of the request with this id; -1
+  // for none.
+  #sentIndex(id) {
+    if (id === undefined || id === null) return -1;
+    return this.#sent.findIndex((w) => w.msg.id === id);
+  }
+
+  // handled takes the gateway's answer to the request with this id, and
+  // lets the backlog go on. An answer sent where the gateway handles the
+  // request in order (inOrder: presence_init, denied, room_state) says
+  // that the requests sent before it were handled too; one sent as the
+  // gateway read the request (an error, room_denied) says nothing of them.
+  // It returns the request; undefined when id is none waiting.
+  #handled(id, inOrder) {
+    const i = this.#sentIndex(id);
+    if (i < 0) return undefined;
+    const { msg } = this.#sent[i];
+    if (inOrder) {
+      this.#sent.splice(0, i + 1);
+      this.#refusals = 0;
+    } else {
+      this.#sent.splice(i, 1);
+    }
+    this.#flush();
+    return msg;
+  }
+
+  // refused takes the refusal of the request with this id (rate_limited,
+  // or unavailable for a subscribe or join): nothing of it happened at the
+  // gateway, so what it was for is sent again after a backoff, ahead of
+  // the backlog. It reports false when id is none waiting.
+  #refused(id) {
+    const i = this.#sentIndex(id);
+    if (i < 0) return false;
+    const again = this.#againAt(i);
+    this.#sent.splice(i, 1);
+    this.#backlog = [...again, ...this.#backlog];
+    this.#hold();
+    this.#flush();
+    return true;
+  }
+
+  // dropped takes an error rate_limited without an id: the gateway's
+  // message rate limit dropped a message as it read it, and which one
+  // cannot be told. Any request waiting may be it, and an answered one
+  // would then never be answered, holding the window for good: each is
+  // sent again, as the client wants it now, after a backoff. Sending one
+  // twice is harmless; the gateway answers a subscribe or join again.
+  #dropped() {
+    const again = [];
+    for (let i = 0; i < this.#sent.length; i++) again.push(...this.#againAt(i));
+    this.#sent = [];
+    this.#backlog = [...again, ...this.#backlog];
+    this.#hold();
+    this.#flush();
+  }
+
+  // hold holds the backlog for the backoff of one more refusal; a refusal
+  // long after the last backoff ended starts anew.
+  #hold() {
+    const now = Date.now();
+    if (now - this.#retryAt > RETRY_MAX_MS) this.#refusals = 0;
+    this.#refusals++;
+    this.#retryAt = now + Math.min(RETRY_MAX_MS, RETRY_BASE_MS * 2 ** Math.min(this.#refusals - 1, 16));
+  }
+
+  // againAt returns what sends the waiting request at index i again,
+  // given the requests that go to the gateway after it.
+  #againAt(i) {
+    const later = [...this.#sent.slice(i + 1).map((w) => w.msg), ...this.#backlog];
+    return this.#again(this.#sent[i].msg, later);
+  }
+
+  // again returns what sends the refused request msg again, as the client
+  // wants it now, given the requests that go to the gateway after it
+  // (later); nothing when a later request already says something about the
+  // same room (that one decides, and is sent again itself if refused) or
+  // the client no longer wants it (a room left since, a user unwatched).
+  // So a leave refused and then a join of the same room end joined, and a
+  // join refused and then a leave end left, as the calls asked.
+  #again(msg, later) {
+    switch (msg.type) {
+      case "join":
+      case "room_update":
+      case "leave": {
+        // A later join or leave decides the membership; a later
+        // room_update carries a newer meta, but joins nobody.
+        if (later.some((l) => l.room === msg.room && (l.type === "join" || l.type === "leave" || l.type === msg.type))) return [];
+        const link = this.#rooms.get(msg.room);
+        if (msg.type === "leave") return link ? [] : [{ type: "leave", id: this.#nextId("r"), room: msg.room }];
+        return link ? [link.again(msg.type)] : [];
+      }
+      case "subscribe": {
+        // The users still watched; the calls waiting for them wait for
+        // the new message's answer.
+        const calls = this.#pending.get(msg.id) ?? [];
+        this.#pending.delete(msg.id);
+        const ids = msg.user_ids.filter((u) => this.#wanted.has(u));
+        for (const req of calls) {
+          for (const u of msg.user_ids) if (!this.#wanted.has(u)) req.remaining.delete(u);
+          this.#settle(req);
+        }
+        if (ids.length === 0) return [];
+        const again = { type: "subscribe", id: this.#nextId(), user_ids: ids };
+        const waiting = calls.filter((req) => !req.done);
+        if (waiting.length > 0) this.#pending.set(again.id, waiting);
+        return [again];
+      }
+      case "unsubscribe": {
+        const ids = msg.user_ids.filter((u) => !this.#wanted.has(u));
+        return ids.length === 0 ? [] : [{ type: "unsubscribe", id: this.#nextId(), user_ids: ids }];
+      }
+    }
+    return [];
   }
 
   #send(msg) {
@@ -630,15 +944,17 @@ export class GreenDot {
       case "hello":
         this.#opened(m);
         break;
-      case "presence_init":
-        for (const p of Array.isArray(m.users) ? m.users : []) this.#update(p);
+      case "presence_init": {
+        const users = Array.isArray(m.users) ? m.users : [];
+        for (const p of users) this.#update(p);
+        this.#handled(m.id, true);
         this.#answered(m.id, (req) => {
-          req.init = true;
-          for (const p of Array.isArray(m.users) ? m.users : []) {
-            if (req.remaining.delete(p.user_id)) req.users.push(p);
+          for (const p of users) {
+            if (p !== null && typeof p === "object" && req.remaining.delete(p.user_id)) req.users.push(p);
           }
         });
         break;
+      }
       case "presence_batch":
         for (const p of Array.isArray(m.updates) ? m.updates : []) this.#update(p);
         break;
@@ -646,20 +962,42 @@ export class GreenDot {
         this.#selfFrame(m);
         break;
       case "denied":
+        this.#handled(m.id, true);
         this.#denied(m);
         break;
       case "room_state":
+      case "room_denied":
+        // room_state answers a join in order; room_denied as the gateway
+        // read it.
+        this.#handled(m.id, m.type === "room_state");
+        if (typeof m.room === "string") this.#rooms.get(m.room)?.frame(m);
+        break;
       case "room_diff":
       case "room_signal":
-      case "room_denied":
         if (typeof m.room === "string") this.#rooms.get(m.room)?.frame(m);
         break;
       case "error": {
         const err = Object.freeze({ code: String(m.code ?? ""), message: String(m.message ?? ""), id: m.id });
-        const req = m.id !== undefined ? this.#pending.get(m.id) : undefined;
-        if (req) {
-          this.#pending.delete(m.id);
-          req.reject(Object.assign(new Error(`greendot: ${err.code}: ${err.message}`), { code: err.code }));
+        if (m.id === undefined || m.id === null) {
+          // The message rate limit dropped a message: maybe a request.
+          if (err.code === "rate_limited") this.#dropped();
+        } else {
+          const i = this.#sentIndex(m.id);
+          const type = i < 0 ? undefined : this.#sent[i].msg.type;
+          if (err.code === "rate_limited" || (err.code === "unavailable" && ANSWERED.has(type))) {
+            // Nothing happened: sent again shortly, as wanted then.
+            this.#refused(m.id);
+          } else {
+            this.#handled(m.id, false);
+            const calls = this.#pending.get(m.id);
+            this.#pending.delete(m.id);
+            for (const req of calls ?? []) {
+              if (req.done) continue;
+              req.done = true;
+              this.#calls.delete(req);
+              req.reject(Object.assign(new Error(`greendot: ${err.code}: ${err.message}`), { code: err.code }));
+            }
+          }
         }
         if (m.id !== undefined) {
           for (const link of [...this.#rooms.values()]) if (link.error(err)) break;
@@ -686,35 +1024,27 @@ export class GreenDot {
     else this.#activity.reset();
   }
 
-  // resubscribe asks again for every watched user: first the requests still
-  // waiting for an answer, then the rest.
+  // resubscribe asks again for every watched user: first those of the
+  // subscribe calls still waiting for an answer, then the rest, in messages
+  // of at most MAX_SUBSCRIBE_IDS ids.
   #resubscribe() {
+    this.#pending.clear();
     const asked = new Set();
-    for (const [id, req] of [...this.#pending]) {
-      const ids = req.ids.filter((u) => this.#wanted.has(u));
-      if (ids.length === 0) {
-        this.#pending.delete(id);
-        req.resolve({ users: [], denied: [] });
-        continue;
+    for (const req of [...this.#calls]) {
+      for (const u of [...req.remaining]) {
+        if (!this.#wanted.has(u)) req.remaining.delete(u);
+        else asked.add(u);
       }
-      req.ids = ids;
-      req.remaining = new Set(ids);
-      req.users = [];
-      req.denied = [];
-      req.init = false;
-      for (const u of ids) asked.add(u);
-      this.#send({ type: "subscribe", id, user_ids: ids });
+      this.#settle(req);
     }
-    const rest = [...this.#wanted].filter((u) => !asked.has(u));
-    for (const chunk of subscribeChunks(rest)) this.#send({ type: "subscribe", id: this.#nextId(), user_ids: chunk });
-  }
-
-  #request(ids, send) {
-    return new Promise((resolve, reject) => {
+    const ids = [...asked, ...[...this.#wanted].filter((u) => !asked.has(u))];
+    for (const chunk of subscribeChunks(ids)) {
       const id = this.#nextId();
-      this.#pending.set(id, { ids, remaining: new Set(ids), users: [], denied: [], init: false, resolve, reject });
-      if (send) this.#send({ type: "subscribe", id, user_ids: ids });
-    });
+      const inChunk = new Set(chunk);
+      const calls = [...this.#calls].filter((req) => [...req.remaining].some((u) => inChunk.has(u)));
+      if (calls.length > 0) this.#pending.set(id, calls);
+      this.#request({ type: "subscribe", id, user_ids: chunk });
+    }
   }
 
   #nextId(prefix = "s") {
@@ -722,17 +1052,27 @@ export class GreenDot {
     return `${prefix}-${this.#seq}`;
   }
 
-  // answered applies part of an answer to the request with this id, and
-  // resolves the request once every id in it is accounted for.
+  // answered applies part of an answer to the subscribe message with this
+  // id to each call it answers, and resolves those now answered in full.
   #answered(id, apply) {
-    if (id === undefined) return;
-    const req = this.#pending.get(id);
-    if (!req) return;
-    apply(req);
-    if (req.init && req.remaining.size === 0) {
-      this.#pending.delete(id);
-      req.resolve({ users: req.users, denied: req.denied });
+    if (id === undefined || id === null) return;
+    const calls = this.#pending.get(id);
+    if (!calls) return;
+    for (const req of calls) {
+      if (req.done) continue;
+      apply(req);
+      this.#settle(req);
     }
+    if (calls.every((req) => req.done)) this.#pending.delete(id);
+  }
+
+  // settle resolves a subscribe call once each of its users was answered:
+  // in a presence_init, or denied (or no longer watched).
+  #settle(req) {
+    if (req.done || req.remaining.size > 0) return;
+    req.done = true;
+    this.#calls.delete(req);
+    req.resolve({ users: req.users, denied: req.denied });
   }
 
   #update(p) {
@@ -952,7 +1292,7 @@ class Room {
   #count = 0;
   #truncated = false;
   #synced = false; // a room_state arrived on this connection
-  #ids = new Set(); // ids of the join and room_update messages sent
+  #ids = new Set(); // ids of the messages of this room sent lately
   #typers = new Map(); // "user conn" -> {user_id, until}
   #typing = [];
   #typingTimer = null;
@@ -974,6 +1314,13 @@ class Room {
       return true;
     };
     link.end = () => this.#end("left");
+    // again returns a join or room_update of the room as it is now, to send
+    // again what the gateway refused.
+    link.again = (type) => {
+      const msg = { type, id: this.#remember(this.#link.nextId()), room: this.#id };
+      if (this.#meta !== undefined) msg.meta = this.#meta;
+      return msg;
+    };
   }
 
   /** The room id. */
@@ -1035,14 +1382,19 @@ class Room {
 
   /**
    * updateMeta replaces this connection's meta in the room (and in every
-   * later join), and reports whether it was sent now.
+   * later join), and reports whether it goes out on the open connection:
+   * at once, or, when the gateway has many requests of this client to
+   * handle, as soon as it takes more. Updates that wait are folded into
+   * one with the newest meta, and one the gateway refuses (too many at
+   * once: rate_limited) is sent again, with the newest meta.
    */
   updateMeta(meta) {
     checkMeta(meta);
     this.#live();
     this.#meta = meta;
     if (!this.#link.open()) return false;
-    return this.#link.send({ type: "room_update", id: this.#remember(this.#link.nextId()), room: this.#id, meta });
+    if (this.#link.update(meta)) return true;
+    return this.#link.request({ type: "room_update", id: this.#remember(this.#link.nextId()), room: this.#id, meta });
   }
 
   /**
@@ -1056,7 +1408,7 @@ class Room {
     this.#live();
     const now = Date.now();
     if (now - this.#typingSent < TYPING_INTERVAL_MS) return false;
-    if (!this.#synced || !this.#link.send({ type: "typing", room: this.#id })) return false;
+    if (!this.#synced || !this.#link.send({ type: "typing", id: this.#remember(this.#link.nextId()), room: this.#id })) return false;
     this.#typingSent = now;
     return true;
   }
@@ -1071,16 +1423,19 @@ class Room {
     checkSignal(type, data);
     this.#live();
     if (!this.#synced) return false;
-    const msg = { type: "signal", room: this.#id, signal: type };
+    const msg = { type: "signal", id: this.#remember(this.#link.nextId()), room: this.#id, signal: type };
     if (data !== undefined) msg.data = data;
     return this.#link.send(msg);
   }
 
-  /** leave leaves the room for good; client.room(id) joins it again. */
+  /**
+   * leave leaves the room for good; client.room(id) joins it again. A
+   * leave the gateway refuses (too many requests at once) is sent again.
+   */
   leave() {
     if (this.#state === "left" || this.#state === "denied") return;
     this.#end("left");
-    if (this.#link.open()) this.#link.send({ type: "leave", room: this.#id });
+    this.#link.request({ type: "leave", id: this.#link.nextId(), room: this.#id });
   }
 
   #live() {
@@ -1091,7 +1446,7 @@ class Room {
 
   #remember(id) {
     this.#ids.add(id);
-    if (this.#ids.size > 16) this.#ids.delete(this.#ids.values().next().value);
+    if (this.#ids.size > 64) this.#ids.delete(this.#ids.values().next().value);
     return id;
   }
 
@@ -1100,7 +1455,7 @@ class Room {
     this.#typingSent = -Infinity;
     const msg = { type: "join", id: this.#remember(this.#link.nextId()), room: this.#id };
     if (this.#meta !== undefined) msg.meta = this.#meta;
-    this.#link.send(msg);
+    this.#link.request(msg);
   }
 
   #end(state) {

@@ -286,11 +286,29 @@ async (m, users) => {
     gd.onError((e) => errs.push(e));
     const failing = gd.subscribe(["dave"]);
     const id = ws3.of("subscribe").at(-1).id;
-    ws3.deliver({ type: "error", id, code: "unavailable", message: "try again" });
+    ws3.deliver({ type: "error", id, code: "bad_request", message: "no" });
     let rejected = null;
     await failing.catch((e) => (rejected = e));
-    check("error frame: the subscribe promise rejects with the code", rejected?.code === "unavailable", String(rejected));
-    check("error frame: an error event with the echoed id", errs.length === 1 && errs[0].id === id && errs[0].code === "unavailable", json(errs));
+    check("error frame: the subscribe promise rejects with the code", rejected?.code === "bad_request", String(rejected));
+    check("error frame: an error event with the echoed id", errs.length === 1 && errs[0].id === id && errs[0].code === "bad_request", json(errs));
+
+    // unavailable and rate_limited: nothing happened at the gateway; the
+    // subscribe goes again after a backoff, with a new id, and its promise
+    // resolves with the answer to that one.
+    for (const code of ["unavailable", "rate_limited"]) {
+      const n = ws3.of("subscribe").length;
+      const retried = gd.subscribe(["frank"]);
+      const first = ws3.of("subscribe").at(-1);
+      ws3.deliver({ type: "error", id: first.id, code, message: "try again" });
+      check(`${code}: an error event`, errs.at(-1)?.code === code && errs.at(-1)?.id === first.id, json(errs));
+      check(`${code}: not sent again at once`, ws3.of("subscribe").length === n + 1, json(ws3.of("subscribe")));
+      await until(`${code}: the subscribe is sent again`, () => ws3.of("subscribe").length === n + 2, 2000);
+      const again = ws3.of("subscribe").at(-1);
+      check(`${code}: the same users, a new id`, json(again.user_ids) === '["frank"]' && again.id !== first.id, json(again));
+      ws3.deliver({ type: "presence_init", id: again.id, users: [{ user_id: "frank", status: "busy" }] });
+      const got = await retried;
+      check(`${code}: the promise resolves with the answer`, got.users[0]?.status === "busy", json(got));
+    }
 
     // close: pending requests reject, the socket closes with 1000, for good.
     const pending = gd.subscribe(["erin"]);
@@ -449,7 +467,7 @@ async (m, users) => {
     // What this client sends.
     check("typing(): the first call sends", r.typing() === true && ws.of("typing").length === 1 && ws.of("typing")[0].room === "doc:42", json(ws.sent));
     check("typing(): calls within the interval do not", r.typing() === false && r.typing() === false && ws.of("typing").length === 1);
-    check("signal(): sent with its data", r.signal("cursor", { x: 3 }) === true && json(ws.of("signal")[0]) === '{"type":"signal","room":"doc:42","signal":"cursor","data":{"x":3}}', json(ws.of("signal")));
+    check("signal(): sent with its data and an id", r.signal("cursor", { x: 3 }) === true && json({ ...ws.of("signal")[0], id: "x" }) === '{"type":"signal","id":"x","room":"doc:42","signal":"cursor","data":{"x":3}}', json(ws.of("signal")));
     r.updateMeta({ name: "Me2" });
     const upd = ws.of("room_update")[0];
     check("updateMeta(): a room_update with an id", upd?.room === "doc:42" && upd.meta.name === "Me2" && typeof upd.id === "string" && r.meta.name === "Me2", json(upd));
@@ -457,6 +475,11 @@ async (m, users) => {
     gd.onError((e) => errs.push(e.code));
     ws.deliver({ type: "error", id: upd.id, code: "rate_limited", message: "slow down" });
     check("room: an error answering its message is its error, and the client's", seen.at(-1) === "error:rate_limited" && json(errs) === '["rate_limited"]', json(seen));
+    r.updateMeta({ name: "Me3" });
+    await until("updateMeta(): a refused update is sent again", () => ws.of("room_update").length >= 2, 2000);
+    const upd2 = ws.of("room_update");
+    check("updateMeta(): sent again once, with the newest meta", upd2.length === 2 && upd2[1].meta.name === "Me3" && upd2[1].id !== upd.id, json(upd2));
+    r.updateMeta({ name: "Me2" });
 
     // The connection drops; while away, carol left and erin came; me has a new connection.
     seen.length = 0;
@@ -491,7 +514,8 @@ async (m, users) => {
 
     // Leave: a leave frame, no more joins.
     r.leave();
-    check("leave(): a leave frame, state left, members gone", json(ws2.of("leave")) === '[{"type":"leave","room":"doc:42"}]' && r.state === "left" && r.members.size === 0 && gd.rooms.length === 0, json(ws2.of("leave")));
+    const leaves = ws2.of("leave");
+    check("leave(): a leave frame with an id, state left, members gone", leaves.length === 1 && leaves[0].room === "doc:42" && typeof leaves[0].id === "string" && r.state === "left" && r.members.size === 0 && gd.rooms.length === 0, json(leaves));
     ws2.drop(1006);
     await until("leave: a new socket", () => W.all.length === 3, 2000);
     W.all[2].open();
@@ -520,6 +544,136 @@ async (m, users) => {
     const gap = Date.now() - t0;
     check("typing interval: the second frame no sooner than the interval", gap >= m.TYPING_INTERVAL_MS - 5, `${gap} ms`);
     gd.close();
+  }
+
+  // --- requests: a window of 8 waiting, merged at hello, sent again when refused ---
+  {
+    const W = fakeWebSocket();
+    const gd = new m.GreenDot({ user: "me", WebSocket: W, ...quiet, url: "ws://h.example" });
+    const early = Array.from({ length: 250 }, (_, i) => gd.subscribe(`e${i}`));
+    await until("requests: a socket", () => W.all.length === 1);
+    const ws = W.all[0];
+    ws.open();
+    const subs = ws.of("subscribe");
+    check("hello: the waiting subscribe calls go in messages of at most 100 ids", json(subs.map((x) => x.user_ids.length)) === "[100,100,50]", json(subs.map((x) => x.user_ids.length)));
+    for (const x of subs) ws.deliver({ type: "presence_init", id: x.id, users: x.user_ids.map((u) => ({ user_id: u, status: "online" })) });
+    const early1 = await Promise.all(early);
+    check("hello: each call resolves with its user", early1.every((r, i) => r.users.length === 1 && r.users[0].user_id === `e${i}`), json(early1.slice(0, 2)));
+
+    // 20 subscribe calls while open: 8 go, the rest as answers come.
+    const n0 = ws.of("subscribe").length;
+    const calls = Array.from({ length: 20 }, (_, i) => gd.subscribe(`w${i}`));
+    const sent = () => ws.of("subscribe").slice(n0);
+    check("window: 8 requests wait at once", sent().length === 8, json(sent().length));
+    ws.deliver({ type: "presence_init", id: sent()[2].id, users: [{ user_id: "w2", status: "online" }] });
+    check("window: an answer frees the requests sent before it", sent().length === 11, json(sent().length));
+    // The message rate limit drops one: every waiting request goes again,
+    // after a backoff, with new ids.
+    const before = sent().slice(3).map((x) => x.user_ids[0]);
+    ws.deliver({ type: "error", code: "rate_limited", message: "too many messages" });
+    check("dropped: nothing sent again at once", sent().length === 11, json(sent().length));
+    await until("dropped: the waiting requests are sent again", () => sent().length === 19, 2000);
+    check("dropped: the same users again, new ids", json(sent().slice(11).map((x) => x.user_ids[0])) === json(before) && !sent().slice(11).some((x) => sent().slice(0, 11).some((y) => y.id === x.id)), json(sent().slice(11)));
+    // Answer the rest: the first two (which the gateway answered before
+    // the third), and those sent again.
+    const answer = (x) => ws.deliver({ type: "presence_init", id: x.id, users: x.user_ids.map((u) => ({ user_id: u, status: "busy" })) });
+    answer(sent()[0]);
+    answer(sent()[1]);
+    // Each answer lets more go, within the request rate.
+    let next = 11;
+    let answered = 0;
+    for (const c of calls) c.then(() => answered++);
+    await until("window: every call answered", () => {
+      while (next < sent().length) answer(sent()[next++]);
+      return answered === calls.length;
+    }, 5000);
+    const all = await Promise.all(calls);
+    check("window: every call answered", all.every((r) => r.users.length === 1), json(all.filter((r) => r.users.length !== 1)));
+    check("window: every user watched", Array.from({ length: 20 }, (_, i) => gd.presence(`w${i}`)).every((p) => p !== undefined));
+
+    // A join refused: sent again after a backoff, then joined.
+    // (Requests go at most 10 a second after a burst of 20: wait for each.)
+    const r = gd.room("doc:1", { n: 1 });
+    await until("join: sent", () => ws.of("join").length === 1, 2000);
+    const j1 = ws.of("join").at(-1);
+    ws.deliver({ type: "error", id: j1.id, code: "rate_limited", message: "too many requests in progress" });
+    r.updateMeta({ n: 2 });
+    await until("join: sent again", () => ws.of("join").length === 2, 2000);
+    const j2 = ws.of("join").at(-1);
+    check("join: sent again with the newest meta, and no room_update besides", j2.id !== j1.id && j2.meta.n === 2 && ws.of("room_update").length === 0, json(ws.sent.slice(-3)));
+    ws.deliver({ type: "room_state", id: j2.id, room: "doc:1", members: [], count: 0, truncated: false });
+    check("join: joined", r.state === "joined");
+    // unavailable too, for a join.
+    const r2 = gd.room("doc:2");
+    await until("join doc:2: sent", () => ws.of("join").length === 3, 2000);
+    const k1 = ws.of("join").at(-1);
+    ws.deliver({ type: "error", id: k1.id, code: "unavailable", message: "no NATS" });
+    await until("join unavailable: sent again", () => ws.of("join").filter((x) => x.room === "doc:2").length === 2, 2000);
+    check("join unavailable: still joining", r2.state === "joining");
+    // A leave refused: sent again; a leave refused and then a join: not.
+    r.leave();
+    await until("leave: sent", () => ws.of("leave").length === 1, 2000);
+    const l1 = ws.of("leave").at(-1);
+    check("leave: with an id", l1?.room === "doc:1" && typeof l1.id === "string", json(l1));
+    ws.deliver({ type: "error", id: l1.id, code: "rate_limited", message: "too many requests in progress" });
+    await until("leave: sent again", () => ws.of("leave").length === 2, 2000);
+    check("leave: a new id", ws.of("leave")[1].id !== l1.id && ws.of("leave")[1].room === "doc:1");
+    r2.leave();
+    await until("leave doc:2: sent", () => ws.of("leave").length === 3, 2000);
+    const l2 = ws.of("leave").at(-1);
+    const joins = ws.of("join").length;
+    gd.room("doc:2");
+    ws.deliver({ type: "error", id: l2.id, code: "rate_limited", message: "too many requests in progress" });
+    await until("leave then join: the join goes", () => ws.of("join").length === joins + 1, 2000);
+    // An unsubscribe refused: sent again for the users still unwatched.
+    gd.unsubscribe(["w0", "w1"]);
+    await until("unsubscribe: sent", () => ws.of("unsubscribe").length === 1, 2000);
+    const u1 = ws.of("unsubscribe").at(-1);
+    check("unsubscribe: with an id", typeof u1?.id === "string" && json(u1.user_ids) === '["w0","w1"]', json(u1));
+    gd.subscribe("w1");
+    ws.deliver({ type: "error", id: u1.id, code: "rate_limited", message: "too many requests in progress" });
+    await until("unsubscribe: sent again", () => ws.of("unsubscribe").length === 2, 2000);
+    check("unsubscribe: only the users still unwatched", json(ws.of("unsubscribe")[1].user_ids) === '["w0"]', json(ws.of("unsubscribe")));
+    check("leave then join: the refused leave is not sent again", ws.of("leave").filter((x) => x.room === "doc:2").length === 1, json(ws.of("leave")));
+    gd.close();
+  }
+
+  // --- close codes that say not to come back as is ---
+  {
+    for (const [code, reason, token, final] of [
+      [1002, "", undefined, true],
+      [1003, "", undefined, true],
+      [1007, "", undefined, true],
+      [1009, "", undefined, true],
+      [1008, "rate limit exceeded", undefined, true],
+      [1008, "token expired", "tok", true],
+      [1008, "token expired", "fn", false],
+      [1008, "rate limit exceeded", "fn", true],
+      [1011, "", undefined, false],
+    ]) {
+      const W = fakeWebSocket();
+      let n = 0;
+      const auth = token === undefined ? { user: "me" } : { token: token === "fn" ? () => `t${++n}` : token };
+      const gd = new m.GreenDot({ ...auth, WebSocket: W, ...quiet, url: "ws://h.example" });
+      const states = [];
+      const errs = [];
+      gd.onState((s, d) => states.push(`${s}:${d.code ?? ""}`));
+      gd.onError((e) => errs.push(`${e.code}:${e.close_code}:${e.reason}`));
+      await until(`close ${code}: a socket`, () => W.all.length === 1);
+      W.all[0].open();
+      W.all[0].drop(code, reason);
+      const name = `close ${code} ${reason} (token ${token ?? "none"})`;
+      if (final) {
+        check(`${name}: closed for good`, gd.state === "closed" && states.at(-1) === `closed:${code}`, json(states));
+        check(`${name}: an error event with the code and reason`, json(errs) === json([`refused:${code}:${reason}`]), json(errs));
+        throws(`${name}: connect() throws`, () => gd.connect(), Error);
+      } else {
+        check(`${name}: reconnecting`, gd.state === "reconnecting" && errs.length === 0, `${gd.state} ${json(errs)}`);
+        await until(`${name}: a new socket`, () => W.all.length === 2, 2000);
+        if (token === "fn") check(`${name}: with a fresh token`, W.all[1].url.endsWith("token=t2"), W.all[1].url);
+      }
+      gd.close();
+    }
   }
 
   // --- against the real gateway that serves this page ---
