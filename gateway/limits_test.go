@@ -508,13 +508,7 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 			// A byte every 100ms: the whole request would take far longer
 			// than the handshake timeout.
 			go trickle(nc, tt.data, 100*time.Millisecond)
-			_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
-			got, err := io.ReadAll(nc)
-			took := time.Since(start)
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("still open after %v", took)
-			}
+			got, took := readUntilCut(t, nc, start, timeout+5*time.Second)
 			if bytes.HasPrefix(got, []byte("HTTP/1.1 101")) || bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
 				t.Fatalf("slow request was served: %q", got)
 			}
@@ -531,6 +525,21 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 		t.Errorf("slowpoke registered: %+v %v", rec, err)
 	}
 	by.check(t)
+}
+
+// readUntilCut reads nc until the gateway closes it, and returns what it
+// read and how long after start it was closed; it fails the test if nc is
+// still open wait after start.
+func readUntilCut(t *testing.T, nc net.Conn, start time.Time, wait time.Duration) ([]byte, time.Duration) {
+	t.Helper()
+	_ = nc.SetReadDeadline(start.Add(wait))
+	got, err := io.ReadAll(nc)
+	took := time.Since(start)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("still open after %v", took)
+	}
+	return got, took
 }
 
 // TestStalledBodyIsCut: an HTTP request whose headers come at once but
@@ -557,13 +566,7 @@ func TestStalledBodyIsCut(t *testing.T) {
 			if _, err := io.WriteString(nc, tt.head); err != nil {
 				t.Fatal(err)
 			}
-			_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
-			_, err = io.ReadAll(nc)
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				t.Fatalf("still open after %v", time.Since(start))
-			}
-			if took := time.Since(start); took > timeout+2*time.Second {
+			if _, took := readUntilCut(t, nc, start, timeout+5*time.Second); took > timeout+2*time.Second {
 				t.Errorf("cut after %v, want about %v", took, timeout)
 			}
 		})

@@ -88,23 +88,30 @@ func TestLeaseLostWhileAConnectionStarts(t *testing.T) {
 func TestSelfChangeWhileADeviceStarts(t *testing.T) {
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
-	a := sys.Dial(gw, "alice", "a")
+	dialed, release := busyWhileBStarts(t, sys, gw, gw)
+	// Device a has the change: its self event went by while b was not in
+	// the registry.
+	release()
+	expectStartsBusy(t, dialed)
+}
+
+// busyWhileBStarts connects alice's device a to gwA, then has her device b
+// connect to gwB and wait once registered, while a sets busy and sees it.
+// Device b goes on when release is called.
+func busyWhileBStarts(t *testing.T, sys *systest.System, gwA, gwB *systest.Gateway) (dialed *pendingDial, release func()) {
+	t.Helper()
+	a := sys.Dial(gwA, "alice", "a")
 	t.Cleanup(systest.KeepAlive(a, systest.Heartbeat))
 	systest.AwaitSelf(t, a, presence.Online, 1)
-
 	registered, release := gateway.PauseAfterRegister(t, "alice")
-	dialed := dialAsync(t, gw, "alice", "b")
+	dialed = dialAsync(t, gwB, "alice", "b")
 	awaitClosed(t, registered, "device b's registration")
 	systest.AwaitSelf(t, a, presence.Online, 2) // b is in alice's record
 	if err := a.SetStatus(string(presence.Busy)); err != nil {
 		t.Fatal(err)
 	}
-	// Device a has the change: its self event went by while b was not in
-	// the registry.
 	systest.AwaitSelf(t, a, presence.Busy, 2)
-
-	release()
-	expectStartsBusy(t, dialed)
+	return dialed, release
 }
 
 // expectStartsBusy checks that device b, once dialed, shows busy with two
@@ -180,18 +187,7 @@ func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
 func TestSelfChangeOnAnotherGatewayWhileADeviceStarts(t *testing.T) {
 	sys := systest.Start(t, systest.Options{})
 	gw, other := sys.Gateway(), sys.StartGateway(gateway.Config{})
-	a := sys.Dial(other, "alice", "a")
-	t.Cleanup(systest.KeepAlive(a, systest.Heartbeat))
-	systest.AwaitSelf(t, a, presence.Online, 1)
-
-	registered, release := gateway.PauseAfterRegister(t, "alice")
-	dialed := dialAsync(t, gw, "alice", "b")
-	awaitClosed(t, registered, "device b's registration")
-	systest.AwaitSelf(t, a, presence.Online, 2)
-	if err := a.SetStatus(string(presence.Busy)); err != nil {
-		t.Fatal(err)
-	}
-	systest.AwaitSelf(t, a, presence.Busy, 2)
+	dialed, release := busyWhileBStarts(t, sys, other, gw)
 	_, rev, err := sys.Store.Status(context.Background(), "alice")
 	if err != nil {
 		t.Fatal(err)

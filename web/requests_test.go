@@ -34,6 +34,14 @@ func openClient(t *testing.T, c *chrome, base, user, extra string) *page {
 	return p
 }
 
+// expectNoErrors fails the test if the page's client had error events.
+func expectNoErrors(t *testing.T, p *page) {
+	t.Helper()
+	if errs, err := eval[[]string](p, `window.errs`); err != nil || len(errs) > 0 {
+		t.Errorf("errors: %v %v", errs, err)
+	}
+}
+
 // mutualWith makes n users prefix0, prefix1, ... mutual followers of user.
 func mutualWith(sys *demoSystem, user, prefix string, n int) {
 	for i := range n {
@@ -124,9 +132,7 @@ func TestBrowserLeaveBehindSubscribes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wait("bob no longer sees me in the room", `window.bobRoom.member("me") === undefined`)
-	if errs, err := eval[[]string](p, `window.errs`); err != nil || len(errs) > 0 {
-		t.Errorf("errors: %v %v", errs, err)
-	}
+	expectNoErrors(t, p)
 }
 
 // TestBrowserRoomMetaBurst: meta updates faster than the gateway's room
@@ -146,9 +152,7 @@ func TestBrowserRoomMetaBurst(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.wait("the gateway has the newest meta", `window.room.member("me")?.conns[0]?.meta?.n === 29`)
-	if errs, err := eval[[]string](p, `window.errs`); err != nil || len(errs) > 0 {
-		t.Errorf("errors: %v %v", errs, err)
-	}
+	expectNoErrors(t, p)
 }
 
 // TestBrowserPolicyCloseIsFinal: a socket closed with 1008 (here: the
