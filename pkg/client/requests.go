@@ -212,16 +212,22 @@ func (c *Client) flushLocked() {
 func (c *Client) wakeLocked(d time.Duration) {
 	if c.flushTimer == nil {
 		c.timers.Add(1)
-		c.flushTimer = time.AfterFunc(d, c.flushLater)
+		var t *time.Timer
+		t = time.AfterFunc(d, func() { c.flushLater(&t) })
+		c.flushTimer = t
 	}
 }
 
-// flushLater is the timer's flush.
-func (c *Client) flushLater() {
+// flushLater is the flush of the timer *t. A timer that fired as its
+// connection ended may run after the next one set a timer of its own:
+// it leaves that one in place, for the connection's end to stop.
+func (c *Client) flushLater(t **time.Timer) {
 	defer c.timers.Done()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.flushTimer = nil
+	if c.flushTimer == *t {
+		c.flushTimer = nil
+	}
 	c.flushLocked()
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
@@ -221,6 +222,34 @@ func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
 	alice.await("the second update refused", refusal)
 	bob.awaitRoom("doc:1", "alice=Alice C. bob=Bob count=2 joined=true")
 	alice.awaitRoom("doc:1", "alice=Alice C. bob=Bob count=2 joined=true")
+}
+
+// TestRoomMetaBurstIsFolded: meta updates faster than the client's
+// request rate (a cursor) are folded into the one that waits, so the
+// gateway gets a few messages, not one per call, and the newest meta.
+func TestRoomMetaBurstIsFolded(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", fast)
+	bob := connect(t, g, "bob", fast)
+	for _, e := range []*events{alice, bob} {
+		if err := e.c.Join("doc:1", map[string]string{"name": capitalized(e.name)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob.awaitRoom("doc:1", "alice=Alice bob=Bob count=2 joined=true")
+	before, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", "room_update")
+	const updates = 200
+	for i := range updates {
+		if err := alice.c.UpdateRoomMeta("doc:1", map[string]string{"name": fmt.Sprintf("Alice %d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob.awaitRoom("doc:1", fmt.Sprintf("alice=Alice %d bob=Bob count=2 joined=true", updates-1))
+	after, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", "room_update")
+	if sent := after - before; sent >= updates/2 {
+		t.Errorf("the gateway got %v room_update messages for %d updates, want them folded", sent, updates)
+	}
 }
 
 // TestDroppedSubscribeIsSentAgain: the gateway's message rate limit drops

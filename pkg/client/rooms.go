@@ -138,8 +138,27 @@ func (c *Client) UpdateRoomMeta(roomID string, meta any) error {
 		return fmt.Errorf("update room meta of %s: not joined", roomID)
 	}
 	r.meta = m
-	c.requestLocked(protocol.ClientMessage{Type: protocol.TypeRoomUpdate, ID: c.nextRoomIDLocked(), Room: roomID, Meta: m})
+	if !c.foldMetaLocked(roomID, m) {
+		c.requestLocked(protocol.ClientMessage{Type: protocol.TypeRoomUpdate, ID: c.nextRoomIDLocked(), Room: roomID, Meta: m})
+	}
 	return nil
+}
+
+// foldMetaLocked puts meta into the room's join or room_update that waits
+// in the backlog, if the room's last request there is one, and reports
+// whether it did: updates faster than the requests go (a cursor) then
+// make one message, not a backlog that grows.
+func (c *Client) foldMetaLocked(roomID string, meta json.RawMessage) bool {
+	for i := len(c.backlog) - 1; i >= 0; i-- {
+		if m := &c.backlog[i]; m.Room == roomID {
+			if m.Type != protocol.TypeJoin && m.Type != protocol.TypeRoomUpdate {
+				return false
+			}
+			m.Meta = meta
+			return true
+		}
+	}
+	return false
 }
 
 // Leave leaves a room; leaving a room not joined does nothing. A leave the

@@ -60,15 +60,19 @@ func (s *Store) Lease(ctx context.Context, gatewayID, epoch string) (LeaseRecord
 	return r, e.rev, nil
 }
 
-// DeleteLease ends a gateway's lease now, if its newest revision is rev:
+// DeleteLease ends a gateway's lease now, if its newest revision is rev
+// (any revision, if rev is zero):
 // what a gateway does when it stops, once its connections are gone. The
 // reaper learns of it as of an expiry, and the delete marker stays
 // LeaseMarkerTTL, as an expired lease's does, so that leases that come
 // and go leave nothing behind.
 func (s *Store) DeleteLease(ctx context.Context, gatewayID, epoch string, rev uint64) error {
 	key := LeaseKey(gatewayID, epoch)
-	_, err := s.js.PublishMsg(ctx, deleteMsg(LeasesBucket, key),
-		jetstream.WithMsgTTL(LeaseMarkerTTL), jetstream.WithExpectLastSequencePerSubject(rev))
+	opts := []jetstream.PublishOpt{jetstream.WithMsgTTL(LeaseMarkerTTL)}
+	if rev != 0 { // zero: whatever its revision, as a KV delete
+		opts = append(opts, jetstream.WithExpectLastSequencePerSubject(rev))
+	}
+	_, err := s.js.PublishMsg(ctx, deleteMsg(LeasesBucket, key), opts...)
 	if err != nil {
 		return fmt.Errorf("delete lease %q: %w", key, err)
 	}
