@@ -411,6 +411,29 @@ func TestAppPolicyHTTPFailures(t *testing.T) {
 	})
 }
 
+// TestAppSlowerThanANATSRequest: an app allowed to take longer than a
+// NATS request (--authz-app-timeout over 10 s) that does not answer gets
+// the caller the documented 503 authorization_unavailable, not a
+// connection cut by the HTTP server's write deadline.
+func TestAppSlowerThanANATSRequest(t *testing.T) {
+	a := newApp([2]string{"alice", "bob"})
+	a.fail = func(_ int, _ http.ResponseWriter, r *http.Request) bool {
+		<-r.Context().Done()
+		return true
+	}
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{
+		Policy: gateway.PolicyApp, AppURL: a.serveHTTP(t), AppSecret: appSecret,
+		AppTimeout: 12 * time.Second, WriteTimeout: time.Second,
+	}})
+	gw := sys.Gateway()
+	online(t, gw, "bob")
+	var e apiErr
+	st := apiCall(t, "GET", gw.HTTP+"/api/presence/users/bob", bearer(secLongToken(t, "alice")), nil, &e)
+	if st != http.StatusServiceUnavailable || e.Error != protocol.ReasonAuthorizationUnavailable {
+		t.Errorf("GET = %d %+v, want 503 authorization_unavailable", st, e)
+	}
+}
+
 func TestAppPolicyNATSCallout(t *testing.T) {
 	t.Run("micro responder", func(t *testing.T) {
 		a := newApp([2]string{"alice", "bob"})

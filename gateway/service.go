@@ -218,15 +218,16 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 
 	// 4. Serving.
 	// A request's headers and body must come within the handshake
-	// timeout, and its answer go within a NATS request's time and a
-	// write's: without them a client that stops sending (a body announced
-	// and never sent, which net/http waits for even before answering
-	// /healthz) holds its connection and a goroutine for good.
+	// timeout, and its answer go within the time it may take to decide
+	// (answerWithin) and a write's: without them a client that stops
+	// sending (a body announced and never sent, which net/http waits for
+	// even before answering /healthz) holds its connection and a goroutine
+	// for good.
 	httpSrv := &http.Server{
-		Handler:           s.httpHandler(),
+		Handler:           withDeadline(s.httpHandler(), s.answerWithin()),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		ReadTimeout:       s.cfg.HandshakeTimeout,
-		WriteTimeout:      requestTimeout + s.cfg.WriteTimeout,
+		WriteTimeout:      s.answerWithin() + s.cfg.WriteTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return core.ctx },
@@ -572,4 +573,18 @@ func (s *Service) Ready(ctx context.Context) error {
 func isTemporary(err error) bool {
 	var t interface{ Temporary() bool }
 	return errors.As(err, &t) && t.Temporary()
+}
+
+// answerWithin is how long an HTTP request may take to decide its answer:
+// a NATS request's time, or a question to the app's, whichever is longer.
+// What it waits for past that answers 503.
+func (s *Service) answerWithin() time.Duration { return max(requestTimeout, s.cfg.AppTimeout) }
+
+// withDeadline has h's requests decided within d: their context ends then.
+func withDeadline(h http.Handler, d time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), d)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
