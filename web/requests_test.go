@@ -34,6 +34,16 @@ func openClient(t *testing.T, c *chrome, base, user, extra string) *page {
 	return p
 }
 
+// meOnDemo starts the demo's system and a browser, and opens a page
+// with a client of user me on it.
+func meOnDemo(t *testing.T) (*demoSystem, *page) {
+	t.Helper()
+	chromium := chromiumPath(t)
+	sys := startDemo(t)
+	c := startChrome(t, chromium)
+	return sys, openClient(t, c, sys.Gateway().HTTP, "me", "")
+}
+
 // expectNoErrors fails the test if the page's client had error events.
 func expectNoErrors(t *testing.T, p *page) {
 	t.Helper()
@@ -139,10 +149,7 @@ func TestBrowserLeaveBehindSubscribes(t *testing.T) {
 // update rate all end with the newest meta at the gateway, and so at every
 // member: updates that wait are folded into the newest.
 func TestBrowserRoomMetaBurst(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	c := startChrome(t, chromium)
-	p := openClient(t, c, sys.Gateway().HTTP, "me", "")
+	_, p := meOnDemo(t)
 	if _, err := eval[bool](p, `(async () => {
 		window.room = gd.room("doc:1", {n: -1});
 		await new Promise((r) => { const off = room.on("sync", () => { off(); r(); }); });
@@ -160,10 +167,7 @@ func TestBrowserRoomMetaBurst(t *testing.T) {
 // (docs/integration.md, step 6): the client ends, closed, with an error
 // event that gives the close code.
 func TestBrowserPolicyCloseIsFinal(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	c := startChrome(t, chromium)
-	p := openClient(t, c, sys.Gateway().HTTP, "me", "")
+	_, p := meOnDemo(t)
 	if _, err := eval[bool](p, `(() => { for (let i = 0; i < 80; i++) gd.send({type: "heartbeat"}); return true; })()`); err != nil {
 		t.Fatal(err)
 	}

@@ -200,20 +200,28 @@ func capitalized(user string) string {
 	return string(user[0]-'a'+'A') + user[1:]
 }
 
-// TestRefusedRoomUpdateIsSentAgain: the gateway refuses a room_update
-// over its own rate with rate_limited; the client sends the newest meta
-// again until it is taken, and the others see it.
-func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{RoomUpdateRate: 1, RoomUpdateBurst: 1}})
-	g := sys.Gateway()
-	alice := connect(t, g, "alice", fast)
-	bob := connect(t, g, "bob", fast)
+// aliceAndBobInARoom starts a system with a gateway of cfg, and has alice
+// and bob join doc:1 there, named Alice and Bob.
+func aliceAndBobInARoom(t *testing.T, cfg gateway.Config) (g *systest.Gateway, alice, bob *events) {
+	t.Helper()
+	sys := systest.Start(t, systest.Options{Gateway: cfg})
+	g = sys.Gateway()
+	alice = connect(t, g, "alice", fast)
+	bob = connect(t, g, "bob", fast)
 	for _, e := range []*events{alice, bob} {
 		if err := e.c.Join("doc:1", map[string]string{"name": capitalized(e.name)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bob.awaitRoom("doc:1", "alice=Alice bob=Bob count=2 joined=true")
+	return g, alice, bob
+}
+
+// TestRefusedRoomUpdateIsSentAgain: the gateway refuses a room_update
+// over its own rate with rate_limited; the client sends the newest meta
+// again until it is taken, and the others see it.
+func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
+	_, alice, bob := aliceAndBobInARoom(t, gateway.Config{RoomUpdateRate: 1, RoomUpdateBurst: 1})
 	for _, name := range []string{"Alice B.", "Alice C."} {
 		if err := alice.c.UpdateRoomMeta("doc:1", map[string]string{"name": name}); err != nil {
 			t.Fatal(err)
@@ -228,16 +236,7 @@ func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
 // request rate (a cursor) are folded into the one that waits, so the
 // gateway gets a few messages, not one per call, and the newest meta.
 func TestRoomMetaBurstIsFolded(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	g := sys.Gateway()
-	alice := connect(t, g, "alice", fast)
-	bob := connect(t, g, "bob", fast)
-	for _, e := range []*events{alice, bob} {
-		if err := e.c.Join("doc:1", map[string]string{"name": capitalized(e.name)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bob.awaitRoom("doc:1", "alice=Alice bob=Bob count=2 joined=true")
+	g, alice, bob := aliceAndBobInARoom(t, gateway.Config{})
 	before, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", "room_update")
 	const updates = 200
 	for i := range updates {
