@@ -405,7 +405,7 @@ func (r *registrar) write(us *userState) {
 		// Noted before its self event goes out: a connection listed after
 		// the event reached the registry finds the state here.
 		us.mu.Lock()
-		us.noteSelfLocked(&w)
+		us.keepSelfLocked(selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices})
 		us.mu.Unlock()
 		r.publish(us.id, &w, handOver)
 		r.removeKeys(gone)
@@ -452,17 +452,15 @@ func (r *registrar) learnSelf(ev *presence.SelfEvent) {
 		return
 	}
 	us.mu.Lock()
-	if ev.Rev > us.self.rev {
-		us.self = selfState{rev: ev.Rev, status: ev.Status, devices: ev.Devices}
-	}
+	us.keepSelfLocked(selfState{rev: ev.Rev, status: ev.Status, devices: ev.Devices})
 	us.mu.Unlock()
 }
 
-// noteSelfLocked keeps the user's own state of w's record, if newer than
-// the one kept; the caller holds us.mu.
-func (us *userState) noteSelfLocked(w *presence.Write) {
-	if w.Rev > us.self.rev {
-		us.self = selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices}
+// keepSelfLocked keeps st as the user's own state if it is newer than the
+// one kept; the caller holds us.mu.
+func (us *userState) keepSelfLocked(st selfState) {
+	if st.rev > us.self.rev {
+		us.self = st
 	}
 }
 
