@@ -34,14 +34,16 @@ func openClient(t *testing.T, c *chrome, base, user, extra string) *page {
 	return p
 }
 
-// meOnDemo starts the demo's system and a browser, and opens a page
-// with a client of user me on it.
-func meOnDemo(t *testing.T) (*demoSystem, *page) {
+// meOnDemo starts the demo's system, with n users prefix0, prefix1, ...
+// mutual followers of me, and a browser, and opens a page with a client
+// of user me on it.
+func meOnDemo(t *testing.T, prefix string, n int) *page {
 	t.Helper()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
+	mutualWith(sys, "me", prefix, n)
 	c := startChrome(t, chromium)
-	return sys, openClient(t, c, sys.Gateway().HTTP, "me", "")
+	return openClient(t, c, sys.Gateway().HTTP, "me", "")
 }
 
 // expectNoErrors fails the test if the page's client had error events.
@@ -66,11 +68,7 @@ func mutualWith(sys *demoSystem, user, prefix string, n int) {
 // window and rate and sends the rest as the first are answered, so every
 // call resolves and every user's presence arrives, none refused.
 func TestBrowserSubscribeOneByOne(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	mutualWith(sys, "me", "u", 50)
-	c := startChrome(t, chromium)
-	p := openClient(t, c, sys.Gateway().HTTP, "me", "")
+	p := meOnDemo(t, "u", 50)
 	type result struct {
 		Refused []string `json:"refused"`
 		Missing []string `json:"missing"`
@@ -97,11 +95,7 @@ func TestBrowserSubscribeOneByOne(t *testing.T) {
 // wait is joined once the gateway takes it: the Room gets its state, and
 // typing() sends.
 func TestBrowserJoinBehindSubscribes(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	mutualWith(sys, "me", "x", 30)
-	c := startChrome(t, chromium)
-	p := openClient(t, c, sys.Gateway().HTTP, "me", "")
+	p := meOnDemo(t, "x", 30)
 	got, err := eval[string](p, `(async () => {
 		for (let i = 0; i < 30; i++) gd.subscribe("x" + i);
 		const room = gd.room("doc:1", {name: "me"});
@@ -119,11 +113,7 @@ func TestBrowserJoinBehindSubscribes(t *testing.T) {
 // TestBrowserLeaveBehindSubscribes: a room left while many subscribes wait
 // is left at the gateway too: the other members see the user go.
 func TestBrowserLeaveBehindSubscribes(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	mutualWith(sys, "me", "x", 30)
-	c := startChrome(t, chromium)
-	p := openClient(t, c, sys.Gateway().HTTP, "me", "")
+	p := meOnDemo(t, "x", 30)
 	if _, err := eval[bool](p, `(async () => {
 		const bob = new m.GreenDot({user: "bob", trackVisibility: false});
 		window.bobRoom = bob.room("doc:1", {});
@@ -149,7 +139,7 @@ func TestBrowserLeaveBehindSubscribes(t *testing.T) {
 // update rate all end with the newest meta at the gateway, and so at every
 // member: updates that wait are folded into the newest.
 func TestBrowserRoomMetaBurst(t *testing.T) {
-	_, p := meOnDemo(t)
+	p := meOnDemo(t, "", 0)
 	if _, err := eval[bool](p, `(async () => {
 		window.room = gd.room("doc:1", {n: -1});
 		await new Promise((r) => { const off = room.on("sync", () => { off(); r(); }); });
@@ -167,7 +157,7 @@ func TestBrowserRoomMetaBurst(t *testing.T) {
 // (docs/integration.md, step 6): the client ends, closed, with an error
 // event that gives the close code.
 func TestBrowserPolicyCloseIsFinal(t *testing.T) {
-	_, p := meOnDemo(t)
+	p := meOnDemo(t, "", 0)
 	if _, err := eval[bool](p, `(() => { for (let i = 0; i < 80; i++) gd.send({type: "heartbeat"}); return true; })()`); err != nil {
 		t.Fatal(err)
 	}
