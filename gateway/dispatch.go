@@ -17,7 +17,7 @@ import (
 // ctx is canceled, and runs the functions given to call in order with
 // them. It is the only goroutine that delivers the events of NATS; the
 // self events of the gateway's own writes are delivered by their writers
-// (deliverSelf).
+// (handSelf).
 func (s *Service) dispatch(ctx context.Context) {
 	selfSubject := presence.SelfSubject(s.cfg.ID)
 	for {
@@ -49,14 +49,21 @@ func (s *Service) dispatch(ctx context.Context) {
 	}
 }
 
-// deliverSelf hands a user's own state to the user's connections here.
-// It runs on the dispatcher, and on a user's writer for the self events of
-// the writer's own writes (presence.Publisher.HandOver): each connection
-// keeps the newest revision it is given, whichever comes first.
+// deliverSelf hands a self event from NATS (or read again after a drop)
+// to the user's connections here, on the dispatcher. It is noted first: a
+// connection that enters the registry after handSelf's walk is given it
+// when it is listed.
 func (s *Service) deliverSelf(ev *presence.SelfEvent) {
-	// Noted first: a connection that enters the registry after the walk
-	// below is given it when it is listed.
 	s.keys.learnSelf(ev)
+	s.handSelf(ev)
+}
+
+// handSelf hands a user's own state to the user's connections here. It
+// runs for deliverSelf, and on a user's writer for the self events of the
+// writer's own writes (presence.Publisher.HandOver), which the writer
+// noted already: each connection keeps the newest revision it is given,
+// whichever comes first.
+func (s *Service) handSelf(ev *presence.SelfEvent) {
 	for _, c := range s.registry.userConns(ev.UserID) {
 		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
 		s.roomStatus(c, ev.Rev, ev.Status)

@@ -307,7 +307,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	s.keys.onEnd, s.keys.onNewLease = s.endRooms, s.kickAllRooms
 	// The self events of this gateway's own writes go to its sockets
 	// without a round trip through NATS.
-	s.keys.events.HandOver(s.cfg.ID, s.deliverSelf)
+	s.keys.events.HandOver(s.cfg.ID, s.handSelf)
 	s.rooms = newRoomHub(s.nc, store, s.log, s.metrics)
 	if err := s.keys.start(ctx); err != nil {
 		return err
