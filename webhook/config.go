@@ -41,9 +41,9 @@ type Config struct {
 	Timeout time.Duration
 	// MinBackoff is the wait after a first failed attempt; it doubles with
 	// every further one, up to MaxBackoff. A 429 or 503 response's
-	// Retry-After replaces it.
+	// Retry-After replaces it, up to MaxBackoff.
 	MinBackoff time.Duration
-	// MaxBackoff bounds the wait between attempts.
+	// MaxBackoff bounds the wait between attempts, a Retry-After's too.
 	MaxBackoff time.Duration
 	// GiveUpAfter is how long after its first attempt a delivery that keeps
 	// failing is given up and dead-lettered.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -61,7 +62,9 @@ func (s *Service) deliver(batch []*item) bool {
 		s.metrics.failures.WithLabelValues(reason).Inc()
 		wait := backoff + rand.N(backoff/5+1)
 		if retryAfter > 0 {
-			wait = retryAfter
+			// MaxBackoff bounds it too: an endpoint that asks for more
+			// than the time left would have the batch given up at once.
+			wait = min(retryAfter, s.cfg.MaxBackoff)
 		}
 		if time.Since(first)+wait > s.cfg.GiveUpAfter {
 			s.deadLetter(batch, attempt, status, fmt.Sprintf("gave up after %v: %s", time.Since(first).Round(time.Millisecond), reason))
@@ -144,17 +147,18 @@ func isTimeout(err error) bool {
 }
 
 // parseRetryAfter reads a Retry-After header: seconds, or an HTTP date.
-// It returns zero when there is none or it cannot be read.
+// It returns zero when there is none or it cannot be read, and the
+// longest duration for more seconds than a duration holds.
 func parseRetryAfter(v string, now time.Time) time.Duration {
 	v = strings.TrimSpace(v)
 	if v == "" {
 		return 0
 	}
-	if n, err := strconv.Atoi(v); err == nil {
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
 		if n <= 0 {
 			return 0
 		}
-		return time.Duration(n) * time.Second
+		return time.Duration(min(n, math.MaxInt64/int64(time.Second))) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return t.Sub(now)

@@ -18,7 +18,7 @@
 //
 // A batch is acknowledged only once the endpoint answers 2xx. Until then
 // it is retried with exponential backoff (a 429 or 503's Retry-After is
-// honoured) at most RateLimit POSTs a second. A batch refused for good
+// honoured, up to MaxBackoff) at most RateLimit POSTs a second. A batch refused for good
 // (4xx other than 408 and 429), or still failing after GiveUpAfter, is
 // dead-lettered: counted, logged with its users and revisions, and never
 // sent again.

@@ -136,7 +136,7 @@ func TestSlowReceiver(t *testing.T) {
 }
 
 // TestFailingReceiver: 500s are retried with a growing backoff, and a 429
-// or 503's Retry-After is honoured.
+// or 503's Retry-After (within MaxBackoff) is honoured.
 func TestFailingReceiver(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
@@ -155,6 +155,7 @@ func TestFailingReceiver(t *testing.T) {
 	})
 	cfg := fast()
 	cfg.MinBackoff = 200 * time.Millisecond
+	cfg.MaxBackoff = 5 * time.Second
 	r := start(t, e, rc, cfg)
 	a1 := e.put(t, "alice", presence.Away, 1, 100)
 	got := rc.waitAccepted(t, at("alice", a1))
@@ -189,6 +190,45 @@ func TestFailingReceiver(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRetryAfterBoundedByMaxBackoff: a Retry-After longer than MaxBackoff
+// (even longer than GiveUpAfter, or too large to be a duration) is waited
+// for MaxBackoff only: the batch is retried and delivered, not given up.
+func TestRetryAfterBoundedByMaxBackoff(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(n int, w http.ResponseWriter, _ *http.Request) int {
+		switch n {
+		case 1:
+			w.Header().Set("Retry-After", "172800") // two days
+			return http.StatusServiceUnavailable
+		case 2:
+			w.Header().Set("Retry-After", time.Now().Add(48*time.Hour).UTC().Format(http.TimeFormat))
+			return http.StatusTooManyRequests
+		case 3:
+			w.Header().Set("Retry-After", "99999999999999999")
+			return http.StatusServiceUnavailable
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	cfg.GiveUpAfter = time.Hour
+	r := start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric("greendot_webhook_dead_letters_total"); v != 0 {
+			t.Fatalf("dead letters = %v, want the batch retried", v)
+		}
+		if _, got := rc.snapshot(); !slices.Contains(keys(got), at("alice", a1)) {
+			return fmt.Errorf("alice@%d not accepted yet", a1)
+		}
+		return nil
+	})
+	reqs, _ := rc.snapshot()
+	if len(reqs) != 4 {
+		t.Errorf("%d requests, want 4", len(reqs))
+	}
 }
 
 // TestDeadLetterOnRefusal: a 400 gives the batch up at once: counted,
