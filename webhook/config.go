@@ -134,7 +134,7 @@ func (c Config) Validate() error {
 		return bad("batch wait %v: want 0 to 1m", c.BatchWait)
 	case c.Timeout < 0, c.MinBackoff < 0, c.MaxBackoff < 0, c.GiveUpAfter < 0, c.AckWait < 0, c.PinnedTTL < 0:
 		return bad("negative duration")
-	case c.RateLimit < 0:
+	case !(c.RateLimit >= 0): // NaN too
 		return bad("rate limit %v: want a positive number of requests per second", c.RateLimit)
 	}
 	if c.Invisible != "" {

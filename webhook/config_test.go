@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +36,7 @@ func TestConfigValidate(t *testing.T) {
 		{"long batch wait", func(c *webhook.Config) { c.BatchWait = 2 * time.Minute }, "batch wait 2m0s"},
 		{"negative timeout", func(c *webhook.Config) { c.Timeout = -time.Second }, "negative duration"},
 		{"negative rate", func(c *webhook.Config) { c.RateLimit = -1 }, "rate limit -1"},
+		{"rate not a number", func(c *webhook.Config) { c.RateLimit = math.NaN() }, "rate limit NaN"},
 		{"backoffs crossed", func(c *webhook.Config) { c.MinBackoff = 2 * time.Minute }, "max backoff 1m0s: want at least the min backoff 2m0s"},
 		{"short ack wait", func(c *webhook.Config) { c.AckWait = time.Second }, "ack wait 1s: want at least 3s"},
 		{"short pinned TTL", func(c *webhook.Config) { c.PinnedTTL = time.Second }, "pinned TTL 1s: want at least 3s"},

@@ -464,7 +464,7 @@ func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets pres
 	if err := atLeast(c, 1, flag("batch-size")); err != nil {
 		return cfg, err
 	}
-	if r := c.Float64(flag("rate-limit")); r <= 0 {
+	if r := c.Float64(flag("rate-limit")); !(r > 0) { // NaN too
 		return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", flag("rate-limit"), r)
 	}
 	secret, err := webhookSecret(c, flag("secret"), flag("secret-file"))

@@ -105,6 +105,7 @@ func TestBadInput(t *testing.T) {
 		{"webhooks bad invisible", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--invisible", "hidden"}, `--invisible "hidden": want true or public`},
 		{"webhooks zero batch", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--batch-size", "0"}, "--batch-size 0: want at least 1"},
 		{"webhooks zero rate", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--rate-limit", "0"}, "--rate-limit 0: want a positive number"},
+		{"webhooks NaN rate", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--rate-limit", "NaN"}, "--rate-limit NaN: want a positive number"},
 		{"webhooks backoffs crossed", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--min-backoff", "2m"}, "max backoff 1m0s: want at least the min backoff 2m0s"},
 		{"webhooks bad consumer", []string{"webhooks", "--url", "https://app.example/hooks", "--secret", strings.Repeat("s", 16), "--consumer", "a.b"}, `consumer "a.b"`},
 		{"standalone webhook flag without url", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--webhook-batch-size", "5"}, "--webhook-batch-size needs --webhook-url"},
