@@ -53,7 +53,7 @@ type Config struct {
 	RateLimit float64
 	// AckWait is how long a revision may stay unacknowledged by a process
 	// that stopped telling the server it works on it (every AckWait/3 while
-	// it retries) before the server hands it out again.
+	// it holds it) before the server hands it out again.
 	AckWait time.Duration
 	// PinnedTTL is how long after the process serving the consumer stopped
 	// pulling another one takes over; one process serves at a time.

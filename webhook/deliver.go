@@ -36,9 +36,6 @@ func (s *Service) deliver(batch []*item) bool {
 		s.deadLetter(batch, 0, 0, fmt.Sprintf("encode: %v", err))
 		return true
 	}
-	stopProgress := s.keepInProgress()
-	defer stopProgress()
-
 	first := time.Now()
 	backoff := s.cfg.MinBackoff
 	for attempt := 1; ; attempt++ {
@@ -167,9 +164,10 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 }
 
 // keepInProgress tells the server, every AckWait/3 until the returned
-// function is called, that the revisions this process holds (the batch
-// under way, and those handed out after it, which wait for it) are being
-// worked on, so that none is handed out again while a delivery retries.
+// function is called, that the revisions handed to work are being worked
+// on (the batch under way, and those waiting for a batch), so that none is
+// handed out again while it waits for its batch to fill, nor while a
+// delivery retries.
 func (s *Service) keepInProgress() (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})

@@ -253,6 +253,8 @@ func (s *Service) decode(msg jetstream.Msg, meta *jetstream.MsgMetadata) *item {
 // they came, the revisions of the batch under way and every one handle
 // still passes it, until ctx is canceled once the consumer is drained.
 func (s *Service) work(ctx context.Context) {
+	stopProgress := s.keepInProgress()
+	defer stopProgress()
 	for {
 		batch := s.collect()
 		if batch == nil {

@@ -454,6 +454,36 @@ func TestLongRetryKeepsRevisions(t *testing.T) {
 	checkOrder(t, got)
 }
 
+// TestLongBatchWaitKeepsRevisions: a revision that waits most of AckWait
+// for its batch to fill, then for a slow endpoint, is not handed out
+// again meanwhile: it is accepted once.
+func TestLongBatchWaitKeepsRevisions(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
+		if n == 1 {
+			// The endpoint takes 2s to answer.
+			select {
+			case <-time.After(2 * time.Second):
+			case <-r.Context().Done():
+			}
+		}
+		return http.StatusOK
+	})
+	cfg := fast()
+	cfg.AckWait = 3 * time.Second
+	cfg.BatchWait = 2500 * time.Millisecond
+	start(t, e, rc, cfg)
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1))
+	// Let a redelivery, if there were one, reach the receiver.
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("bob", b1))
+	if !slices.Equal(keys(got), []string{at("alice", a1), at("bob", b1)}) {
+		t.Errorf("accepted %v, want alice@%d and bob@%d once each", keys(got), a1, b1)
+	}
+}
+
 // TestTakeOverFromDeadCopy: when the serving process dies (its NATS
 // connection drops, with no goodbye) while it holds a revision, the other
 // takes over after PinnedTTL and waits for that revision, which comes back
