@@ -122,6 +122,24 @@ func (e *env) awaitFed(t *testing.T, user string, n uint64) {
 	})
 }
 
+// pinned returns the id of the client the webhooks consumer is pinned to,
+// or "" when none.
+func (e *env) pinned(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	cons, err := e.store.JetStream().Consumer(ctx, presence.FeedStream, presence.WebhooksConsumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range cons.CachedInfo().PriorityGroups {
+		if g.Group == webhook.PriorityGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
+}
+
 // request is one POST a receiver got.
 type request struct {
 	at      time.Time

@@ -38,6 +38,9 @@ type Service struct {
 	client   *http.Client
 	limiter  *rate.Limiter
 	js       atomic.Pointer[jetstream.JetStream]
+	// pin is the id the server last pinned this process with, as its
+	// messages carry it; nil before the first.
+	pin atomic.Pointer[string]
 
 	// order holds back revisions received ahead of some that a process
 	// which died held, and passes them on in the order of the stream.
@@ -186,10 +189,17 @@ func (s *Service) watchStop(ctx context.Context) {
 
 var statusSubjectPrefix = presence.KeySubject(presence.StatusBucket, "")
 
+// pinIDHeader carries, on every message the server hands the pinned
+// process, the id it pinned that process with.
+const pinIDHeader = "Nats-Pin-Id"
+
 // handle takes one revision, in the order of the stream (see take): a
 // transition is handed to work; anything else is acknowledged.
 func (s *Service) handle(msg jetstream.Msg) {
 	s.metrics.revisions.Inc()
+	if id := msg.Headers().Get(pinIDHeader); id != "" {
+		s.pin.Store(&id)
+	}
 	meta, err := msg.Metadata()
 	if err != nil {
 		s.metrics.skipped.WithLabelValues("undecodable").Inc()
@@ -349,19 +359,38 @@ func (h *held) list() []jetstream.Msg {
 }
 
 // unpin lets another process take the consumer over at once rather than
-// after PinnedTTL.
+// after PinnedTTL, if it is pinned to this one: a process that does not
+// serve leaves the one that does where it is.
 func (s *Service) unpin() {
-	js := s.js.Load()
-	if js == nil {
+	js, pin := s.js.Load(), s.pin.Load()
+	if js == nil || pin == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	stream, err := (*js).Stream(ctx, presence.FeedStream)
+	var cons jetstream.Consumer
 	if err == nil {
+		cons, err = stream.Consumer(ctx, s.cfg.Consumer)
+	}
+	if err == nil {
+		if pinnedTo(cons.CachedInfo()) != *pin {
+			return
+		}
 		err = stream.UnpinConsumer(ctx, s.cfg.Consumer, PriorityGroup)
 	}
 	if err != nil {
 		s.log.Debug("unpin the consumer", "err", err)
 	}
+}
+
+// pinnedTo returns the id of the process the consumer is pinned to, or ""
+// when none.
+func pinnedTo(info *jetstream.ConsumerInfo) string {
+	for _, g := range info.PriorityGroups {
+		if g.Group == PriorityGroup {
+			return g.PinnedClientID
+		}
+	}
+	return ""
 }

@@ -409,6 +409,34 @@ func TestTwoCopies(t *testing.T) {
 	}
 }
 
+// TestStandbyStopKeepsThePin: a process that does not serve stops
+// without taking the consumer from the one that does.
+func TestStandbyStopKeepsThePin(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	one := start(t, e, rc, fast())
+	two := start(t, e, rc, fast())
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", a1))
+	serving, standby := one, two
+	if two.metric("greendot_webhook_attempts_total") > 0 {
+		serving, standby = two, one
+	}
+	pin := e.pinned(t)
+	if pin == "" {
+		t.Fatal("the consumer is pinned to no process")
+	}
+	standby.stop(t)
+	if got := e.pinned(t); got != pin {
+		t.Errorf("pinned to %q after the standby stopped, want %q still", got, pin)
+	}
+	a2 := e.put(t, "alice", presence.Away, 1, 100)
+	rc.waitAccepted(t, at("alice", a2))
+	if v := serving.metric("greendot_webhook_events_delivered_total"); v != 2 {
+		t.Errorf("the serving process delivered %v events, want 2", v)
+	}
+}
+
 // TestLongRetryKeepsRevisions: a delivery retried for longer than AckWait
 // keeps its revisions, and those handed out after it, from being handed
 // out again: each event is accepted once.
