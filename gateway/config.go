@@ -373,6 +373,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// negativeRate reports whether r is not a rate: below zero, or NaN, which
+// a limiter would take for no limit at all.
+func negativeRate(r float64) bool { return !(r >= 0) }
+
 // Validate reports whether c is usable. Every error wraps ErrInvalidConfig.
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
@@ -410,14 +414,14 @@ func (c Config) Validate() error {
 		return bad("max message size %d: want 256 to 1048576 bytes", c.MaxMessageSize)
 	case c.MaxSubscriptions < 0 || c.MaxSubscribeIDs < 0 || c.MaxQueryIDs < 0 || c.OnlineLimit < 0:
 		return bad("limits must not be negative")
-	case c.RoomMetaMax < 0 || c.MaxRoomsPerConn < 0 || c.RoomMembersMax < 0 || c.RoomUpdateRate < 0 || c.RoomUpdateBurst < 0 ||
-		c.SignalRate < 0 || c.SignalBurst < 0:
-		return bad("room limits must not be negative")
+	case c.RoomMetaMax < 0 || c.MaxRoomsPerConn < 0 || c.RoomMembersMax < 0 || negativeRate(c.RoomUpdateRate) || c.RoomUpdateBurst < 0 ||
+		negativeRate(c.SignalRate) || c.SignalBurst < 0:
+		return bad("room limits must not be negative or NaN")
 	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")
-	case c.RateLimit < 0 || c.RateBurst < 0 || c.RateStrikes < 0,
-		c.APIRateLimit < 0 || c.APIRateBurst < 0 || c.APIAddressRateLimit < 0 || c.APIAddressRateBurst < 0:
-		return bad("rate limits must not be negative")
+	case negativeRate(c.RateLimit) || c.RateBurst < 0 || c.RateStrikes < 0,
+		negativeRate(c.APIRateLimit) || c.APIRateBurst < 0 || negativeRate(c.APIAddressRateLimit) || c.APIAddressRateBurst < 0:
+		return bad("rate limits must not be negative or NaN")
 	case c.HandshakeTimeout < 0 || c.WriteTimeout < 0 || c.DrainPeriod < 0:
 		return bad("timeouts must not be negative")
 	case c.MemoryTrimInterval < 0:

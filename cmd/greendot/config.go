@@ -132,12 +132,12 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		return cfg, err
 	}
 	for _, name := range []string{"rate-limit", "room-update-rate", "signal-rate"} {
-		if r := c.Float64(name); r <= 0 {
+		if r := c.Float64(name); !(r > 0) { // NaN too
 			return cfg, fmt.Errorf("--%s %v: want a positive number of messages per second", name, r)
 		}
 	}
 	for _, name := range []string{"api-rate-limit", "api-address-rate-limit"} {
-		if r := c.Float64(name); r <= 0 {
+		if r := c.Float64(name); !(r > 0) { // NaN too
 			return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", name, r)
 		}
 	}

@@ -71,6 +71,8 @@ func TestBadInput(t *testing.T) {
 		{"negative max conns", []string{"gateway", "--dev-auth", "--max-conns", "-1"}, "--max-conns -1: want at least 0"},
 		{"tiny message size", []string{"gateway", "--dev-auth", "--max-message-size", "100"}, "max message size 100: want 256 to 1048576 bytes"},
 		{"negative rate", []string{"gateway", "--dev-auth", "--rate-limit", "-1"}, "--rate-limit -1"},
+		{"signal rate not a number", []string{"gateway", "--dev-auth", "--signal-rate", "NaN"}, "--signal-rate NaN: want a positive number"},
+		{"API rate not a number", []string{"gateway", "--dev-auth", "--api-rate-limit", "nan"}, "--api-rate-limit NaN: want a positive number"},
 		{"empty origin", []string{"gateway", "--dev-auth", "--allowed-origins", "https://a.example,,https://b.example"}, "--allowed-origins"},
 		{"bad gateway id", []string{"gateway", "--dev-auth", "--gateway-id", "gw.1"}, `gateway id "gw.1"`},
 		{"bad log level", []string{"gateway", "--dev-auth", "--log-level", "loud"}, `--log-level "loud": want debug, info, warn or error`},
