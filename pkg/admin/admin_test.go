@@ -12,6 +12,7 @@ import (
 
 	"github.com/greendot/greendot/internal/adminclient"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
@@ -310,5 +311,39 @@ func TestGatherNoResponders(t *testing.T) {
 	_, err = adminclient.Kick(context.Background(), nc, admin.KickRequest{UserID: "alice"}, 600*time.Millisecond)
 	if !errors.Is(err, adminclient.ErrNoReply) {
 		t.Fatalf("kick with no gateway: %v, want ErrNoReply", err)
+	}
+}
+
+// startService starts a test service on its own connection to s with the
+// given endpoints and readiness check, stopped when the test ends.
+func startService(t *testing.T, s *server.Server, ready func(context.Context) error, endpoints ...admin.Endpoint) *admin.Server {
+	t.Helper()
+	srv, err := admin.Start(natstest.Connect(t, s), admin.ServiceConfig{
+		Name:        "greendot-test",
+		InfoSubject: "greendot.test.info",
+		Ready:       ready,
+		Endpoints:   endpoints,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Stop() })
+	return srv
+}
+
+func TestReplyTooLarge(t *testing.T) {
+	s := natstest.RunServerWithOptions(t, &server.Options{MaxPayload: 4096})
+	startService(t, s, nil, admin.Endpoint{Name: "big", Subject: "greendot.test.big", Handle: func(context.Context, []byte) (any, error) {
+		return strings.Repeat("x", 5000), nil
+	}})
+	nc := natstest.Connect(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// The requester learns why, rather than waiting in vain.
+	var v string
+	err := adminclient.Request(ctx, nc, "greendot.test.big", nil, &v)
+	var se *adminclient.ServiceError
+	if !errors.As(err, &se) || se.Code != admin.CodeInternal || !strings.Contains(se.Description, "4096") {
+		t.Fatalf("reply too large: %v, want a 500 ServiceError naming the limit", err)
 	}
 }

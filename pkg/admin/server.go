@@ -68,6 +68,7 @@ type ServiceConfig struct {
 
 // Server is a running micro service. It is safe for concurrent use.
 type Server struct {
+	nc      *nats.Conn
 	svc     micro.Service
 	cfg     ServiceConfig
 	log     *slog.Logger
@@ -94,7 +95,7 @@ func Start(nc *nats.Conn, cfg ServiceConfig) (*Server, error) {
 		cfg.Load = func() map[string]any { return map[string]any{} }
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, version: version.String(), started: time.Now().UTC()}
+	s := &Server{nc: nc, cfg: cfg, log: cfg.Logger, ctx: ctx, cancel: cancel, version: version.String(), started: time.Now().UTC()}
 
 	md := make(map[string]string, len(cfg.Config)+1)
 	for k, v := range cfg.Config {
@@ -236,7 +237,18 @@ func (s *Server) handler(e Endpoint) micro.Handler {
 			s.respondError(req, err)
 			return
 		}
-		if err := req.RespondJSON(v); err != nil {
+		data, err := json.Marshal(v)
+		if err != nil {
+			s.respondError(req, fmt.Errorf("encode reply: %w", err))
+			return
+		}
+		// A reply the server would refuse is never sent: the requester
+		// would wait for it until its timeout, knowing nothing.
+		if limit := s.nc.MaxPayload(); int64(len(data)) > limit {
+			s.respondError(req, fmt.Errorf("the reply is %d bytes, more than the %d the NATS server takes (max_payload)", len(data), limit))
+			return
+		}
+		if err := req.Respond(data); err != nil {
 			s.log.Error("admin reply", "subject", req.Subject(), "err", err)
 		}
 	})
