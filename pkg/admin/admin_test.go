@@ -347,3 +347,20 @@ func TestReplyTooLarge(t *testing.T) {
 		t.Fatalf("reply too large: %v, want a 500 ServiceError naming the limit", err)
 	}
 }
+
+func TestInfoWhileReadinessHangs(t *testing.T) {
+	s := natstest.RunServer(t)
+	// A readiness check that waits for JetStream, which does not answer.
+	startService(t, s, func(ctx context.Context) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	nc := natstest.Connect(t, s)
+	// The info still comes in the time an operator waits for it (the docs
+	// ask with --timeout=2s; here with room for a loaded machine), saying
+	// that the process is not ready.
+	infos, err := adminclient.GatherJSON[admin.Info](context.Background(), nc, "greendot.test.info", nil, adminclient.GatherOptions{Want: 1, Timeout: 5 * time.Second})
+	if err != nil || len(infos) != 1 || infos[0].Ready || !strings.Contains(infos[0].NotReady, admin.ReadyTimeout.String()) {
+		t.Fatalf("info = %+v, %v, want one reply saying not ready within %v", infos, err, admin.ReadyTimeout)
+	}
+}

@@ -20,6 +20,12 @@ import (
 // says otherwise.
 const DefaultTimeout = 10 * time.Second
 
+// ReadyTimeout bounds the readiness check of one Info, so that the info
+// answers within the couple of seconds an operator waits for it (`nats req
+// --timeout=2s`) even when JetStream does not answer: the process is then
+// reported not ready.
+const ReadyTimeout = time.Second
+
 // Endpoint is one admin endpoint of a service.
 type Endpoint struct {
 	// Name is the endpoint's name, as `nats micro info` lists it.
@@ -57,7 +63,8 @@ type ServiceConfig struct {
 	// micro holds its lock: it must be quick and must not block.
 	Load func() map[string]any
 	// Ready reports whether the process is ready (NATS connected, buckets
-	// present); nil means always ready.
+	// present); nil means always ready. An Info gives it ReadyTimeout:
+	// past that the process is reported not ready.
 	Ready func(context.Context) error
 	// Endpoints are the service's endpoints besides info.
 	Endpoints []Endpoint
@@ -171,7 +178,12 @@ func (s *Server) Info(ctx context.Context) Info {
 		Load:     s.cfg.Load(),
 	}
 	if s.cfg.Ready != nil {
+		ctx, cancel := context.WithTimeout(ctx, ReadyTimeout)
+		defer cancel()
 		if err := s.cfg.Ready(ctx); err != nil {
+			if errors.Is(err, context.DeadlineExceeded) {
+				err = fmt.Errorf("not known within %v: %w", ReadyTimeout, err)
+			}
 			in.Ready, in.NotReady = false, err.Error()
 		}
 	}
