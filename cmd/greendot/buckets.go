@@ -57,7 +57,10 @@ func runBuckets(c *cli.Context) error {
 	// Without --feed-max-age, an existing feed keeps its max age.
 	var maxAge time.Duration
 	if c.IsSet("feed-max-age") {
-		maxAge = c.Duration("feed-max-age")
+		// Given, it must be a max age: 0 does not mean the feed's own.
+		if maxAge = c.Duration("feed-max-age"); maxAge < presence.MinFeedMaxAge {
+			return fmt.Errorf("--feed-max-age %v: want at least %v", maxAge, presence.MinFeedMaxAge)
+		}
 	}
 	if _, err := presence.FeedConfig(buckets, maxAge); err != nil {
 		return fmt.Errorf("--feed-max-age: %w", err)

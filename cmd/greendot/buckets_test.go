@@ -27,7 +27,7 @@ func TestBucketsCommand(t *testing.T) {
 	if code, _, stderr := runOnce(t, "buckets", "--nats-url", url, "--replicas", "9"); code != 1 || !strings.Contains(stderr, "--replicas 9") {
 		t.Errorf("--replicas 9: exit %d, stderr %q", code, stderr)
 	}
-	for _, bad := range [][]string{{"--feed-max-age", "1h"}, {"--feed", "--feed-max-age", "1s"}, {"--feed", "--feed-max-age", "-1h"}} {
+	for _, bad := range [][]string{{"--feed-max-age", "1h"}, {"--feed", "--feed-max-age", "1s"}, {"--feed", "--feed-max-age", "-1h"}, {"--feed", "--feed-max-age", "0"}} {
 		if code, _, stderr := runOnce(t, append([]string{"buckets", "--nats-url", url}, bad...)...); code != 1 || !strings.Contains(stderr, "--feed-max-age") {
 			t.Errorf("%v: exit %d, stderr %q", bad, code, stderr)
 		}
