@@ -3,6 +3,7 @@ package reaper
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/greendot/greendot/pkg/admin"
@@ -52,12 +53,13 @@ func (s *Service) adminConfig() admin.ServiceConfig {
 }
 
 // sweepRequest runs a sweep now and reports what it removed. The request's
-// payload is ignored.
+// payload is ignored. A sweep fails only when it cannot read or write the
+// buckets: the reaper is then unavailable.
 func (s *Service) sweepRequest(ctx context.Context, _ []byte) (any, error) {
 	start := time.Now()
 	removed, err := s.runSweep(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: sweep: %v", admin.ErrUnavailable, err)
 	}
 	return admin.SweepReply{Instance: admin.InstanceOf(ctx), Removed: removed, Duration: time.Since(start)}, nil
 }

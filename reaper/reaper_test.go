@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 )
@@ -387,5 +388,20 @@ func TestTwoReapers(t *testing.T) {
 		if n != 1 {
 			t.Errorf("%s: %d revisions written for one removal, want 1", u, n)
 		}
+	}
+}
+
+// TestSweepWithoutBuckets: a sweep that cannot read the buckets is refused
+// as the admin API says: unavailable (503), not an internal error.
+func TestSweepWithoutBuckets(t *testing.T) {
+	w := newWorld(t, presence.BucketOptions{})
+	w.startReaper(reaper.Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if err := w.store.JetStream().DeleteStream(ctx, presence.StreamName(presence.StatusBucket)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adminclient.Sweep(ctx, w.nc); !errors.Is(err, admin.ErrUnavailable) {
+		t.Fatalf("sweep without %s: %v, want a 503", presence.StatusBucket, err)
 	}
 }
