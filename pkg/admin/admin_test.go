@@ -364,3 +364,34 @@ func TestInfoWhileReadinessHangs(t *testing.T) {
 		t.Fatalf("info = %+v, %v, want one reply saying not ready within %v", infos, err, admin.ReadyTimeout)
 	}
 }
+
+func TestStopCutsRequestsUnavailable(t *testing.T) {
+	s := natstest.RunServer(t)
+	entered := make(chan struct{})
+	srv := startService(t, s, nil, admin.Endpoint{Name: "wait", Subject: "greendot.test.wait", Handle: func(ctx context.Context, _ []byte) (any, error) {
+		close(entered)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}})
+	nc := natstest.Connect(t, s)
+	replied := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var v any
+		replied <- adminclient.Request(ctx, nc, "greendot.test.wait", nil, &v)
+	}()
+	select {
+	case <-entered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request never reached its handler")
+	}
+	if err := srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The process is stopping: what it was doing is unavailable, not an
+	// internal error.
+	if err := <-replied; !errors.Is(err, admin.ErrUnavailable) {
+		t.Fatalf("request cut off by Stop: %v, want a 503", err)
+	}
+}

@@ -39,7 +39,8 @@ type Endpoint struct {
 	Timeout time.Duration
 	// Handle answers a request's payload with a value, sent as JSON, or an
 	// error (ErrBadRequest, ErrUnavailable, or anything else as an internal
-	// error). ctx ends when Timeout passes or the service stops. Requests
+	// error). ctx ends when Timeout passes or the service stops; an error
+	// once the service stops is answered as ErrUnavailable. Requests
 	// to one endpoint are handled one at a time, in order.
 	Handle func(ctx context.Context, data []byte) (any, error)
 }
@@ -245,6 +246,10 @@ func (s *Server) handler(e Endpoint) micro.Handler {
 		defer cancel()
 		ctx = context.WithValue(ctx, instanceKey{}, s.svc.Info().ID)
 		v, err := e.Handle(ctx, req.Data())
+		if err != nil && s.ctx.Err() != nil && !errors.Is(err, ErrBadRequest) {
+			// Stop cut the request off: the process is stopping.
+			err = fmt.Errorf("%w: the service is stopping: %v", ErrUnavailable, err)
+		}
 		if err != nil {
 			s.respondError(req, err)
 			return
