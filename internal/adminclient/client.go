@@ -90,11 +90,11 @@ func Gather(ctx context.Context, nc *nats.Conn, subject string, data []byte, opt
 	return out, nil
 }
 
-// Decode decodes an admin reply into v, or returns the *ServiceError it
-// carries.
-func Decode(m *nats.Msg, v any) error {
+// Decode decodes an admin reply to a request sent on subject into v, or
+// returns the *ServiceError it carries.
+func Decode(subject string, m *nats.Msg, v any) error {
 	if code := m.Header.Get(micro.ErrorCodeHeader); code != "" {
-		return &ServiceError{Code: code, Description: m.Header.Get(micro.ErrorHeader), Subject: m.Subject}
+		return &ServiceError{Code: code, Description: m.Header.Get(micro.ErrorHeader), Subject: subject}
 	}
 	if err := json.Unmarshal(m.Data, v); err != nil {
 		return fmt.Errorf("decode reply: %w", err)
@@ -116,7 +116,7 @@ func Request(ctx context.Context, nc *nats.Conn, subject string, req, reply any)
 	if err != nil {
 		return fmt.Errorf("request %s: %w", subject, err)
 	}
-	return Decode(m, reply)
+	return Decode(subject, m, reply)
 }
 
 // GatherJSON sends req (JSON) to a broadcast endpoint and decodes every
@@ -134,7 +134,7 @@ func GatherJSON[T any](ctx context.Context, nc *nats.Conn, subject string, req a
 	out := make([]T, 0, len(msgs))
 	for _, m := range msgs {
 		var v T
-		if err := Decode(m, &v); err != nil {
+		if err := Decode(subject, m, &v); err != nil {
 			return out, err
 		}
 		out = append(out, v)

@@ -183,7 +183,7 @@ func TestServiceEndpoints(t *testing.T) {
 	// Errors are micro errors with codes and a JSON body.
 	err = adminclient.Request(ctx, nc, "greendot.test.one", "no spaces allowed", &r)
 	var se *adminclient.ServiceError
-	if !errors.As(err, &se) || se.Code != admin.CodeBadRequest || !errors.Is(err, admin.ErrBadRequest) {
+	if !errors.As(err, &se) || se.Code != admin.CodeBadRequest || !errors.Is(err, admin.ErrBadRequest) || se.Subject != "greendot.test.one" {
 		t.Fatalf("bad request: %v, want a 400 ServiceError", err)
 	}
 	for _, tt := range []struct{ body, code, name string }{
