@@ -108,9 +108,11 @@ func (s *Service) watchersRequest(_ context.Context, data []byte) (any, error) {
 	}
 	conns := s.hub.WatchersOf(req.UserID)
 	reply := admin.WatchersReply{
-		Gateway:    s.cfg.ID,
-		UserID:     req.UserID,
-		Subscribed: len(conns) > 0,
+		Gateway: s.cfg.ID,
+		UserID:  req.UserID,
+		// Under the everyone policy one subscription carries every user's
+		// events; otherwise the hub holds one per watched user.
+		Subscribed: len(conns) > 0 || s.cfg.Policy == PolicyEveryone,
 		Watchers:   make([]admin.Watcher, 0, len(conns)),
 	}
 	for _, w := range conns {

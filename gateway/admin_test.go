@@ -321,6 +321,11 @@ func TestAdminWatchersOfEveryone(t *testing.T) {
 	if w := ws[0].Watchers; len(w) != 1 || w[0].UserID != "dave" || !w[0].All {
 		t.Fatalf("watchers = %+v, want dave watching everyone", ws[0])
 	}
+	// The gateway's one subscription to every user's events carries
+	// alice's.
+	if !ws[0].Subscribed {
+		t.Errorf("watchers = %+v, want subscribed: the gateway receives every user's events", ws[0])
+	}
 }
 
 func TestAdminMetrics(t *testing.T) {

@@ -113,7 +113,8 @@ type WatchersReply struct {
 	Gateway string `json:"gateway"`
 	UserID  string `json:"user_id"`
 	// Subscribed reports that the gateway holds a NATS subscription on the
-	// user's event subject (presence.event.<user>).
+	// user's event subject (presence.event.<user>), or, under the everyone
+	// policy, on every user's.
 	Subscribed bool `json:"subscribed"`
 	// Watchers are the sockets subscribed to the user, and, under the
 	// everyone policy, the sockets watching every user.
