@@ -43,13 +43,6 @@ func runBuckets(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	nc, err := natsconn.Connect(natsOptions(c, "greendot buckets", log))
-	if err != nil {
-		return err
-	}
-	defer closeNATS(nc)
-	ctx, cancel := context.WithTimeout(c.Context, graphTimeout)
-	defer cancel()
 	feed := c.Bool("feed")
 	if c.IsSet("feed-max-age") && !feed {
 		return errors.New("--feed-max-age needs --feed")
@@ -65,6 +58,13 @@ func runBuckets(c *cli.Context) error {
 	if _, err := presence.FeedConfig(buckets, maxAge); err != nil {
 		return fmt.Errorf("--feed-max-age: %w", err)
 	}
+	nc, err := natsconn.Connect(natsOptions(c, "greendot buckets", log))
+	if err != nil {
+		return err
+	}
+	defer closeNATS(nc)
+	ctx, cancel := context.WithTimeout(c.Context, graphTimeout)
+	defer cancel()
 	store, err := presence.Open(ctx, nc, buckets)
 	if err != nil {
 		return err

@@ -118,6 +118,8 @@ func TestBadInput(t *testing.T) {
 		{"graph self follow", []string{"graph", "follow", "alice", "alice"}, "alice cannot follow themselves"},
 		{"graph bad privacy", []string{"graph", "privacy", "alice", "friends"}, `privacy "friends": want everyone, contacts or nobody`},
 		{"graph unknown", []string{"graph", "befriend", "alice", "bob"}, `unknown graph command "befriend"`},
+		{"buckets max age without feed", []string{"buckets", "--nats-url", deadNATS, "--feed-max-age", "1h"}, "--feed-max-age needs --feed"},
+		{"buckets zero max age", []string{"buckets", "--nats-url", deadNATS, "--feed", "--feed-max-age", "0"}, "--feed-max-age 0s: want at least 1m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
