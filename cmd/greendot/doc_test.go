@@ -82,8 +82,8 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
 - **Exit codes.** 0 after a clean shutdown (SIGINT or SIGTERM; a second signal
   ends the process at once) or a successful command; 1 with a one-line error
   on stderr for a bad flag, a bad argument or a failure. Logs go to stderr;
-  standalone's "where to connect" line and the graph commands' answers go to
-  stdout.
+  standalone's "where to connect" line, the graph commands' answers and the
+  table of ` + "`greendot buckets`" + ` go to stdout.
 - **Who may connect.** A gateway needs dev auth or a JWT key, or it refuses to
   start. Dev auth (` + "`?user=<id>`" + `, no proof) is off by default in ` + "`greendot gateway`" + `,
   and on by default in ` + "`greendot standalone`" + ` while ` + "`--listen`" + ` is a loopback
