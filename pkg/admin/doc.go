@@ -1,10 +1,10 @@
 // Package admin is greendot's operator interface over NATS: every process
 // registers a NATS micro service (greendot-gateway, greendot-reaper,
-// greendot-fanout), so that `nats micro ls`, `nats micro info` and
-// `nats micro stats` show the fleet, with endpoints an operator needs:
-// each process's configuration and load, kicking a user off every gateway,
-// a user's live connections, the sockets watching a user, and a reaper
-// sweep on demand.
+// greendot-fanout, greendot-webhooks), so that `nats micro ls`, `nats
+// micro info` and `nats micro stats` show the fleet, with endpoints an
+// operator needs: each process's configuration and load, kicking a user off
+// every gateway, a user's live connections, the sockets watching a user,
+// and a reaper sweep on demand.
 //
 // The package holds the subjects and the JSON of every request and reply
 // (one place, documented in docs/operations.md) and the server plumbing the
