@@ -30,13 +30,16 @@ const Schema = `CREATE TABLE IF NOT EXISTS user_last_seen (
 
 // upsert writes an event unless the row already holds its revision or a
 // newer one: a duplicate, or an older event delivered late, changes
-// nothing.
-const upsert = `INSERT INTO user_last_seen (user_id, status, devices, last_seen, revision, changed_at)
+// nothing. It returns the row's status before the write (NULL for a new
+// row), and no row when it wrote nothing.
+const upsert = `WITH before AS (SELECT status FROM user_last_seen WHERE user_id = $1)
+INSERT INTO user_last_seen (user_id, status, devices, last_seen, revision, changed_at)
 VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (user_id) DO UPDATE
 	SET status = excluded.status, devices = excluded.devices, last_seen = excluded.last_seen,
 	    revision = excluded.revision, changed_at = excluded.changed_at
-	WHERE excluded.revision > user_last_seen.revision`
+	WHERE excluded.revision > user_last_seen.revision
+RETURNING (SELECT status FROM before)`
 
 // EnsureSchema creates the table if it is missing.
 func EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
@@ -47,8 +50,11 @@ func EnsureSchema(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // Apply writes a batch's events in one transaction, in their order, and
-// returns those that changed a row: not a duplicate, nor older than what
-// the row holds.
+// returns the transitions among them: the events that changed a user's
+// status. A duplicate, an event older than what the row holds, and one
+// that repeats the status stored (with a newer revision, as the first
+// event of a user after greendot's webhooks process restarted may) are
+// not transitions; the last two still write the row when newer.
 func Apply(ctx context.Context, pool *pgxpool.Pool, events []webhook.Event) ([]webhook.Event, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -66,15 +72,19 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, events []webhook.Event) ([]w
 		b.Queue(upsert, ev.UserID, string(ev.Status), ev.Devices, lastSeen, int64(ev.Rev), time.UnixMilli(ev.At))
 	}
 	results := tx.SendBatch(ctx, &b)
-	var applied []webhook.Event
+	var transitions []webhook.Event
 	for _, ev := range events {
-		tag, err := results.Exec()
+		var before *string
+		err := results.QueryRow().Scan(&before)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // not newer than the row
+		}
 		if err != nil {
 			_ = results.Close()
 			return nil, fmt.Errorf("upsert %s@%d: %w", ev.UserID, ev.Rev, err)
 		}
-		if tag.RowsAffected() == 1 {
-			applied = append(applied, ev)
+		if before == nil || *before != string(ev.Status) {
+			transitions = append(transitions, ev)
 		}
 	}
 	if err := results.Close(); err != nil {
@@ -83,7 +93,7 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, events []webhook.Event) ([]w
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit: %w", err)
 	}
-	return applied, nil
+	return transitions, nil
 }
 
 // maxBody bounds a delivery's body: greendot's batches are far smaller.
@@ -100,10 +110,10 @@ type Handler struct {
 	// Tolerance is how far a delivery's timestamp may be from now; zero
 	// means webhook.DefaultTolerance.
 	Tolerance time.Duration
-	// OnOffline, if set, is called once per user an applied event turned
-	// offline, after the transaction committed: where a push notification
-	// ("alice went offline") goes. A duplicate or late event never calls
-	// it, since it changed no row.
+	// OnOffline, if set, is called once per user an event turned offline,
+	// after the transaction committed: where a push notification ("alice
+	// went offline") goes. A duplicate or late event never calls it, nor
+	// one that repeats an offline already stored.
 	OnOffline func(ctx context.Context, ev webhook.Event)
 	// Logger receives the handler's logs; nil discards them.
 	Logger *slog.Logger
@@ -144,15 +154,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	applied, err := Apply(r.Context(), h.Pool, batch.Events)
+	transitions, err := Apply(r.Context(), h.Pool, batch.Events)
 	if err != nil {
 		log.Error("store the batch", "err", err, "events", len(batch.Events))
 		http.Error(w, "database unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	log.Debug("batch stored", "events", len(batch.Events), "applied", len(applied))
+	log.Debug("batch stored", "events", len(batch.Events), "transitions", len(transitions))
 	if h.OnOffline != nil {
-		for _, ev := range applied {
+		for _, ev := range transitions {
 			if ev.Status == "offline" {
 				h.OnOffline(r.Context(), ev)
 			}

@@ -134,6 +134,20 @@ func TestReceiver(t *testing.T) {
 	if got := pushed.list(); !slices.Equal(got, []string{"alice@12"}) {
 		t.Errorf("offline pushes %v, want one for alice@12", got)
 	}
+	// After a restart of the webhooks process, a user's first event may
+	// repeat the state stored, with a newer revision: the row takes the
+	// revision, but alice did not go offline again.
+	repeat := offline
+	repeat.Rev = 13
+	if code := post(t, srv.URL, secret, now, repeat); code != http.StatusNoContent {
+		t.Fatalf("repeated state: %d", code)
+	}
+	if r, _ := readRow(t, pool, "alice"); r.Status != "offline" || r.Revision != 13 {
+		t.Errorf("row = %+v, want offline at revision 13", r)
+	}
+	if got := pushed.list(); !slices.Equal(got, []string{"alice@12"}) {
+		t.Errorf("offline pushes %v after the repeated state, want only the one for alice@12", got)
+	}
 
 	// Refused: another key, a stale timestamp, a body that is not a batch.
 	bob := webhook.Event{UserID: "bob", Status: presence.Online, Devices: 1, Rev: 20, At: now.UnixMilli()}
