@@ -21,9 +21,12 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/adminclient"
+	"github.com/greendot/greendot/internal/metricstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/auth"
@@ -697,5 +700,117 @@ func TestNodeClientStops(t *testing.T) {
 				t.Errorf("exit code %d, stderr %q; want 2 and %q", code, stderr, tc.want)
 			}
 		})
+	}
+}
+
+// userIDs returns n user ids: prefix0, prefix1, ...
+func userIDs(prefix string, n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%s%d", prefix, i)
+	}
+	return ids
+}
+
+// awaitSnapshots reads the script's events until every one of ids had a
+// snapshot, and returns how many errors rate_limited it printed meanwhile.
+func (s *script) awaitSnapshots(ids []string) (rateLimited int) {
+	s.t.Helper()
+	missing := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		missing[id] = true
+	}
+	s.until(fmt.Sprintf("the snapshot of %d users", len(ids)), wait, func(e event) bool {
+		switch {
+		case e.Event == "presence" && e.Snapshot:
+			delete(missing, e.UserID)
+		case e.Event == "error" && e.Code == "rate_limited":
+			rateLimited++
+		case e.Event == "error" || e.Event == "denied" || e.Event == "disconnected":
+			s.t.Fatalf("waiting for the snapshots: presence.js printed %s%s", e.raw, s.report())
+		}
+		return len(missing) == 0
+	})
+	return rateLimited
+}
+
+// TestNodeClientRequestWindow: the script watches more users than the
+// subscribes the gateway lets wait at once take, and the app, which the
+// gateway asks, holds the first subscribe. The script keeps at most 8
+// waiting and sends the others as they are answered: the gateway refuses
+// none, and every user's snapshot arrives.
+func TestNodeClientRequestWindow(t *testing.T) {
+	node := nodeBinary(t)
+	const subject = "app.authz"
+	ids := userIDs("u", 2000) // 20 subscribes
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
+		ConnTTL: ttl, HeartbeatInterval: heartbeat, OfflineGrace: grace,
+		Policy: gateway.PolicyApp, AppSubject: subject, AppTimeout: time.Minute, MaxSubscriptions: len(ids),
+	}})
+	gw := sys.Gateway()
+	// The app allows every user asked about, but holds its first answer
+	// until hold is closed.
+	hold := make(chan struct{})
+	var first sync.Once
+	var answers sync.WaitGroup
+	sub, err := sys.NC.Subscribe(subject, func(m *nats.Msg) {
+		var q struct{ Targets []string }
+		if err := json.Unmarshal(m.Data, &q); err != nil {
+			t.Errorf("question %s: %v", m.Data, err)
+			return
+		}
+		answer, _ := json.Marshal(map[string][]string{"allow": q.Targets})
+		held := false
+		first.Do(func() { held = true })
+		if !held {
+			_ = m.Respond(answer)
+			return
+		}
+		answers.Go(func() {
+			<-hold
+			_ = m.Respond(answer)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = sub.Unsubscribe()
+		answers.Wait()
+	})
+
+	s := startScript(t, node, nil, append([]string{"--url", gw.WS, "--user", "alice"}, ids...)...)
+	// With the first subscribe held, the others the script sends wait
+	// behind it at the gateway.
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if n, _ := metricstest.Value(gw.Registry(), "greendot_gateway_messages_received_total", "type", "subscribe"); n < 8 {
+			return fmt.Errorf("the gateway read %v subscribes, want 8 waiting", n)
+		}
+		return nil
+	})
+	close(hold)
+	if n := s.awaitSnapshots(ids); n > 0 {
+		t.Errorf("the gateway refused %d subscribes with rate_limited; want none", n)
+	}
+}
+
+// TestNodeClientDroppedSubscribesAgain: the gateway's message rate limit
+// takes fewer messages at once than the script sends on connecting (its
+// status and the subscribes of its watch list); it drops the last with an
+// error rate_limited that names no message. The script sends the
+// subscribes not yet answered again after a backoff, and every user's
+// snapshot arrives.
+func TestNodeClientDroppedSubscribesAgain(t *testing.T) {
+	node := nodeBinary(t)
+	ids := userIDs("u", 600) // 6 subscribes, after set_status
+	// Slow heartbeats leave the socket's messages to the script's requests.
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
+		ConnTTL: 30 * time.Second, HeartbeatInterval: 10 * time.Second, OfflineGrace: grace,
+		Policy: gateway.PolicyEveryone, MaxSubscriptions: len(ids),
+		RateLimit: 2, RateBurst: 6, RateStrikes: 1000,
+	}})
+	s := startScript(t, node, nil, append([]string{"--url", sys.Gateway().WS, "--user", "alice", "--status", "busy"}, ids...)...)
+	if n := s.awaitSnapshots(ids); n == 0 {
+		t.Error("the gateway dropped no message: the test proves nothing")
 	}
 }

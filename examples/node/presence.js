@@ -77,6 +77,22 @@ const DRAIN_JITTER_MS = 1000;
 const STABLE_AFTER_MS = 10_000;
 const HANDSHAKE_TIMEOUT_MS = 10_000;
 
+// The gateway handles a socket's subscribes in order, and lets 16 of its
+// requests wait (set_status included); one more subscribe is refused with
+// an error rate_limited that echoes its id. Its message rate limit (20 a
+// second, 40 at once, by default) drops a message beyond it, with an error
+// rate_limited without id. So at most REQUEST_WINDOW subscribes wait for
+// their answer (presence_init), they go at most REQUEST_RATE a second after
+// REQUEST_BURST, and one refused for now (rate_limited, or unavailable) is
+// sent again after a backoff: RETRY_BASE_MS, doubled per refusal until an
+// answer comes, up to RETRY_MAX_MS. A message dropped could be any
+// subscribe waiting, so all of those are sent again.
+const REQUEST_WINDOW = 8;
+const REQUEST_RATE = 10;
+const REQUEST_BURST = 20;
+const RETRY_BASE_MS = 100;
+const RETRY_MAX_MS = 5_000;
+
 function main() {
   const opts = readOptions(process.argv.slice(2));
   const client = new PresenceClient(opts);
@@ -215,7 +231,26 @@ class PresenceClient {
   connect() {
     const ws = new WebSocket(this.opts.url, { headers: this.opts.headers, handshakeTimeout: HANDSHAKE_TIMEOUT_MS });
     this.ws = ws;
-    const conn = { ws, hello: null, openedAt: 0, refusal: null, error: "", heartbeat: null, lastPong: 0 };
+    const conn = {
+      ws,
+      hello: null,
+      openedAt: 0,
+      refusal: null,
+      error: "",
+      heartbeat: null,
+      lastPong: 0,
+      // The subscribes of this connection (see REQUEST_WINDOW): backlog,
+      // the lists of user ids still to send; sent, those sent and not
+      // answered yet, by id, in the order sent; the rate's tokens as of
+      // refilled; a refusal's backoff until retryAt.
+      backlog: [],
+      sent: new Map(),
+      tokens: REQUEST_BURST,
+      refilled: 0,
+      retryAt: 0,
+      refusals: 0,
+      flushTimer: null,
+    };
 
     // The gateway answers a refused upgrade with a plain HTTP status and a
     // line of text saying why; read it before deciding whether to retry.
@@ -260,6 +295,7 @@ class PresenceClient {
         break;
       case "presence_init": // the answer to subscribe: the current state of each user
         for (const p of m.users ?? []) this.presence(p, true);
+        this.answered(conn, m.id);
         break;
       case "presence_batch": // changes of watched users
         for (const p of m.updates ?? []) this.presence(p, false);
@@ -281,6 +317,14 @@ class PresenceClient {
         emit("denied", { user_id: m.user_id, reason: m.reason });
         break;
       case "error":
+        if (m.code === "rate_limited" && (m.id === undefined || m.id === null)) {
+          this.dropped(conn);
+        } else if (conn.sent.has(m.id)) {
+          // The subscribe with this id: refused for now, or for good.
+          if (m.code === "rate_limited" || m.code === "unavailable") this.refused(conn, m.id);
+          else conn.sent.delete(m.id);
+          this.flush(conn);
+        }
         emit("error", { code: m.code, message: m.message });
         break;
       default:
@@ -325,7 +369,77 @@ class PresenceClient {
       this.confirming = this.chosen;
       this.send(conn, { type: "set_status", status: this.chosen });
     }
-    for (const ids of subscribeChunks(this.wanted)) this.send(conn, subscribeMessage(`s-${++this.seq}`, ids));
+    conn.backlog = subscribeChunks(this.wanted);
+    conn.refilled = Date.now();
+    this.flush(conn);
+  }
+
+  // flush sends the subscribes of the backlog while the window, the rate
+  // and a refusal's backoff leave room; when time will make room, a timer
+  // flushes again, and so does an answer.
+  flush(conn) {
+    const now = Date.now();
+    conn.tokens = Math.min(REQUEST_BURST, conn.tokens + ((now - conn.refilled) / 1000) * REQUEST_RATE);
+    conn.refilled = now;
+    while (conn.backlog.length > 0 && conn.ws.readyState === WebSocket.OPEN && conn.sent.size < REQUEST_WINDOW) {
+      const wait = Math.max(conn.retryAt - now, conn.tokens < 1 ? ((1 - conn.tokens) / REQUEST_RATE) * 1000 : 0);
+      if (wait > 0) {
+        if (conn.flushTimer === null) {
+          conn.flushTimer = setTimeout(() => {
+            conn.flushTimer = null;
+            this.flush(conn);
+          }, Math.ceil(wait));
+        }
+        return;
+      }
+      const ids = conn.backlog.shift().filter((id) => this.wanted.has(id));
+      if (ids.length === 0) continue;
+      const id = `s-${++this.seq}`;
+      conn.tokens--;
+      conn.sent.set(id, ids);
+      this.send(conn, subscribeMessage(id, ids));
+    }
+  }
+
+  // answered takes the presence_init of the subscribe with this id: the
+  // gateway handles them in order, so the ones sent before it were
+  // handled too.
+  answered(conn, id) {
+    if (!conn.sent.has(id)) return;
+    for (const sentId of conn.sent.keys()) {
+      conn.sent.delete(sentId);
+      if (sentId === id) break;
+    }
+    conn.refusals = 0;
+    this.flush(conn);
+  }
+
+  // refused puts the subscribe with this id, which the gateway refused for
+  // now, back ahead of the backlog, and holds the backlog for a backoff.
+  refused(conn, id) {
+    conn.backlog.unshift(conn.sent.get(id));
+    conn.sent.delete(id);
+    this.hold(conn);
+  }
+
+  // dropped takes an error rate_limited without an id: the message rate
+  // limit dropped a message, maybe a subscribe waiting, which would then
+  // never be answered. Each is sent again after a backoff; a subscribe
+  // answered twice is harmless.
+  dropped(conn) {
+    conn.backlog.unshift(...conn.sent.values());
+    conn.sent.clear();
+    this.hold(conn);
+    this.flush(conn);
+  }
+
+  // hold holds the backlog for the backoff of one more refusal; a refusal
+  // long after the last backoff ended starts anew.
+  hold(conn) {
+    const now = Date.now();
+    if (now - conn.retryAt > RETRY_MAX_MS) conn.refusals = 0;
+    conn.refusals++;
+    conn.retryAt = now + Math.min(RETRY_MAX_MS, RETRY_BASE_MS * 2 ** Math.min(conn.refusals - 1, 16));
   }
 
   presence(p, snapshot) {
@@ -344,6 +458,7 @@ class PresenceClient {
   // an exit (a permanent refusal), or a reconnect after a delay.
   closed(conn, code, reason) {
     clearInterval(conn.heartbeat);
+    clearTimeout(conn.flushTimer);
     if (this.stopping) return process.exit(0);
 
     if (conn.refusal) {
