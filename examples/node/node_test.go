@@ -498,6 +498,9 @@ type pathProxy struct {
 	addr   string
 	ln     net.Listener
 	target string
+	// upgradeOnly makes the links made while it is set die right after the
+	// gateway's answer to the upgrade: before its hello.
+	upgradeOnly atomic.Bool
 
 	mu    sync.Mutex
 	links []*link
@@ -551,19 +554,29 @@ func (p *pathProxy) serve(c net.Conn) {
 	p.links = append(p.links, l)
 	p.mu.Unlock()
 	var wg sync.WaitGroup
-	wg.Go(func() { l.pipe(g, c) })
-	wg.Go(func() { l.pipe(c, g) })
+	wg.Go(func() { l.pipe(g, c, false) })
+	wg.Go(func() { l.pipe(c, g, p.upgradeOnly.Load()) })
 	wg.Wait()
 }
 
 // pipe copies src to dst, and closes dst when src ends; on a dead link it
-// drops what it reads and closes nothing.
-func (l *link) pipe(dst, src net.Conn) {
+// drops what it reads and closes nothing. With upgradeOnly, the link dies
+// once the end of src's HTTP headers has passed.
+func (l *link) pipe(dst, src net.Conn, upgradeOnly bool) {
 	buf := make([]byte, 32*1024)
+	var head []byte // what passed of src's headers, with upgradeOnly
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !l.dead.Load() {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			out := buf[:n]
+			if upgradeOnly {
+				head = append(head, out...)
+				if i := bytes.Index(head, []byte("\r\n\r\n")); i >= 0 {
+					out = out[:len(out)-(len(head)-i-4)]
+					l.dead.Store(true)
+				}
+			}
+			if _, werr := dst.Write(out); werr != nil {
 				break
 			}
 		}
@@ -608,6 +621,31 @@ func TestNodeClientDeadPath(t *testing.T) {
 		t.Errorf("connected again on the same connection %s", again.ConnID)
 	}
 	s.await("own snapshot again", wait, presenceOf("frank", presence.Online, true))
+}
+
+// TestNodeClientNoHello: the network path dies right after the gateway
+// accepted the upgrade, before its hello. The script waits for the hello
+// no longer than for the handshake (10s), drops the socket, and connects
+// again.
+func TestNodeClientNoHello(t *testing.T) {
+	node := nodeBinary(t)
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: heartbeat, OfflineGrace: grace}})
+	p := startProxy(t, sys.Gateway().Addr)
+	p.upgradeOnly.Store(true)
+	s := startScript(t, node, nil, "--url", "ws://"+p.addr+"/ws", "--user", "frank",
+		"--backoff-base-ms", strconv.Itoa(backoffBase), "--backoff-max-ms", strconv.Itoa(backoffMax), "frank")
+	lost := s.await("disconnected", wait, func(e event) bool {
+		if e.Event == "connected" {
+			t.Fatalf("connected through a path that passes no hello: %s", e)
+		}
+		return e.Event == "disconnected"
+	})
+	if lost.CloseCode != 1006 || !strings.Contains(lost.Reason, "no hello") {
+		t.Errorf("after the path died: %s, want close code 1006 and no hello", lost)
+	}
+	p.upgradeOnly.Store(false)
+	s.await("connected", wait, isConnected)
+	s.await("own snapshot", wait, presenceOf("frank", presence.Online, true))
 }
 
 // TestNodeClientStops checks that presence.js gives up, with a message

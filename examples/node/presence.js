@@ -238,6 +238,7 @@ class PresenceClient {
       refusal: null,
       error: "",
       heartbeat: null,
+      helloTimer: null,
       lastPong: 0,
       // The subscribes of this connection (see REQUEST_WINDOW): backlog,
       // the lists of user ids still to send; sent, those sent and not
@@ -267,6 +268,14 @@ class PresenceClient {
       };
       res.on("end", done);
       res.on("error", done);
+    });
+    // The gateway sends hello as soon as it accepted the upgrade: wait for
+    // it no longer than for the handshake (a dead path closes nothing).
+    ws.on("upgrade", () => {
+      conn.helloTimer = setTimeout(() => {
+        conn.error = `no hello from the gateway within ${HANDSHAKE_TIMEOUT_MS} ms`;
+        ws.terminate();
+      }, HANDSHAKE_TIMEOUT_MS);
     });
     ws.on("message", (data, isBinary) => {
       if (!isBinary) this.frame(conn, data.toString());
@@ -335,6 +344,7 @@ class PresenceClient {
   // opened runs the start of every connection: heartbeats, the chosen
   // status, and the subscriptions.
   opened(conn, hello) {
+    clearTimeout(conn.helloTimer);
     conn.hello = hello;
     conn.openedAt = Date.now();
     conn.lastPong = conn.openedAt;
@@ -458,6 +468,7 @@ class PresenceClient {
   // an exit (a permanent refusal), or a reconnect after a delay.
   closed(conn, code, reason) {
     clearInterval(conn.heartbeat);
+    clearTimeout(conn.helloTimer);
     clearTimeout(conn.flushTimer);
     if (this.stopping) return process.exit(0);
 
