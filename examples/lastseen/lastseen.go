@@ -108,7 +108,7 @@ type Handler struct {
 	// Secret is the key greendot signs with (its --secret).
 	Secret []byte
 	// Tolerance is how far a delivery's timestamp may be from now; zero
-	// means webhook.DefaultTolerance.
+	// means signature.DefaultTolerance.
 	Tolerance time.Duration
 	// OnOffline, if set, is called once per user an event turned offline,
 	// after the transaction committed: where a push notification ("alice
