@@ -426,6 +426,36 @@ func (r *runner) sample(ctx context.Context) sample {
 	return s
 }
 
+// during runs run, which loads the system from from for d and may then
+// wait for the load's last effects, and samples the system with sample at
+// from and once d has passed: the window over which the load's CPU is
+// reckoned. It returns both samples once run has returned.
+func during(ctx context.Context, from time.Time, d time.Duration, sample func(context.Context) sample, run func() error) (a, b sample, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sampled := false
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if sleep.For(sctx, time.Until(from)) != nil {
+			return
+		}
+		a = sample(sctx)
+		if sleep.For(sctx, time.Until(from.Add(d))) != nil {
+			return
+		}
+		b, sampled = sample(sctx), true
+	}()
+	if err = run(); err != nil {
+		cancel()
+	}
+	<-done
+	if err == nil && !sampled {
+		err = ctx.Err()
+	}
+	return a, b, err
+}
+
 // addCPU adds the CPU each kind of process used between two samples, in
 // percent of one core, and, when the bench started the whole system with
 // NATS in its own process and the workers apart, greendot's in all.
@@ -551,16 +581,18 @@ func (r *runner) idle(ctx context.Context, baseline sample) error {
 func (r *runner) propagation(ctx context.Context) error {
 	settle := 10*time.Second + r.cfg.BatchInterval
 	r.log.Info("changing statuses", "rate", r.cfg.Rate, "duration", r.cfg.Duration.String())
-	a := r.sample(ctx)
-	replies, err := r.call(ctx, r.cfg.Duration+settle+time.Minute, func(k int) Command {
-		lo, hi := r.l.TargetRange(k)
-		return Command{Op: OpPropagate, Rate: r.cfg.Rate * float64(hi-lo) / float64(r.l.Targets),
-			Duration: r.cfg.Duration, Timeout: settle}
+	var replies []Reply
+	a, b, err := during(ctx, time.Now(), r.cfg.Duration, r.sample, func() (err error) {
+		replies, err = r.call(ctx, r.cfg.Duration+settle+time.Minute, func(k int) Command {
+			lo, hi := r.l.TargetRange(k)
+			return Command{Op: OpPropagate, Rate: r.cfg.Rate * float64(hi-lo) / float64(r.l.Targets),
+				Duration: r.cfg.Duration, Timeout: settle}
+		})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	b := r.sample(ctx)
 	lat, err := mergeHist(replies, "latency")
 	if err != nil {
 		return err
@@ -656,17 +688,19 @@ func (r *runner) churn(ctx context.Context) error {
 	settle := grace.Round(time.Second) + 5*time.Second
 	churnable := r.l.Targets + r.l.Idle
 	r.log.Info("churning", "rate", r.cfg.Rate, "duration", r.cfg.Duration.String())
-	a := r.sample(ctx)
-	replies, err := r.call(ctx, r.cfg.Duration+settle+2*time.Minute, func(k int) Command {
-		tlo, thi := r.l.TargetRange(k)
-		ilo, ihi := r.l.IdleRange(k)
-		return Command{Op: OpChurn, Rate: r.cfg.Rate * float64(thi-tlo+ihi-ilo) / float64(churnable),
-			Duration: r.cfg.Duration, Timeout: settle}
+	var replies []Reply
+	a, b, err := during(ctx, time.Now(), r.cfg.Duration, r.sample, func() (err error) {
+		replies, err = r.call(ctx, r.cfg.Duration+settle+2*time.Minute, func(k int) Command {
+			tlo, thi := r.l.TargetRange(k)
+			ilo, ihi := r.l.IdleRange(k)
+			return Command{Op: OpChurn, Rate: r.cfg.Rate * float64(thi-tlo+ihi-ilo) / float64(churnable),
+				Duration: r.cfg.Duration, Timeout: settle}
+		})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	b := r.sample(ctx)
 	conn, err := mergeHist(replies, "connect")
 	if err != nil {
 		return err

@@ -74,14 +74,16 @@ func (r *runner) room(ctx context.Context) error {
 	plan.Start = time.Now().Add(time.Second).UnixNano()
 	length := time.Duration(float64(2*(plan.Pairs+plan.Hold)) / plan.Rate * float64(time.Second))
 	r.log.Info("leaving and joining", "rate", plan.Rate, "churners", plan.Churners, "duration", length.String())
-	a := r.sample(ctx)
-	replies, err := r.call(ctx, time.Second+length+settle+time.Minute, func(int) Command {
-		return Command{Op: OpRoomChurn, Room: &plan, Timeout: settle}
+	var replies []Reply
+	a, b, err := during(ctx, time.Unix(0, plan.Start), length, r.sample, func() (err error) {
+		replies, err = r.call(ctx, time.Second+length+settle+time.Minute, func(int) Command {
+			return Command{Op: OpRoomChurn, Room: &plan, Timeout: settle}
+		})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	b := r.sample(ctx)
 	diff, err := mergeHist(replies, "diff")
 	if err != nil {
 		return err
@@ -130,14 +132,16 @@ func (r *runner) typing(ctx context.Context) error {
 	rooms := plan.rooms(r.l.Total())
 	plan.Start = time.Now().Add(time.Second).UnixNano()
 	r.log.Info("typing", "rooms", rooms, "signals/s", plan.Rate, "duration", r.cfg.Duration.String())
-	a := r.sample(ctx)
-	replies, err := r.call(ctx, time.Second+r.cfg.Duration+settle+time.Minute, func(int) Command {
-		return Command{Op: OpTyping, Room: &plan, Duration: r.cfg.Duration, Timeout: settle}
+	var replies []Reply
+	a, b, err := during(ctx, time.Unix(0, plan.Start), r.cfg.Duration, r.sample, func() (err error) {
+		replies, err = r.call(ctx, time.Second+r.cfg.Duration+settle+time.Minute, func(int) Command {
+			return Command{Op: OpTyping, Room: &plan, Duration: r.cfg.Duration, Timeout: settle}
+		})
+		return err
 	})
 	if err != nil {
 		return err
 	}
-	b := r.sample(ctx)
 	sig, err := mergeHist(replies, "signal")
 	if err != nil {
 		return err
