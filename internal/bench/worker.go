@@ -726,9 +726,10 @@ func (w *worker) startHeartbeats() {
 	})
 }
 
-// pace calls fn(i) for i = 0, 1, ... at rate per second until d has
-// passed, count calls were made (when count >= 0), or ctx ends, and
-// records how late each call started in lag. It returns the calls made.
+// pace calls fn(i) for i = 0, 1, ... at rate per second, none before it
+// is due, until the next is due d after now, count calls were made (when
+// count >= 0), or ctx ends, and records how late each call started in
+// lag. It returns the calls made.
 func (w *worker) pace(rate float64, d time.Duration, count int, lag *hist, fn func(i int)) int {
 	return w.paceFrom(time.Now(), rate, d, count, lag, fn)
 }
@@ -749,7 +750,7 @@ func (w *worker) paceFrom(start time.Time, rate float64, d time.Duration, count 
 		if !due.Before(end) {
 			return n
 		}
-		if wait := time.Until(due); wait > time.Millisecond {
+		if wait := time.Until(due); wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-timer.C:
