@@ -127,7 +127,7 @@ func flags() []cli.Flag {
 		&cli.IntFlag{Category: catScenario, Name: "follows", EnvVars: env("follows"), DefaultText: "min(10, targets per worker)",
 			Usage: "targets each watcher follows and subscribes to"},
 		&cli.DurationFlag{Category: catScenario, Name: "duration", Value: 30 * time.Second, EnvVars: env("duration"),
-			Usage: "measurement window (idle), or how long statuses change (propagation) or connections are replaced (churn)"},
+			Usage: "measurement window (idle), or how long statuses change (propagation), connections are replaced (churn), members leave and join (room) or rooms get typing signals (typing)"},
 		&cli.Float64Flag{Category: catScenario, Name: "rate", EnvVars: env("rate"), DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn), 100 (room)",
 			Usage: "status changes per second over all targets (propagation), connection replacements per second (churn), or leaves and joins per second (room)"},
 		&cli.IntFlag{Category: catScenario, Name: "room-size", Value: 10, EnvVars: env("room-size"),

@@ -111,7 +111,8 @@ type Config struct {
 	DialTimeout time.Duration `json:"dial_timeout"`
 
 	// Duration is the measurement window (idle) or how long changes
-	// (propagation) or replacements (churn) go on; zero means 30s.
+	// (propagation), replacements (churn), leaves and joins (room) or
+	// typing signals (typing) go on; zero means 30s.
 	Duration time.Duration `json:"duration"`
 	// Rate is status changes per second over all targets (propagation;
 	// zero means one per target per second, at most 1000), connection
