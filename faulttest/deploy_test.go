@@ -551,17 +551,36 @@ func TestLocalCluster(t *testing.T) {
 	}
 	runDir := t.TempDir()
 	off := freeOffset(t)
-	script := func(arg string) string {
-		t.Helper()
+	// run runs cluster.sh with the test's directories and offset; env
+	// overrides them.
+	run := func(arg string, env ...string) (string, error) {
 		cmd := exec.Command("bash", repoFile("deploy/cluster/cluster.sh"), arg)
 		cmd.Env = append(os.Environ(), "GREENDOT_BIN_DIR="+binDir, "GREENDOT_RUN_DIR="+runDir, "GREENDOT_PORT_OFFSET="+strconv.Itoa(off))
+		cmd.Env = append(cmd.Env, env...)
 		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	script := func(arg string, env ...string) string {
+		t.Helper()
+		out, err := run(arg, env...)
 		if err != nil {
 			t.Fatalf("cluster.sh %s: %v\n%s", arg, err, out)
 		}
-		return string(out)
+		return out
 	}
 	t.Cleanup(func() { script("down") })
+
+	// Without the binaries, up says which one is missing, and status and
+	// down need none.
+	noBin := "GREENDOT_BIN_DIR=" + t.TempDir() + "/none"
+	if out, err := run("up", noBin); err == nil || !strings.Contains(out, "/none/greendot is missing") {
+		t.Errorf("up without a bin directory: %v\n%s", err, out)
+	}
+	if out := script("status", noBin); strings.Count(out, " stopped") != 9 {
+		t.Errorf("status without a bin directory:\n%s", out)
+	}
+	script("down", noBin)
+
 	t.Log(script("up"))
 	status := script("status")
 	if n := strings.Count(status, " ready "); n != 9 {
@@ -611,7 +630,8 @@ func TestLocalCluster(t *testing.T) {
 		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 		pids = append(pids, pid)
 	}
-	script("down")
+	// down stops what up started, whatever bin directory it is given.
+	t.Log(script("down", "GREENDOT_BIN_DIR="+t.TempDir()))
 	for _, pid := range pids {
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
 			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(b), binDir) {

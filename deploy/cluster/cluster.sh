@@ -11,7 +11,9 @@
 #   deploy/cluster/cluster.sh status   what runs, and whether it is ready
 #
 # Environment:
-#   GREENDOT_BIN_DIR      where greendot and nats-server are      (bin)
+#   GREENDOT_BIN_DIR      where greendot and nats-server are      (bin);
+#                         up notes it in the run directory, so that
+#                         down and status find its processes without it
 #   GREENDOT_RUN_DIR      logs, pids, secrets, NATS storage       (.run/cluster)
 #   GREENDOT_PORT_OFFSET  added to every port below, to run a second copy (0)
 #
@@ -23,7 +25,7 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
-bin=$(cd "${GREENDOT_BIN_DIR:-$root/bin}" && pwd)
+bin=${GREENDOT_BIN_DIR:-$root/bin}
 run=${GREENDOT_RUN_DIR:-$root/.run/cluster}
 off=${GREENDOT_PORT_OFFSET:-0}
 
@@ -37,14 +39,16 @@ gateways=(gateway1 gateway2)
 
 die() { echo "cluster: $*" >&2; exit 1; }
 
-# alive reports whether the process of a pid file runs, and is ours (a pid
-# may have been reused by another program since).
+# alive reports whether the process of a pid file runs, and is ours: a
+# binary of the bin directory up noted (a pid may have been reused by
+# another program since).
 alive() {
-	local f=$run/$1.pid pid
+	local f=$run/$1.pid pid from=$bin
 	[[ -f $f ]] || return 1
+	[[ -f $run/bin-dir ]] && from=$(<"$run/bin-dir")
 	pid=$(<"$f")
 	kill -0 "$pid" 2>/dev/null || return 1
-	ps -p "$pid" -o command= 2>/dev/null | grep -qF "$bin/"
+	ps -p "$pid" -o command= 2>/dev/null | grep -qF "$from/"
 }
 
 # start runs a command in the background, detached from this shell, with
@@ -97,11 +101,13 @@ up() {
 	for b in greendot nats-server; do
 		[[ -x $bin/$b ]] || die "$bin/$b is missing: run task build build:nats (or task cluster)"
 	done
+	bin=$(cd "$bin" && pwd)
 	mkdir -p "$run"
 	for name in "${nats_nodes[@]}" "${workers[@]}" "${gateways[@]}"; do
 		alive "$name" && die "$name already runs (pid $(<"$run/$name.pid")): task cluster:down first"
 		rm -f "$run/$name.pid"
 	done
+	echo "$bin" >"$run/bin-dir"
 	secrets
 
 	local routes="" i name
@@ -158,7 +164,7 @@ greendot cluster is up; logs, pids and data in $run
   NATS      $(nats_urls)
             monitoring http://127.0.0.1:$(port 8222)/  (and $(port 8223), $(port 8224))
   operator  user "operator", password in $run/secrets.env:
-            . $run/secrets.env; bin/greendot graph follow --nats-url nats://127.0.0.1:$(port 4222) \\
+            . $run/secrets.env; $bin/greendot graph follow --nats-url nats://127.0.0.1:$(port 4222) \\
               --nats-user operator --nats-password "\$NATS_OPERATOR_PASSWORD" --replicas 3 alice bob
   stop      task cluster:down
 EOF
