@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -324,6 +325,37 @@ func TestComposeFile(t *testing.T) {
 			}
 		}
 	})
+
+	// compose.yaml has the passwords set in a .env file beside it: that
+	// file must stay out of commits and of the image's build context.
+	t.Run("env file", func(t *testing.T) {
+		for _, ignore := range []string{".gitignore", ".dockerignore"} {
+			if !ignores(t, ignore, ".env") {
+				t.Errorf("%s does not leave out .env, which holds the passwords", ignore)
+			}
+		}
+	})
+}
+
+// ignores reports whether an ignore file of the repository (.gitignore,
+// .dockerignore) has a line that leaves out the file name at its root.
+func ignores(tb testing.TB, ignoreFile, name string) bool {
+	tb.Helper()
+	data, err := os.ReadFile(repoFile(ignoreFile))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		pattern := strings.TrimSuffix(strings.TrimPrefix(strings.TrimPrefix(l, "**/"), "/"), "/")
+		if ok, _ := path.Match(pattern, name); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // TestDockerfile checks the Dockerfile against the module: a multi-stage
