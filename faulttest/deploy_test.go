@@ -324,6 +324,21 @@ func TestComposeFile(t *testing.T) {
 				t.Errorf("nginx.conf lacks %q", s)
 			}
 		}
+		// A gateway answers 503 to one request that it cannot take now
+		// (draining, full, registering as many as it may, NATS slow), and
+		// nginx passes that request on (proxy_next_upstream http_503); but
+		// nginx also counts the 503 as a failure of the server, and with
+		// max_fails above 0 would send nothing to it for fail_timeout: one
+		// 503 from each gateway, and every client is refused 502.
+		servers := regexp.MustCompile(`(?m)^\s*server\s+gateway\d:8080\b.*;`).FindAllString(string(conf), -1)
+		if len(servers) != 2 {
+			t.Errorf("nginx.conf has gateway servers %q, want two", servers)
+		}
+		for _, l := range servers {
+			if !strings.Contains(l, " max_fails=0") {
+				t.Errorf("nginx.conf: %q is taken out of the group on a 503; want max_fails=0", strings.TrimSpace(l))
+			}
+		}
 	})
 
 	// compose.yaml has the passwords set in a .env file beside it: that
