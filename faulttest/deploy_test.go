@@ -339,6 +339,29 @@ func TestComposeFile(t *testing.T) {
 				t.Errorf("nginx.conf: %q is taken out of the group on a 503; want max_fails=0", strings.TrimSpace(l))
 			}
 		}
+		// Behind nginx every client of the HTTP API has its address: the
+		// limit per client is nginx's, and the gateways' per address is
+		// above what nginx lets through for one client.
+		rate := regexp.MustCompile(`limit_req_zone \$binary_remote_addr zone=(\w+):\S+ rate=(\d+)r/s;`).FindStringSubmatch(string(conf))
+		if rate == nil {
+			t.Fatal("nginx.conf limits no client's API requests (limit_req_zone per $binary_remote_addr)")
+		}
+		api := regexp.MustCompile(`(?s)location / \{[^}]*limit_req zone=` + rate[1] + ` burst=\d+ nodelay;[^}]*\}`)
+		if !api.Match(conf) || !strings.Contains(string(conf), "limit_req_status 429;") {
+			t.Errorf("nginx.conf's location / does not apply the zone %s, answering 429", rate[1])
+		}
+		perClient, _ := strconv.Atoi(rate[2])
+		for _, g := range []string{"gateway1", "gateway2"} {
+			cmd := f.Services[g].Command
+			i := slices.Index(cmd, "--api-address-rate-limit")
+			if i < 0 || i+1 >= len(cmd) {
+				t.Errorf("%s keeps the default --api-address-rate-limit, which all of nginx's clients would share", g)
+				continue
+			}
+			if v, err := strconv.ParseFloat(cmd[i+1], 64); err != nil || v <= float64(perClient) {
+				t.Errorf("%s: --api-address-rate-limit %s, want more than nginx's %d a second per client", g, cmd[i+1], perClient)
+			}
+		}
 	})
 
 	// compose.yaml has the passwords set in a .env file beside it: that
