@@ -46,15 +46,27 @@ func (s *Service) httpHandler() http.Handler {
 		gathered = s.cfg.Metrics
 	}
 	mux.Handle("GET /metrics", metrics.Handler(gathered))
-	mux.HandleFunc("GET /api/presence/users/{id}", s.authed(s.getUser))
-	mux.HandleFunc("POST /api/presence/query", s.authed(s.query))
-	mux.HandleFunc("GET /api/presence/online", s.authed(s.getOnline))
-	mux.HandleFunc("GET /api/presence/friends", s.authed(s.getFriends))
-	mux.HandleFunc("GET /api/rooms/{room}", s.authed(s.getRoom))
-	if s.cfg.Policy == PolicyApp && len(s.cfg.AppSecret) > 0 {
-		mux.HandleFunc("POST "+InvalidatePath, s.postInvalidate)
+	// Each API path answers its method, a preflight, and any other
+	// method 405; a path under /api/ that is none of them answers 404.
+	api := func(method, path string, h http.HandlerFunc) {
+		mux.HandleFunc(method+" "+path, h)
+		mux.HandleFunc(path, s.otherMethod(method))
 	}
-	mux.HandleFunc("OPTIONS /api/", s.preflight)
+	api("GET", "/api/presence/users/{id}", s.authed(s.getUser))
+	api("POST", "/api/presence/query", s.authed(s.query))
+	api("GET", "/api/presence/online", s.authed(s.getOnline))
+	api("GET", "/api/presence/friends", s.authed(s.getFriends))
+	api("GET", "/api/rooms/{room}", s.authed(s.getRoom))
+	if s.cfg.Policy == PolicyApp && len(s.cfg.AppSecret) > 0 {
+		api("POST", InvalidatePath, s.postInvalidate)
+	}
+	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodOptions {
+			s.preflight(w, r)
+			return
+		}
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("the API has nothing at %s", r.URL.Path))
+	})
 	if s.cfg.Static != nil {
 		mux.Handle("/", s.cfg.Static)
 	}
@@ -69,6 +81,8 @@ type apiError struct {
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	// Messages may quote a path as sent, unescaped: never taken for HTML.
+	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
@@ -165,6 +179,24 @@ func (s *Service) preflight(w http.ResponseWriter, r *http.Request) {
 	h.Set("Access-Control-Allow-Headers", "Authorization, Content-Type")
 	h.Set("Access-Control-Max-Age", "600")
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// otherMethod answers a request to an API path that takes method with
+// another one: a preflight, or 405 naming the methods the path takes.
+func (s *Service) otherMethod(method string) http.HandlerFunc {
+	allow := method + ", OPTIONS"
+	if method == http.MethodGet {
+		allow = "GET, HEAD, OPTIONS"
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodOptions {
+			s.preflight(w, r)
+			return
+		}
+		w.Header().Set("Allow", allow)
+		writeError(w, http.StatusMethodNotAllowed, "method_not_allowed",
+			fmt.Sprintf("%s takes %s, not %s", r.URL.Path, method, r.Method))
+	}
 }
 
 // appUnavailableHTTP answers a request the app did not answer about.

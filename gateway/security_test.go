@@ -206,6 +206,13 @@ func subscribeSelf(tb testing.TB, c *client.Conn, id string) protocol.ServerMess
 // into out (when not nil). It returns the status code.
 func apiCall(tb testing.TB, method, url string, h http.Header, body any, out any) int {
 	tb.Helper()
+	st, _ := apiCallHeader(tb, method, url, h, body, out)
+	return st
+}
+
+// apiCallHeader is apiCall that also returns the answer's headers.
+func apiCallHeader(tb testing.TB, method, url string, h http.Header, body any, out any) (int, http.Header) {
+	tb.Helper()
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
@@ -238,7 +245,7 @@ func apiCall(tb testing.TB, method, url string, h http.Header, body any, out any
 			tb.Fatalf("%s %s: %d %s: %v", method, url, resp.StatusCode, data, err)
 		}
 	}
-	return resp.StatusCode
+	return resp.StatusCode, resp.Header
 }
 
 // apiErr is the body of an HTTP API error.

@@ -1,0 +1,65 @@
+package gateway_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/web"
+)
+
+// A request to an API path with a method the path does not take is
+// answered 405 naming the methods it takes, and one to a path the API does
+// not have 404, both as JSON like every API error: with the browser client
+// served on the other paths, as a gateway process does, and without it.
+func TestHTTPAPIWrongMethodAndPath(t *testing.T) {
+	for _, static := range []bool{false, true} {
+		t.Run(map[bool]string{false: "api only", true: "with the browser client"}[static], func(t *testing.T) {
+			cfg := gateway.Config{Policy: gateway.PolicyEveryone}
+			if static {
+				cfg.Static = web.Handler(web.Options{})
+			}
+			gw := secStart(t, systest.Options{Gateway: cfg}).Gateway()
+			alice := bearer(secLongToken(t, "alice"))
+			for _, tt := range []struct {
+				method, path string
+				status       int
+				code, allow  string
+			}{
+				{"POST", "/api/presence/users/bob", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD, OPTIONS"},
+				{"DELETE", "/api/presence/online", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD, OPTIONS"},
+				{"PUT", "/api/presence/friends", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD, OPTIONS"},
+				{"GET", "/api/presence/query", http.StatusMethodNotAllowed, "method_not_allowed", "POST, OPTIONS"},
+				{"POST", "/api/rooms/doc:1", http.StatusMethodNotAllowed, "method_not_allowed", "GET, HEAD, OPTIONS"},
+				{"GET", "/api/presence/user/bob", http.StatusNotFound, "not_found", ""},
+				{"GET", "/api/presence/users/", http.StatusNotFound, "not_found", ""},
+				{"GET", "/api/presence/users/bob/status", http.StatusNotFound, "not_found", ""},
+				{"POST", gateway.InvalidatePath, http.StatusNotFound, "not_found", ""}, // only under the app policy
+			} {
+				var e apiErr
+				st, h := apiCallHeader(t, tt.method, gw.HTTP+tt.path, alice, nil, &e)
+				if st != tt.status || e.Error != tt.code || e.Message == "" || h.Get("Allow") != tt.allow {
+					t.Errorf("%s %s: %d %+v Allow %q, want %d %s with a message, Allow %q",
+						tt.method, tt.path, st, e, h.Get("Allow"), tt.status, tt.code, tt.allow)
+				}
+				if h.Get("X-Content-Type-Options") != "nosniff" {
+					t.Errorf("%s %s: no X-Content-Type-Options: nosniff, and the message quotes the path", tt.method, tt.path)
+				}
+			}
+			// The paths still answer their methods, and preflights.
+			if st := apiCall(t, "GET", gw.HTTP+"/api/presence/users/bob", alice, nil, nil); st != http.StatusOK {
+				t.Errorf("GET /api/presence/users/bob: %d, want 200", st)
+			}
+			if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", alice, map[string]any{"user_ids": []string{"bob"}}, nil); st != http.StatusOK {
+				t.Errorf("POST /api/presence/query: %d, want 200", st)
+			}
+			pre := http.Header{"Origin": {"https://app.example.com"}, "Access-Control-Request-Method": {"GET"}}
+			for _, p := range []string{"/api/presence/users/bob", "/api/presence/query"} {
+				if st := apiCall(t, "OPTIONS", gw.HTTP+p, pre, nil, nil); st != http.StatusNoContent {
+					t.Errorf("preflight of %s: %d, want 204", p, st)
+				}
+			}
+		})
+	}
+}
