@@ -306,7 +306,19 @@ func denialText(reason string) string {
 
 // queryRequest is the body of POST /api/presence/query.
 type queryRequest struct {
-	UserIDs []string `json:"user_ids"`
+	UserIDs idList `json:"user_ids"`
+}
+
+// idList is a list of ids that knows whether it was given: null is an
+// empty list (as Go encodes a nil slice), a missing field none at all.
+type idList struct {
+	ids   []string
+	given bool
+}
+
+func (l *idList) UnmarshalJSON(b []byte) error {
+	l.given = true
+	return json.Unmarshal(b, &l.ids)
 }
 
 // queryResponse answers POST /api/presence/query.
@@ -338,14 +350,19 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 		writeError(w, http.StatusBadRequest, "bad_request", "body must hold one JSON object")
 		return
 	}
-	if len(req.UserIDs) > s.cfg.MaxQueryIDs {
+	if !req.UserIDs.given {
+		// A misspelt field is no query about nobody.
+		writeError(w, http.StatusBadRequest, "bad_request", `body must be {"user_ids": ["...", ...]}: "user_ids" is missing`)
+		return
+	}
+	if len(req.UserIDs.ids) > s.cfg.MaxQueryIDs {
 		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("at most %d user ids per query", s.cfg.MaxQueryIDs))
 		return
 	}
 	resp := queryResponse{Users: []presence.Presence{}, Denied: []deniedEntry{}}
 	var valid []string
-	seen := make(map[string]bool, len(req.UserIDs))
-	for _, u := range req.UserIDs {
+	seen := make(map[string]bool, len(req.UserIDs.ids))
+	for _, u := range req.UserIDs.ids {
 		if seen[u] {
 			continue
 		}

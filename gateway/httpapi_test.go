@@ -1,11 +1,13 @@
 package gateway_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"testing"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/web"
 )
 
@@ -61,5 +63,33 @@ func TestHTTPAPIWrongMethodAndPath(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// POST /api/presence/query refuses with 400 a body that is not
+// {"user_ids": [...]}: one without the list (a misspelt field) is not
+// answered as a query about nobody. A list of null is an empty one, as
+// Go encodes a nil slice.
+func TestQueryNeedsUserIDs(t *testing.T) {
+	gw := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}}).Gateway()
+	alice := bearer(secLongToken(t, "alice"))
+	for _, body := range []string{`{}`, `null`, `{"userIds": ["bob"]}`, `{"user_ids": "bob"}`, `{"user_ids": ["bob"]} {}`, `["bob"]`} {
+		var e apiErr
+		if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", alice, []byte(body), &e); st != http.StatusBadRequest || e.Error != "bad_request" || e.Message == "" {
+			t.Errorf("query %s: %d %+v, want 400 bad_request with a message", body, st, e)
+		}
+	}
+	var q struct {
+		Users  []presence.Presence `json:"users"`
+		Denied []json.RawMessage   `json:"denied"`
+	}
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", alice, []byte(`{"user_ids": ["bob", "bob"]}`), &q); st != http.StatusOK || len(q.Users) != 1 || q.Users[0].UserID != "bob" || len(q.Denied) != 0 {
+		t.Errorf("query of bob twice: %d %+v, want bob once", st, q)
+	}
+	for _, body := range []string{`{"user_ids": null}`, `{"user_ids": []}`} {
+		q.Users, q.Denied = nil, nil
+		if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", alice, []byte(body), &q); st != http.StatusOK || q.Users == nil || len(q.Users) != 0 || len(q.Denied) != 0 {
+			t.Errorf("query %s: %d %+v, want an answer about nobody", body, st, q)
+		}
 	}
 }

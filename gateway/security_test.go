@@ -202,8 +202,9 @@ func subscribeSelf(tb testing.TB, c *client.Conn, id string) protocol.ServerMess
 	})
 }
 
-// apiCall makes an HTTP request with headers h and decodes a JSON answer
-// into out (when not nil). It returns the status code.
+// apiCall makes an HTTP request with headers h and body (JSON of it, or
+// the bytes as they are), and decodes a JSON answer into out (when not
+// nil). It returns the status code.
 func apiCall(tb testing.TB, method, url string, h http.Header, body any, out any) int {
 	tb.Helper()
 	st, _ := apiCallHeader(tb, method, url, h, body, out)
@@ -214,7 +215,9 @@ func apiCall(tb testing.TB, method, url string, h http.Header, body any, out any
 func apiCallHeader(tb testing.TB, method, url string, h http.Header, body any, out any) (int, http.Header) {
 	tb.Helper()
 	var rd io.Reader
-	if body != nil {
+	if raw, ok := body.([]byte); ok {
+		rd = bytes.NewReader(raw)
+	} else if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
 			tb.Fatal(err)
