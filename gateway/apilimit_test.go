@@ -20,6 +20,7 @@ type apiAnswer struct {
 	status     int
 	retryAfter string
 	err        apiErr
+	header     http.Header
 }
 
 // apiFrom sends GET /api/presence/users/bob with the headers h from the
@@ -47,7 +48,7 @@ func sendFrom(t *testing.T, src string, req *http.Request) apiAnswer {
 		t.Fatalf("%s %s from %s: %v", req.Method, req.URL.Path, src, err)
 	}
 	defer resp.Body.Close()
-	a := apiAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
+	a := apiAnswer{status: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After"), header: resp.Header}
 	if resp.StatusCode >= 300 {
 		if err := json.NewDecoder(resp.Body).Decode(&a.err); err != nil {
 			t.Fatalf("%s %s from %s: %d with a body that is not an error: %v", req.Method, req.URL.Path, src, resp.StatusCode, err)
@@ -108,6 +109,43 @@ func TestAPIRateLimit(t *testing.T) {
 	}
 	// The WebSocket is not the HTTP API: alice still connects.
 	secDial(t, gw, "alice")
+}
+
+// A browser page of an allowed origin may read every answer of the API,
+// its refusals included: a 429 of either limit carries the CORS headers,
+// and lets the page read its Retry-After; so does a 400 for a malformed
+// query string.
+func TestAPIRefusalsReadableFromAllowedOrigin(t *testing.T) {
+	const origin = "https://app.example.com"
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{
+		Policy:         gateway.PolicyEveryone,
+		AllowedOrigins: []string{origin},
+		APIRateLimit:   0.01, APIRateBurst: 1,
+		APIAddressRateLimit: 0.01, APIAddressRateBurst: 3,
+	}})
+	gw := sys.Gateway()
+	from := func(user string) http.Header {
+		h := bearer(secLongToken(t, user))
+		h.Set("Origin", origin)
+		return h
+	}
+	readable := func(a apiAnswer, status int, what string) {
+		t.Helper()
+		acao, expose := a.header.Get("Access-Control-Allow-Origin"), a.header.Get("Access-Control-Expose-Headers")
+		if a.status != status || acao != origin || !strings.Contains(expose, "Retry-After") {
+			t.Errorf("%s: %d, Access-Control-Allow-Origin %q, Access-Control-Expose-Headers %q; want %d readable by %s, Retry-After too",
+				what, a.status, acao, expose, status, origin)
+		}
+	}
+	readable(apiFrom(t, gw, "127.0.0.1", from("alice")), http.StatusOK, "alice's first request")
+	readable(apiFrom(t, gw, "127.0.0.1", from("alice")), http.StatusTooManyRequests, "alice over her limit")
+	req, err := http.NewRequest("GET", gw.HTTP+"/api/presence/users/bob?user=%zz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = from("bob")
+	readable(sendFrom(t, "127.0.0.1", req), http.StatusBadRequest, "a malformed query string")
+	readable(apiFrom(t, gw, "127.0.0.1", from("bob")), http.StatusTooManyRequests, "bob over the address's limit")
 }
 
 // invalidateFrom POSTs an invalidation of every answer, signed with

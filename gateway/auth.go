@@ -79,19 +79,17 @@ func (cr *credentials) setHeader(key, value string) {
 	}
 }
 
-// credentialsFromHTTP reads the credentials of an HTTP API request.
+// credentialsFromHTTP reads the credentials of an HTTP API request. With
+// a malformed query string it returns an error, and the headers read.
 func credentialsFromHTTP(r *http.Request) (credentials, error) {
 	var cr credentials
-	if err := cr.parseQuery(r.URL.RawQuery); err != nil {
-		return cr, err
-	}
 	if h := r.Header.Get("Authorization"); h != "" {
 		cr.setHeader("Authorization", h)
 	}
 	if o := r.Header.Get("Origin"); o != "" {
 		cr.setHeader("Origin", o)
 	}
-	return cr, nil
+	return cr, cr.parseQuery(r.URL.RawQuery)
 }
 
 // authenticate turns credentials into an identity. A token, when one is

@@ -101,18 +101,23 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // browsers from allowed origins.
 func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A page of an allowed origin may read every answer, refusals
+		// and their Retry-After included.
+		cr, err := credentialsFromHTTP(r)
+		originErr := s.checkOrigin(&cr)
+		if cr.hasOrigin && originErr == nil {
+			hdr := w.Header()
+			hdr.Set("Access-Control-Allow-Origin", cr.origin)
+			hdr.Add("Vary", "Origin")
+			hdr.Set("Access-Control-Expose-Headers", "Retry-After")
+		}
 		// The source address is limited before anything is verified, so
 		// a flood of bad tokens costs little; the identity after.
 		if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r)) {
 			return
 		}
-		cr, err := credentialsFromHTTP(r)
 		if err == nil {
-			err = s.checkOrigin(&cr)
-		}
-		if cr.hasOrigin && err == nil {
-			w.Header().Set("Access-Control-Allow-Origin", cr.origin)
-			w.Header().Add("Vary", "Origin")
+			err = originErr
 		}
 		var id identity
 		if err == nil {
