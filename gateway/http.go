@@ -340,12 +340,15 @@ type deniedEntry struct {
 // query answers POST /api/presence/query.
 func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 	var req queryRequest
-	body := http.MaxBytesReader(w, r.Body, 64<<10)
+	// 64 KiB, or what MaxQueryIDs of the longest ids take, with room for
+	// spaces between them.
+	limit := max(64<<10, s.cfg.MaxQueryIDs*(presence.MaxUserIDLen+8))
+	body := http.MaxBytesReader(w, r.Body, int64(limit))
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&req); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, http.StatusRequestEntityTooLarge, "bad_request", "body over 64 KiB")
+			writeError(w, http.StatusRequestEntityTooLarge, "bad_request", fmt.Sprintf("body over %d KiB", (limit+1023)>>10))
 			return
 		}
 		writeError(w, http.StatusBadRequest, "bad_request", `body must be {"user_ids": ["...", ...]}`)

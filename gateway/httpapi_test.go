@@ -2,7 +2,9 @@ package gateway_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/greendot/greendot/gateway"
@@ -91,5 +93,27 @@ func TestQueryNeedsUserIDs(t *testing.T) {
 		if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", alice, []byte(body), &q); st != http.StatusOK || q.Users == nil || len(q.Users) != 0 || len(q.Denied) != 0 {
 			t.Errorf("query %s: %d %+v, want an answer about nobody", body, st, q)
 		}
+	}
+}
+
+// A gateway whose --max-query-ids is raised answers a query of that many
+// ids of the longest length, not 413 for a body over the default's size.
+func TestQueryBodyFitsMaxQueryIDs(t *testing.T) {
+	const n = 2000
+	gw := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxQueryIDs: n}}).Gateway()
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("%0*d", presence.MaxUserIDLen, i)
+	}
+	var q struct {
+		Users []presence.Presence `json:"users"`
+	}
+	var e apiErr
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", bearer(secLongToken(t, "alice")), map[string]any{"user_ids": ids}, &q); st != http.StatusOK || len(q.Users) != n {
+		t.Fatalf("query of %d ids of %d characters: %d with %d users, want 200 with all", n, presence.MaxUserIDLen, st, len(q.Users))
+	}
+	tooBig := map[string]any{"user_ids": []string{strings.Repeat("a", n*(presence.MaxUserIDLen+8))}}
+	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", bearer(secLongToken(t, "alice")), tooBig, &e); st != http.StatusRequestEntityTooLarge || e.Error != "bad_request" {
+		t.Errorf("a body over what %d ids take: %d %+v, want 413 bad_request", n, st, e)
 	}
 }
