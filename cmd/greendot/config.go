@@ -125,7 +125,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
-		"max-conns-per-user", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "signal-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		"max-conns-per-user", "max-registering", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "signal-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 0, "max-conns"); err != nil {

@@ -69,6 +69,8 @@ func TestBadInput(t *testing.T) {
 		{"not a duration", []string{"gateway", "--dev-auth", "--away-after", "soon"}, `invalid value "soon" for flag -away-after`},
 		{"zero subscriptions", []string{"gateway", "--dev-auth", "--max-subscriptions", "0"}, "--max-subscriptions 0: want at least 1"},
 		{"negative max conns", []string{"gateway", "--dev-auth", "--max-conns", "-1"}, "--max-conns -1: want at least 0"},
+		{"zero max registering", []string{"gateway", "--dev-auth", "--max-registering", "0"}, "--max-registering 0: want at least 1"},
+		{"negative max registering", []string{"gateway", "--dev-auth", "--max-registering", "-1"}, "--max-registering -1: want at least 1"},
 		{"tiny message size", []string{"gateway", "--dev-auth", "--max-message-size", "100"}, "max message size 100: want 256 to 1048576 bytes"},
 		{"negative rate", []string{"gateway", "--dev-auth", "--rate-limit", "-1"}, "--rate-limit -1"},
 		{"signal rate not a number", []string{"gateway", "--dev-auth", "--signal-rate", "NaN"}, "--signal-rate NaN: want a positive number"},
