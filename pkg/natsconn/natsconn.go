@@ -41,7 +41,9 @@ type Options struct {
 const DefaultURL = "nats://127.0.0.1:4222"
 
 // Connect connects to NATS. It keeps reconnecting forever after the first
-// connection succeeds; buffered publishes are sent once it is back.
+// connection succeeds, also while the servers refuse its credentials (a
+// password being changed, credentials expired): each refusal is logged;
+// buffered publishes are sent once it is back.
 func Connect(o Options) (*nats.Conn, error) {
 	opts, err := o.natsOptions()
 	if err != nil {
@@ -66,6 +68,10 @@ func (o Options) natsOptions() ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name(o.Name),
 		nats.MaxReconnects(-1),
+		// nats.go closes the connection for good when a server refuses
+		// its credentials twice in a row, which would leave the process
+		// running, never ready again.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(250*time.Millisecond, time.Second),
 		nats.Timeout(5 * time.Second),
