@@ -26,6 +26,10 @@ import (
 // for the gateway to be ready.
 const startTimeout = 30 * time.Second
 
+// stopTimeout bounds the wait for each part to stop on shutdown, beyond
+// the gateway's --drain-period, which its stop takes on top.
+var stopTimeout = system.DefaultStopTimeout
+
 func standaloneCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "standalone",
@@ -114,7 +118,8 @@ func runStandalone(c *cli.Context) error {
 	}
 	defer unlock()
 	ncfg.StartTimeout = startTimeout
-	sys, err := system.Start(system.Options{Name: "greendot standalone", NATS: &ncfg, InProcess: true, Logger: log})
+	sys, err := system.Start(system.Options{Name: "greendot standalone", NATS: &ncfg, InProcess: true, Logger: log,
+		StopTimeout: stopTimeout + gcfg.DrainPeriod})
 	if err != nil {
 		_ = ln.Close()
 		return err

@@ -358,3 +358,36 @@ func TestBinarySignals(t *testing.T) {
 		})
 	}
 }
+
+// TestStandaloneDrainOutlastsStopTimeout stops standalone mode while its
+// gateway drains for longer than a part may take to stop: the drain is
+// waited for, and the command exits 0.
+func TestStandaloneDrainOutlastsStopTimeout(t *testing.T) {
+	defer func(d time.Duration) { stopTimeout = d }(stopTimeout)
+	stopTimeout = 2 * time.Second
+	p := start(t, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "", "--drain-period", "6s")
+	addr := p.awaitOutput(t, devReadyRE)[1]
+	// Three sockets are closed 2s apart: the drain takes 4s.
+	var conns []*client.Conn
+	for _, user := range []string{"alice", "bob", "carol"} {
+		c := dial(t, "ws://"+addr+"/ws?user="+user, client.Options{})
+		defer systest.KeepAlive(c, 300*time.Millisecond)()
+		conns = append(conns, c)
+	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, p.stderr)
+	}
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		for {
+			_, _, err := c.Read()
+			if err == nil {
+				continue
+			}
+			if ce := (*client.CloseError)(nil); !errors.As(err, &ce) || ce.Code != 1001 {
+				t.Errorf("%s: socket ended with %v, want a close with 1001", c.Hello.UserID, err)
+			}
+			break
+		}
+	}
+}
