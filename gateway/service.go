@@ -166,8 +166,9 @@ func (s *Service) Conns() int { return s.registry.len() }
 // Serve accepts connections on ln until ctx is canceled: WebSocket upgrades
 // on GET /ws, and the HTTP API on every other path. Then it stops
 // accepting, closes every socket with 1001 (spread over DrainPeriod), lets
-// their keys live out the offline grace, and returns nil. Serve closes ln.
-// It may be called once, and returns only after every goroutine it started
+// their keys live out the offline grace, and returns nil. It returns an
+// error when it cannot start, unless ctx was canceled meanwhile, or when
+// it can no longer accept. Serve closes ln. It may be called once, and returns only after every goroutine it started
 // has.
 //
 // It starts its parts in order and stops them in the reverse order:
@@ -189,7 +190,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 
 	// 1. Resources.
 	if err := s.open(ctx, ln.Addr().String()); err != nil {
-		return err
+		return startErr(ctx, err)
 	}
 	defer s.closeResources()
 
@@ -197,7 +198,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	core := newGroup()
 	defer core.stop()
 	if err := s.startCore(ctx, core); err != nil {
-		return err
+		return startErr(ctx, err)
 	}
 
 	// 3. The sockets' loops, which keep a socket waiting for its turn to
@@ -289,6 +290,15 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	// Stop 2 (deferred), then 1.
 	s.log.Info("gateway stopped", "gateway", s.cfg.ID)
 	return serveErr
+}
+
+// startErr returns err, the reason a start failed, or nil when ctx was
+// canceled: a gateway asked to stop while it starts has not failed.
+func startErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 // open opens the buckets, takes the gateway's lease, and makes the parts

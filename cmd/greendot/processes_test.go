@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
@@ -141,4 +143,60 @@ func getQuiet(url string) (int, string) {
 	buf := make([]byte, 512)
 	n, _ := resp.Body.Read(buf)
 	return resp.StatusCode, string(buf[:n])
+}
+
+// TestStoppedWhileStarting stops each process kind while it waits for
+// JetStream to answer at start, as SIGINT does: that is a clean shutdown,
+// with exit code 0, not a failure.
+func TestStoppedWhileStarting(t *testing.T) {
+	// A NATS server without JetStream, where a client that never answers
+	// takes JetStream's requests: a start waits on them.
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not start")
+	}
+	defer func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	}()
+	nc := natstest.Connect(t, srv)
+
+	for _, args := range [][]string{
+		{"gateway", "--dev-auth", "--listen", freeAddr(t)},
+		// The health server's log line is the first output, which start
+		// waits for.
+		{"reaper", "--metrics-listen", freeAddr(t)},
+		{"fanout", "--metrics-listen", freeAddr(t)},
+		{"webhooks", "--url", "http://127.0.0.1:1/hooks", "--secret", strings.Repeat("s", 16), "--metrics-listen", freeAddr(t)},
+	} {
+		t.Run(args[0], func(t *testing.T) {
+			asked := make(chan struct{}, 1)
+			sub, err := nc.Subscribe("$JS.API.>", func(*nats.Msg) {
+				select {
+				case asked <- struct{}{}:
+				default:
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = sub.Unsubscribe() }()
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			p := start(t, append(args, "--nats-url", srv.ClientURL())...)
+			select {
+			case <-asked:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("no JetStream request within 20s; stderr:\n%s", p.stderr)
+			}
+			if code := p.stop(t); code != 0 {
+				t.Errorf("exit code %d after a stop while starting, want 0; stderr:\n%s", code, p.stderr)
+			}
+		})
+	}
 }
