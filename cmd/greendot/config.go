@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -72,6 +73,21 @@ func bucketOptions(c *cli.Context) (presence.BucketOptions, error) {
 		return presence.BucketOptions{}, fmt.Errorf("--replicas %d: want 1 to 5", n)
 	}
 	return presence.BucketOptions{Replicas: n}, nil
+}
+
+// flagGiven reports whether flag name was given a value, on the command line
+// or in the environment: for a text flag, one that is not empty, since an
+// empty one is what the flag holds when it is not given.
+func flagGiven(c *cli.Context, name string) bool {
+	if !c.IsSet(name) {
+		return false
+	}
+	for _, f := range c.Command.Flags {
+		if _, ok := f.(*cli.StringFlag); ok && slices.Contains(f.Names(), name) {
+			return c.String(name) != ""
+		}
+	}
+	return true
 }
 
 // positive checks that duration flags are above zero.
@@ -234,7 +250,7 @@ func tokenVerifier(c *cli.Context) (*auth.Verifier, error) {
 	}
 	if given == 0 {
 		for _, name := range []string{"jwt-issuer", "jwt-audience", "jwt-leeway"} {
-			if c.IsSet(name) {
+			if flagGiven(c, name) {
 				return nil, fmt.Errorf("--%s needs a JWT key: give --jwt-secret, --jwt-secret-file or --jwt-public-key", name)
 			}
 		}
@@ -398,7 +414,7 @@ func appAuthz(c *cli.Context, cfg *gateway.Config) error {
 		return errors.New("give only one of --authz-app-secret and --authz-app-secret-file")
 	case cfg.Policy != gateway.PolicyApp:
 		for _, name := range []string{"authz-app-url", "authz-app-subject", "authz-app-secret", "authz-app-secret-file", "authz-app-timeout", "authz-app-cache-ttl"} {
-			if c.IsSet(name) {
+			if flagGiven(c, name) {
 				return fmt.Errorf("--%s is for --policy app, not %s", name, cfg.Policy)
 			}
 		}
@@ -523,7 +539,7 @@ func webhookSecret(c *cli.Context, secretFlag, fileFlag string) ([]byte, error) 
 func standaloneWebhooks(c *cli.Context, log *slog.Logger) (*webhook.Config, error) {
 	if c.String(standaloneWebhookURL) == "" {
 		for _, f := range webhookFlags("webhook-", catWebhooks) {
-			if n := f.Names()[0]; c.IsSet(n) && n != standaloneWebhookURL {
+			if n := f.Names()[0]; flagGiven(c, n) && n != standaloneWebhookURL {
 				return nil, fmt.Errorf("--%s needs --%s", n, standaloneWebhookURL)
 			}
 		}

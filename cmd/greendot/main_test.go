@@ -106,6 +106,9 @@ func (p *proc) awaitOutput(t *testing.T, re *regexp.Regexp) []string {
 		if m = re.FindStringSubmatch(p.stdout.String()); m != nil {
 			return nil
 		}
+		if p.exited { // before start returned
+			t.Fatalf("greendot %s exited with %d; stderr:\n%s", strings.Join(p.args, " "), p.code, p.stderr)
+		}
 		select {
 		case code := <-p.done:
 			p.code, p.exited = code, true

@@ -248,6 +248,20 @@ func TestStandaloneFromEnvironment(t *testing.T) {
 		}
 	})
 
+	// An empty variable leaves its flag as it is by default, empty: it is
+	// not taken for a value given where it does not belong.
+	t.Run("empty variables", func(t *testing.T) {
+		for _, name := range []string{"GREENDOT_JWT_ISSUER", "GREENDOT_JWT_AUDIENCE", "GREENDOT_AUTHZ_APP_URL",
+			"GREENDOT_AUTHZ_APP_SUBJECT", "GREENDOT_AUTHZ_APP_SECRET", "GREENDOT_WEBHOOK_SECRET", "GREENDOT_WEBHOOK_CONSUMER"} {
+			t.Setenv(name, "")
+		}
+		p := start(t, "standalone")
+		p.awaitOutput(t, devReadyRE)
+		if code := p.stop(t); code != 0 {
+			t.Errorf("exit code %d", code)
+		}
+	})
+
 	t.Run("jwt instead of dev auth", func(t *testing.T) {
 		secret := "a secret of thirty-two bytes or more"
 		t.Setenv("GREENDOT_DEV_AUTH", "false")
