@@ -151,6 +151,9 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	store, err := openBuckets(c.Context, sys, wcfg != nil)
 	if err != nil {
 		_ = ln.Close()
+		if c.Context.Err() != nil {
+			return nil // stopped while starting: not a failure
+		}
 		return err
 	}
 	if _, err := sys.StartReaper("reaper", rcfg); err != nil {

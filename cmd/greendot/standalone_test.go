@@ -405,3 +405,15 @@ func TestStandaloneDrainOutlastsStopTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestStandaloneStoppedWhileStarting stops standalone mode before it
+// serves, as a SIGINT while its NATS server starts does: a clean shutdown,
+// with exit code 0.
+func TestStandaloneStoppedWhileStarting(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	var stdout, stderr syncBuffer
+	if code := run(ctx, []string{"greendot", "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", ""}, &stdout, &stderr); code != 0 {
+		t.Errorf("exit code %d after a stop while starting, want 0; stderr:\n%s", code, stderr.String())
+	}
+}
