@@ -168,8 +168,8 @@ func (s *Service) Conns() int { return s.registry.len() }
 // accepting, closes every socket with 1001 (spread over DrainPeriod), lets
 // their keys live out the offline grace, and returns nil. It returns an
 // error when it cannot start, unless ctx was canceled meanwhile, or when
-// it can no longer accept. Serve closes ln. It may be called once, and returns only after every goroutine it started
-// has.
+// it can no longer accept. Serve closes ln. It may be called once, and
+// returns only after every goroutine it started has.
 //
 // It starts its parts in order and stops them in the reverse order:
 //
