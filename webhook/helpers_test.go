@@ -174,6 +174,27 @@ func (rc *receiver) setRespond(f func(n int, w http.ResponseWriter, r *http.Requ
 	rc.respond = f
 }
 
+// refusal is a receiver's answer other than 200: a status, with a
+// Retry-After when not empty.
+type refusal struct {
+	status     int
+	retryAfter string
+}
+
+// refuse has the receiver answer its first requests with rs, in turn, and
+// the later ones with 200.
+func (rc *receiver) refuse(rs ...refusal) {
+	rc.setRespond(func(n int, w http.ResponseWriter, _ *http.Request) int {
+		if n > len(rs) {
+			return http.StatusOK
+		}
+		if ra := rs[n-1].retryAfter; ra != "" {
+			w.Header().Set("Retry-After", ra)
+		}
+		return rs[n-1].status
+	})
+}
+
 func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(r.Body)
 	if err != nil {

@@ -140,19 +140,8 @@ func TestSlowReceiver(t *testing.T) {
 func TestFailingReceiver(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
-	rc.setRespond(func(n int, w http.ResponseWriter, _ *http.Request) int {
-		switch n {
-		case 1, 2:
-			return http.StatusInternalServerError
-		case 3:
-			w.Header().Set("Retry-After", "2")
-			return http.StatusTooManyRequests
-		case 4:
-			w.Header().Set("Retry-After", "1")
-			return http.StatusServiceUnavailable
-		}
-		return http.StatusOK
-	})
+	rc.refuse(refusal{http.StatusInternalServerError, ""}, refusal{http.StatusInternalServerError, ""},
+		refusal{http.StatusTooManyRequests, "2"}, refusal{http.StatusServiceUnavailable, "1"})
 	cfg := fast()
 	cfg.MinBackoff = 200 * time.Millisecond
 	cfg.MaxBackoff = 5 * time.Second
@@ -198,20 +187,9 @@ func TestFailingReceiver(t *testing.T) {
 func TestRetryAfterBoundedByMaxBackoff(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
-	rc.setRespond(func(n int, w http.ResponseWriter, _ *http.Request) int {
-		switch n {
-		case 1:
-			w.Header().Set("Retry-After", "172800") // two days
-			return http.StatusServiceUnavailable
-		case 2:
-			w.Header().Set("Retry-After", time.Now().Add(48*time.Hour).UTC().Format(http.TimeFormat))
-			return http.StatusTooManyRequests
-		case 3:
-			w.Header().Set("Retry-After", "99999999999999999")
-			return http.StatusServiceUnavailable
-		}
-		return http.StatusOK
-	})
+	rc.refuse(refusal{http.StatusServiceUnavailable, "172800"}, // two days
+		refusal{http.StatusTooManyRequests, time.Now().Add(48 * time.Hour).UTC().Format(http.TimeFormat)},
+		refusal{http.StatusServiceUnavailable, "99999999999999999"})
 	cfg := fast()
 	cfg.GiveUpAfter = time.Hour
 	r := start(t, e, rc, cfg)
