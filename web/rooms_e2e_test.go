@@ -125,3 +125,25 @@ func TestBrowserRoomTyping(t *testing.T) {
 	}
 	t.Logf("bob saw alice typing %v after she typed, and no longer %v after", seen, gone)
 }
+
+// TestBrowserRoomInvisible: a person who turns invisible is no longer in
+// the lobby for the others, and no longer in their own count; their page
+// still shows the others, and does not say they are alone.
+func TestBrowserRoomInvisible(t *testing.T) {
+	chromium := chromiumPath(t)
+	sys := startDemo(t)
+	gw := sys.Gateway()
+	c := startChrome(t, chromium)
+
+	alice := c.open("alice", demoURL(gw.HTTP, "alice"))
+	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
+	alice.waitAvatar("bob", "B")
+	bob.waitAvatar("alice", "A")
+
+	alice.choose("invisible")
+	bob.waitNoAvatar("alice")
+	bob.wait("bob's lobby counts him alone", `document.querySelector("#lobby-count").textContent === "(just you)"`)
+	alice.wait("alice's lobby without her", `window.demo.lobby.state === "joined" && !window.demo.lobby.members.has("alice")`)
+	alice.waitAvatar("bob", "B")
+	alice.wait("alice's lobby counts bob", `document.querySelector("#lobby-count").textContent === "(1 person)"`)
+}

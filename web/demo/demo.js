@@ -331,7 +331,10 @@ function start(me) {
     // Until the room's state comes again after a reconnect, who was there
     // is shown dimmed.
     $("lobby-members").toggleAttribute("data-stale", lobby.state !== "joined");
-    $("lobby-count").textContent = lobby.count === 1 ? "(just you)" : `(${lobby.count} people)`;
+    // An invisible user is no member for anyone, themselves included: the
+    // count is then of the others.
+    const n = lobby.count;
+    $("lobby-count").textContent = n === 1 && lobby.members.has(me) ? "(just you)" : n === 1 ? "(1 person)" : `(${n} people)`;
     renderTyping();
   }
 
