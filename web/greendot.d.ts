@@ -185,14 +185,21 @@ export interface Room {
   leave(): void;
 }
 
-/** A WebSocket constructor, for runtimes without a global one. */
+/**
+ * A WebSocket constructor, for runtimes without a global one: the
+ * browser's WebSocket, or one of the same shape (the ws package's). The
+ * client sets the handlers; it reads data of a message, and code and
+ * reason of a close.
+ */
 export type WebSocketConstructor = new (url: string) => {
   readonly readyState: number;
   send(data: string): void;
   close(code?: number, reason?: string): void;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  // The handlers' event types are the runtime's own (MessageEvent,
+  // CloseEvent), which a narrower type here would refuse.
+  onmessage: ((ev: any) => void) | null;
+  onclose: ((ev: any) => void) | null;
+  onerror: ((ev: any) => void) | null;
 };
 
 export interface Options {
