@@ -304,8 +304,8 @@ export class GreenDot {
     if (o.token === undefined && o.user === undefined) {
       throw new TypeError("greendot: give a token (a JWT, or a function returning one) or, with dev auth, a user");
     }
-    if (o.token !== undefined && typeof o.token !== "string" && typeof o.token !== "function") {
-      throw new TypeError("greendot: token must be a string or a function returning one");
+    if (o.token !== undefined && (typeof o.token !== "string" || o.token === "") && typeof o.token !== "function") {
+      throw new TypeError("greendot: token must be a non-empty string or a function returning one");
     }
     if (o.user !== undefined && !validUserId(o.user)) {
       throw new TypeError(`greendot: user must be 1 to 64 characters of A-Z a-z 0-9 _ - (got ${JSON.stringify(o.user)})`);

@@ -147,6 +147,7 @@ async (m, users) => {
   {
     const W = fakeWebSocket();
     throws("GreenDot needs a token or a user", () => new m.GreenDot({ WebSocket: W, connect: false }));
+    throws("GreenDot rejects an empty token", () => new m.GreenDot({ token: "", WebSocket: W, connect: false }));
     throws("GreenDot rejects a bad user id", () => new m.GreenDot({ user: "a.b", WebSocket: W, connect: false }));
     throws("GreenDot rejects a bad device", () => new m.GreenDot({ user: "a", device: "x/y", WebSocket: W, connect: false }));
     throws("GreenDot rejects a bad status", () => new m.GreenDot({ user: "a", status: "offline", WebSocket: W, connect: false }));
