@@ -39,7 +39,7 @@ export interface Hello {
 /** A refused or revoked subscription. */
 export interface Denial {
   readonly user_id: string;
-  /** not_mutual_followers, not_following, too_many_subscriptions, invalid_user_id, not_allowed, or a newer reason. */
+  /** not_mutual_followers, not_following, too_many_subscriptions, invalid_user_id, not_allowed, authorization_unavailable, or a newer reason. */
   readonly reason: string;
   /** The id of the subscribe message refused; absent when a subscription is revoked later. */
   readonly id?: string;
@@ -173,13 +173,14 @@ export interface Room {
    * Replaces this connection's meta; reports whether it goes out on the open
    * connection (at once, or once the gateway takes more requests: updates
    * that wait are folded into the newest, and one refused is sent again);
-   * later joins carry it. Throws for a meta that is not a JSON object of at
-   * most MAX_META_BYTES.
+   * later joins carry it. Throws a TypeError or RangeError for a meta that
+   * is not a JSON object of at most MAX_META_BYTES, and an Error once the
+   * room was left or denied (or the client closed).
    */
   updateMeta(meta: RoomMeta): boolean;
-  /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS, once the room is joined, and reports whether it sent one. */
+  /** The person is typing: call it on every input; sends at most one frame per TYPING_INTERVAL_MS, once the room is joined, and reports whether it sent one. Throws an Error once the room was left or denied (or the client closed). */
   typing(): boolean;
-  /** Sends a short-lived signal to the other members; reports whether it was sent (only once the room is joined). Throws for a bad type or data over MAX_SIGNAL_BYTES. */
+  /** Sends a short-lived signal to the other members; reports whether it was sent (only once the room is joined). Throws for a bad type or data over MAX_SIGNAL_BYTES, and an Error once the room was left or denied (or the client closed). */
   signal(type: string, data?: unknown): boolean;
   /** Leaves the room for good (a leave the gateway refuses is sent again). */
   leave(): void;
@@ -285,7 +286,7 @@ export declare class GreenDot {
   /** Every known presence, by user id (a copy). */
   presences(): Map<string, Presence>;
 
-  /** Opens the connection if it is new, suspended or waiting to retry. */
+  /** Opens the connection if it is new, suspended or waiting to retry. Throws an Error once the client is closed. */
   connect(): void;
   /** Closes for good. */
   close(): void;
@@ -294,6 +295,8 @@ export declare class GreenDot {
    * first answer. Throws a TypeError for an id that is not a user id.
    * Requests wait in the client while 8 wait at the gateway, and one the
    * gateway refuses for now (rate_limited, unavailable) is sent again.
+   * Rejects when the client closes first, or when another error frame
+   * answers it (an Error with that frame's code as its code).
    */
   subscribe(userIds: string | Iterable<string>): Promise<SubscribeResult>;
   /** Stops watching users. */
@@ -303,7 +306,8 @@ export declare class GreenDot {
   /**
    * Joins a room with this connection's meta, now and after every
    * reconnect; for a room already joined, returns the same Room (with the
-   * meta given, if any). Throws a TypeError for a bad room id or meta.
+   * meta given, if any). Throws a TypeError for a bad room id or meta, and
+   * an Error once the client is closed.
    */
   room(id: string, meta?: RoomMeta): Room;
   /** Gives a fresh token to the open connection, and to later ones unless options.token is a function (which later ones call). */
