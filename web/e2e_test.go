@@ -306,3 +306,28 @@ func TestClientInBrowser(t *testing.T) {
 		t.Errorf("greendot.js exports %s, greendot.d.ts declares %s", e, d)
 	}
 }
+
+// TestBrowserDemoRefused: a connection the gateway closes for good (here
+// with 1008, for exceeding the message rate limit again and again) leaves
+// the demo page saying so, with the close code and reason and what to do;
+// typing in the lobby's box then throws nothing.
+func TestBrowserDemoRefused(t *testing.T) {
+	chromium := chromiumPath(t)
+	sys := startDemo(t)
+	c := startChrome(t, chromium)
+	alice := c.open("alice", demoURL(sys.Gateway().HTTP, "alice"))
+	alice.wait("alice in the lobby", `window.demo.client.state === "open" && window.demo.lobby.state === "joined"`)
+
+	if _, err := eval[bool](alice, `(() => { for (let i = 0; i < 80; i++) window.demo.client.send({type: "heartbeat"}); return true; })()`); err != nil {
+		t.Fatal(err)
+	}
+	alice.wait("the page says the gateway closed the connection for good", `(() => {
+		const s = document.querySelector("#conn-state").textContent;
+		return window.demo.client.state === "closed" && s.includes("1008") && s.includes("rate limit exceeded") && s.includes("reload");
+	})()`)
+	alice.do("type in the lobby's box", chromedp.SendKeys(chromedp.ID("lobby-input"), "hello"))
+	if got, err := eval[string](alice, `document.querySelector("#lobby-input").value`); err != nil || got != "hello" {
+		t.Fatalf("the lobby's box holds %q (%v)", got, err)
+	}
+	alice.close()
+}

@@ -128,7 +128,9 @@ function start(me) {
     open: (d) => `Connected (connection ${d.conn_id})`,
     reconnecting: (d) => `Connection lost${d.code ? ` (code ${d.code})` : ""}; retrying in ${(d.delay / 1000).toFixed(1)} s`,
     suspended: () => "Paused while this tab is hidden; it reconnects when you come back",
-    closed: () => "Closed",
+    // The gateway's close code ends the client for good (kicked, a client
+    // bug): this page connects again only when loaded again.
+    closed: (d) => d.code ? `Closed by the server (code ${d.code}${d.reason ? `: ${d.reason}` : ""}); reload the page to connect again` : "Closed",
   };
   client.onState((state, detail) => {
     states.push({ state, ...detail });
@@ -349,7 +351,10 @@ function start(me) {
   lobby.on("denied", (d) => {
     $("lobby-typing").textContent = `Not let into the lobby (${d.reason.replaceAll("_", " ")}).`;
   });
-  $("lobby-input").addEventListener("input", () => lobby.typing());
+  // A lobby that ended (the client closed for good) takes no typing.
+  $("lobby-input").addEventListener("input", () => {
+    if (lobby.state === "joining" || lobby.state === "joined") lobby.typing();
+  });
 
   client.onChange((id) => render(id));
   client.onDenied((d) => {
