@@ -248,3 +248,16 @@ func (s *Service) KnownSelf(user string) uint64 {
 	defer us.mu.Unlock()
 	return us.self.rev
 }
+
+// HoldWrites takes the write lock of one connection of a user, as a write
+// in progress does, until release is called. It returns nil when the
+// gateway holds no such connection.
+func (s *Service) HoldWrites(userID, connID string) (release func()) {
+	for _, c := range s.registry.userConns(userID) {
+		if c.connID == connID {
+			c.sock.Lock()
+			return sync.OnceFunc(c.sock.Unlock)
+		}
+	}
+	return nil
+}

@@ -90,7 +90,7 @@ func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
 		if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
 			return s.limited(c, now)
 		}
-		if _, err := c.sock.WriteControl(ws.OpPong, payload); err != nil {
+		if err := c.sock.WriteControl(ws.OpPong, payload); err != nil {
 			c.writeFailed(err)
 		}
 	case ws.OpClose:

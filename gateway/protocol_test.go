@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -480,6 +481,55 @@ func TestPingCountsAsHeartbeat(t *testing.T) {
 	rec, err := sys.StatusOf("alice")
 	if err != nil || rec.Status != presence.Online {
 		t.Fatalf("after pings for 3 TTLs: %+v, %v; want online", rec, err)
+	}
+}
+
+// TestPingAnsweredDuringAWrite: a ping that comes while a frame is being
+// written to the socket is answered once that write is done, with a pong
+// that carries the ping's payload.
+func TestPingAnsweredDuringAWrite(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: time.Minute}})
+	gw := sys.Gateway()
+	c := sys.Dial(gw, "alice")
+	rest, err := c.TakeReading(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(io.MultiReader(bytes.NewReader(rest), c.NetConn()))
+	release := gw.HoldWrites("alice", c.Hello.ConnID)
+	if release == nil {
+		t.Fatal("the gateway holds no connection of alice")
+	}
+	defer release()
+	before := gw.Heartbeats()
+	if err := c.SendRaw(ws.OpPing, []byte("are you there")); err != nil {
+		t.Fatal(err)
+	}
+	// The gateway has read the ping while the socket is busy.
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if gw.Heartbeats() == before {
+			return errors.New("ping not read yet")
+		}
+		return nil
+	})
+	release()
+	_ = c.NetConn().SetReadDeadline(time.Now().Add(systest.EventTimeout))
+	for {
+		h, err := ws.ReadHeader(br)
+		if err != nil {
+			t.Fatalf("no pong: %v", err)
+		}
+		payload := make([]byte, h.Length) // the gateway's own frames: small
+		if _, err := io.ReadFull(br, payload); err != nil {
+			t.Fatalf("no pong: %v", err)
+		}
+		if h.OpCode == ws.OpText {
+			continue // the user's own state
+		}
+		if h.OpCode != ws.OpPong || string(payload) != "are you there" {
+			t.Fatalf("got %v frame %q, want the pong of the ping", h.OpCode, payload)
+		}
+		return
 	}
 }
 

@@ -195,21 +195,20 @@ func (c *Conn) WriteTextLocked(payload []byte) error {
 	return err
 }
 
-// WriteControl writes a control frame (a pong) if no other write is in
-// progress, and reports whether it did: a peer that sends pings faster
-// than it reads loses pongs, not the server's memory.
-func (c *Conn) WriteControl(op ws.OpCode, payload []byte) (bool, error) {
-	if !c.wmu.TryLock() {
-		return false, nil
-	}
+// WriteControl writes a control frame (a pong), after any write in
+// progress: a pong is never dropped, and a peer that sends pings faster
+// than it reads fills its socket until a write times out, not the
+// server's memory.
+func (c *Conn) WriteControl(op ws.OpCode, payload []byte) error {
+	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if c.closed.Load() {
-		return false, net.ErrClosed
+		return net.ErrClosed
 	}
 	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
 	buf := bytes.NewBuffer(b[:0])
 	_ = ws.WriteFrame(buf, ws.NewFrame(op, true, payload))
-	return true, c.writeRaw(buf.Bytes(), c.writeTimeout)
+	return c.writeRaw(buf.Bytes(), c.writeTimeout)
 }
 
 // writeRaw writes b with a deadline; the caller holds the write lock.
