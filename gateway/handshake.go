@@ -83,8 +83,10 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		c         *conn
 		status    presence.Record
 		statusRev uint64
+		refused   bool // counted by refuse
 	)
 	refuse := func(err error) error {
+		refused = true
 		s.metrics.upgrades.WithLabelValues(errorCode(err)).Inc()
 		if s.log.Enabled(context.Background(), levelDebug) {
 			s.log.LogAttrs(context.Background(), levelDebug, "upgrade refused", attrErr(err))
@@ -146,11 +148,18 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		io.Reader
 		io.Writer
 	}{&headLimiter{r: br, n: maxRequestHead}, nc})
-	if errors.Is(err, errHeadTooLarge) {
+	var rejected *ws.ConnectionRejectedError
+	switch {
+	case errors.Is(err, errHeadTooLarge):
 		s.metrics.upgrades.WithLabelValues("too_large").Inc()
 		_, _ = io.WriteString(nc, "HTTP/1.1 431 Request Header Fields Too Large\r\n"+
 			"Content-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+
 			errHeadTooLarge.Error()+"\n")
+	case !refused && errors.As(err, &rejected):
+		// Refused by the library: a request that breaks RFC 6455 (no
+		// Upgrade header, as from a proxy that drops it; another
+		// version; a bad key).
+		s.metrics.upgrades.WithLabelValues("bad_request").Inc()
 	}
 	if err == nil && br.Buffered() > 0 {
 		err = errors.New("data sent before the upgrade was answered")

@@ -439,6 +439,59 @@ func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
 	}
 }
 
+// TestMalformedUpgradeCounted: an upgrade request that breaks RFC 6455 (a
+// proxy that drops the Upgrade header, an old protocol version) is refused
+// by the WebSocket library itself, and counted as a refusal all the same,
+// so that an operator sees why clients cannot connect.
+func TestMalformedUpgradeCounted(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	gw := sys.Gateway()
+	refused := func() float64 {
+		return metricValue(t, gw, "greendot_gateway_upgrades_total", map[string]string{"result": "bad_request"})
+	}
+	auth := "Authorization: Bearer " + secLongToken(t, "alice")
+	tests := []struct {
+		name   string
+		req    string
+		status string
+	}{
+		{"no Upgrade header", "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		{"version 8", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n" + auth + "\r\n\r\n", "426"},
+		{"short key", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: c2hvcnQ=\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := refused()
+			nc, err := net.DialTimeout("tcp", gw.Addr, 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(nc, tt.req); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(nc).ReadString('\n')
+			if err != nil {
+				t.Fatalf("read answer: %v", err)
+			}
+			if !strings.HasPrefix(line, "HTTP/1.1 "+tt.status) {
+				t.Fatalf("answer %q, want %s", strings.TrimSpace(line), tt.status)
+			}
+			// The answer is written before it is counted.
+			natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+				if got := refused(); got != before+1 {
+					return fmt.Errorf("upgrades refused as bad_request: %v, want %v", got, before+1)
+				}
+				return nil
+			})
+		})
+	}
+}
+
 func TestUpgradeHeadIsBounded(t *testing.T) {
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
