@@ -527,6 +527,27 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 	by.check(t)
 }
 
+// TestTrickledFrameIsCut: a socket whose bytes keep coming, a byte at a
+// time, without ever making a whole frame is not alive: it is closed at
+// the connection TTL, like a silent one.
+func TestTrickledFrameIsCut(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.Gateway()
+	c := secDial(t, gw, "slowpoke")
+	// The header of a 4000-byte text frame, then its payload a byte every
+	// 100 ms: 400 s to make a frame of it, against a TTL of a second.
+	frame := handFrame(true, 0, byte(ws.OpText), true, -1, bytes.Repeat([]byte(" "), 4000))
+	start := time.Now()
+	go trickle(c.NetConn(), string(frame), 100*time.Millisecond)
+	_, took := readUntilCut(t, c.NetConn(), start, systest.TTL+5*time.Second)
+	if took > systest.TTL+2*time.Second {
+		t.Errorf("cut after %v, want within the TTL (%v) and the sweep", took, systest.TTL)
+	}
+	awaitOffline(t, sys, "slowpoke")
+	by.check(t)
+}
+
 // readUntilCut reads nc until the gateway closes it, and returns what it
 // read and how long after start it was closed; it fails the test if nc is
 // still open wait after start.
