@@ -438,8 +438,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %v", ErrInvalidConfig, err)
 	}
 	for _, o := range c.AllowedOrigins {
-		if o == "" {
-			return bad("empty allowed origin")
+		if err := checkAllowedOrigin(o); err != nil {
+			return bad("allowed origin %q: %v", o, err)
 		}
 	}
 	if err := c.Buckets.Validate(); err != nil {
@@ -487,6 +487,32 @@ func (c Config) validateExternal() error {
 			strings.HasSuffix(c.AppSubject, ".") || strings.Contains(c.AppSubject, "..") {
 			return fmt.Errorf("app subject %q: want a NATS subject without wildcards", c.AppSubject)
 		}
+	}
+	return nil
+}
+
+// checkAllowedOrigin checks an allowed origin: "*", "null", or an origin as a
+// browser sends it, scheme://host[:port] with nothing after it and the
+// default port left out. Anything else would never match.
+func checkAllowedOrigin(o string) error {
+	if o == "*" || o == "null" {
+		return nil
+	}
+	if o == "" {
+		return errors.New("empty")
+	}
+	u, err := url.Parse(o)
+	switch {
+	case err != nil:
+		return err
+	case u.Scheme == "" || u.Host == "" || u.Opaque != "":
+		return errors.New("want scheme://host[:port], as in https://app.example.com")
+	case u.User != nil || u.Path != "" || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" || strings.Contains(o, "#"):
+		return errors.New("an origin is scheme://host[:port], with nothing after it (not even a /)")
+	case strings.Contains(u.Host, "*"):
+		return errors.New("no wildcards: list each origin, or * for any")
+	case strings.EqualFold(u.Scheme, "https") && u.Port() == "443" || strings.EqualFold(u.Scheme, "http") && u.Port() == "80":
+		return errors.New("browsers leave the default port out: drop it")
 	}
 	return nil
 }

@@ -27,3 +27,23 @@ func TestRatesNotANumber(t *testing.T) {
 		})
 	}
 }
+
+// TestAllowedOrigins: an allowed origin that no browser can send (a path,
+// even a trailing slash; no scheme; the default port written out) is
+// refused at start rather than refusing every browser with 403.
+func TestAllowedOrigins(t *testing.T) {
+	for _, o := range []string{"https://app.example.com", "http://localhost:5173", "HTTPS://App.Example.com", "*", "null"} {
+		c := gateway.Config{AllowedOrigins: []string{o}}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%q: %v, want it taken", o, err)
+		}
+	}
+	for _, o := range []string{"https://app.example.com/", "https://app.example.com/app", "app.example.com",
+		"https://app.example.com?x=1", "https://app.example.com#top", "https://app.example.com:443", "http://app.example.com:80",
+		"https://user@app.example.com", "https://", "*.example.com"} {
+		c := gateway.Config{AllowedOrigins: []string{o}}
+		if err := c.Validate(); !errors.Is(err, gateway.ErrInvalidConfig) {
+			t.Errorf("%q: Validate() = %v, want ErrInvalidConfig", o, err)
+		}
+	}
+}
