@@ -132,8 +132,14 @@ func (s *Service) watch(ctx context.Context, c *conn, targets []string) ([]hub.E
 }
 
 // settle unblocks c's subscriptions to the users of entries, and returns
-// the presence of each one c still watches, as it may see it.
+// the presence of each one c still watches, as it may see it. A change of
+// theirs that waits in c's box is dropped first: it is no newer than what
+// the answer shows, and written after it would show an older state.
+// (While the subscriptions are blocked, the hub adds none.)
 func (s *Service) settle(c *conn, entries []hub.Entry) []presence.Presence {
+	for i := range entries {
+		c.box.Remove(entries[i].Presence.UserID)
+	}
 	entries = s.hub.Settle(c, entries)
 	out := make([]presence.Presence, len(entries))
 	for i := range entries {

@@ -2,12 +2,16 @@ package gateway_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
@@ -47,4 +51,61 @@ func TestRevokedWhileSubscribing(t *testing.T) {
 	if p, ok := presenceOf(m, "bob"); ok {
 		t.Errorf("presence_init after the denied of bob shows bob: %+v", p)
 	}
+}
+
+// TestResubscribeDropsOlderQueuedChange: a change of bob that waits in
+// alice's outbox when she subscribes to bob again is not written after the
+// presence_init that answers it, which shows a newer state of bob
+// (protocol.md: a change is never shown older than one already shown).
+func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "bob", "carol")
+	alice, bob, carol := revokeDial(t, sys, gw)
+	subscribe(t, alice, "s1", "bob", "carol")
+
+	// bob's busy waits in alice's outbox while her socket is being written.
+	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
+	t.Cleanup(releaseWrites)
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
+			return errors.New("bob's change does not wait in alice's outbox")
+		}
+		return nil
+	})
+	// bob's away is written, its event held back until alice's subscribe
+	// has read it.
+	releaseEvents := gw.HoldDispatcher()
+	t.Cleanup(releaseEvents)
+	if err := bob.SetStatus("away"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if rec, err := sys.StatusOf("bob"); err != nil || rec.Public != presence.Away {
+			return fmt.Errorf("bob's record: %+v, %v", rec, err)
+		}
+		return nil
+	})
+	gateway.AfterSnapshot(t, "alice", sync.OnceFunc(func() {
+		releaseEvents()
+		releaseWrites()
+	}))
+	init, _ := subscribe(t, alice, "s2", "bob")
+	if p, _ := presenceOf(init, "bob"); p.Status != presence.Away {
+		t.Fatalf("presence_init s2 shows bob %+v, want away", p)
+	}
+	// A change of bob still waiting would be written no later than carol's.
+	if err := carol.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
+		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
+			t.Fatalf("after presence_init showed bob away, alice got %s with bob %s", m.Type, p.Status)
+		}
+		p, ok := presenceOf(m, "carol")
+		return ok && p.Status == presence.Busy
+	})
 }
