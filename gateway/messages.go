@@ -223,10 +223,19 @@ func (s *Service) active(c *conn, now int64) {
 	s.keys.setIdle(c, false)
 }
 
-// unsubscribe ends subscriptions; it has no answer.
+// unsubscribe ends subscriptions; it has no answer. A change of a user
+// no longer watched that waits in c's box is dropped, so that none is
+// written after the unsubscribe; unless c watches everyone, which still
+// shows it.
 func (s *Service) unsubscribe(c *conn, m *protocol.ClientMessage) {
 	if m.All && s.online != nil {
 		s.online.unsubscribe(c)
 	}
 	s.hub.Remove(c, m.UserIDs)
+	if s.online != nil && s.online.watching(c) {
+		return
+	}
+	for _, u := range m.UserIDs {
+		c.box.Remove(u)
+	}
 }

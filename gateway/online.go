@@ -190,6 +190,14 @@ func (o *onlineIndex) unsubscribe(c *conn) {
 	o.mu.Unlock()
 }
 
+// watching reports whether c watches everyone.
+func (o *onlineIndex) watching(c *conn) bool {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	_, ok := o.all[c]
+	return ok
+}
+
 // list returns the online users (at most limit, by user id) and how many
 // there are.
 func (o *onlineIndex) list(limit int) ([]presence.Presence, int, error) {

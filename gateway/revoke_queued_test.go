@@ -3,6 +3,8 @@ package gateway_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -110,6 +112,41 @@ func awaitWithoutBob(t *testing.T, alice, carol *client.Conn) {
 func revokeNoBob(t *testing.T, m protocol.ServerMessage) {
 	t.Helper()
 	if p, ok := presenceOf(m, "bob"); ok {
-		t.Fatalf("alice got %s with bob after the denied that ended her subscription: %+v", m.Type, p)
+		t.Fatalf("alice got %s with bob after her subscription ended: %+v", m.Type, p)
 	}
+}
+
+// TestUnsubscribeDropsQueuedChange: a change of bob that waits in alice's
+// outbox when she unsubscribes from bob is not written to her afterwards
+// (protocol.md: unsubscribe stops watching them).
+func TestUnsubscribeDropsQueuedChange(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	sys.Mutual("alice", "bob", "carol")
+	alice, bob, carol := revokeDial(t, sys, gw)
+	subscribe(t, alice, "s", "bob", "carol")
+	// bob's change waits in alice's outbox while her socket is being
+	// written.
+	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
+	t.Cleanup(releaseWrites)
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
+			return errors.New("bob's change does not wait in alice's outbox")
+		}
+		return nil
+	})
+	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: "u", UserIDs: []string{"bob"}}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if w := gw.WatchedBy("alice", alice.Hello.ConnID); slices.Contains(w, "bob") {
+			return fmt.Errorf("alice still watches %v", w)
+		}
+		return nil
+	})
+	releaseWrites()
+	awaitWithoutBob(t, alice, carol)
 }
