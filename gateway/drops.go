@@ -3,8 +3,6 @@ package gateway
 import (
 	"context"
 	"errors"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -46,37 +44,84 @@ func (w wakeup) each(ctx context.Context, fn func()) {
 }
 
 // lostEvents are the states the gateway must read again because NATS
-// dropped events of them (a slow consumer): watched users', every user's
-// (the everyone policy's one subscription), and the gateway's own users'
-// (their self events). It is safe for concurrent use.
+// dropped events of their subscriptions (a slow consumer): watched
+// users', every user's (the everyone policy's one subscription), and the
+// gateway's own users' (their self events). It is safe for concurrent use.
+//
+// NATS tells of the first event it drops of a subscription, not of those
+// it drops after it until one gets through: so a subscription stays noted
+// once its state was read, and is read again if it dropped more since,
+// until one of its events got through with none dropped since (a drop
+// after that is told of again).
 type lostEvents struct {
-	mu    sync.Mutex
-	users map[string]struct{}
-	all   bool
-	self  bool
-	wake  wakeup
+	mu   sync.Mutex
+	subs map[*nats.Subscription]*lostSub
+	wake wakeup
 }
+
+// lostSub is a subscription that dropped events.
+type lostSub struct {
+	user      string // the watched user, for a user's subscription
+	all, self bool   // the subscription to every user's events, or to self events
+	// due reports that its state must be read: NATS told of a drop.
+	due bool
+	// dropped and delivered are the subscription's counts when its state
+	// was last read.
+	dropped   int
+	delivered int64
+}
+
+// lostRecheck is how often the subscriptions noted in lostEvents are
+// looked at for drops NATS did not tell of.
+const lostRecheck = 250 * time.Millisecond
 
 func newLostEvents() *lostEvents {
-	return &lostEvents{users: make(map[string]struct{}), wake: newWakeup()}
+	return &lostEvents{subs: make(map[*nats.Subscription]*lostSub), wake: newWakeup()}
 }
 
-// note records what was lost, and wakes the reader.
-func (l *lostEvents) note(fn func(*lostEvents)) {
+// note records that sub dropped events, with what it carries, and wakes
+// the reader.
+func (l *lostEvents) note(sub *nats.Subscription, what lostSub) {
 	l.mu.Lock()
-	fn(l)
+	what.due = true
+	l.subs[sub] = &what
 	l.mu.Unlock()
 	l.wake.signal()
 }
 
-// take returns what was lost since the last take, and forgets it.
-func (l *lostEvents) take() (users []string, all, self bool) {
+// take returns the states to read now: those of the subscriptions NATS
+// told of since the last take, and of those that dropped events since
+// their state was last read, which it counts as read; it forgets the
+// subscriptions that ended, or got an event through with none dropped
+// since. noted reports whether some are still noted.
+func (l *lostEvents) take() (users []string, all, self, noted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	users, all, self = slices.Collect(maps.Keys(l.users)), l.all, l.self
-	clear(l.users)
-	l.all, l.self = false, false
-	return users, all, self
+	for sub, ls := range l.subs {
+		dropped, err := sub.Dropped()
+		delivered, err2 := sub.Delivered()
+		switch {
+		case err != nil || err2 != nil:
+			delete(l.subs, sub) // ended
+			continue
+		case ls.due || dropped > ls.dropped:
+		case delivered > ls.delivered:
+			delete(l.subs, sub)
+			continue
+		default:
+			continue
+		}
+		ls.due, ls.dropped, ls.delivered = false, dropped, delivered
+		switch {
+		case ls.all:
+			all = true
+		case ls.self:
+			self = true
+		default:
+			users = append(users, ls.user)
+		}
+	}
+	return users, all, self, len(l.subs) > 0
 }
 
 // catchDrops has the gateway hear of the messages NATS drops for it,
@@ -113,13 +158,13 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 	switch {
 	case subject == presence.SelfSubject(s.cfg.ID):
 		s.metrics.natsDrops.WithLabelValues("self").Inc()
-		s.lost.note(func(l *lostEvents) { l.self = true })
+		s.lost.note(sub, lostSub{self: true})
 	case subject == presence.EventWildcard:
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
-		s.lost.note(func(l *lostEvents) { l.all = true })
+		s.lost.note(sub, lostSub{all: true})
 	case perUser && presence.ValidUserID(user):
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
-		s.lost.note(func(l *lostEvents) { l.users[user] = struct{}{} })
+		s.lost.note(sub, lostSub{user: user})
 	default:
 		return false
 	}
@@ -128,10 +173,20 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 }
 
 // readLost reads again, until ctx is canceled, the states whose events
-// NATS dropped, each until the read succeeds.
+// NATS dropped, each until the read succeeds; while subscriptions stay
+// noted (see lostEvents), it looks at them every lostRecheck.
 func (s *Service) readLost(ctx context.Context) {
-	s.lost.wake.each(ctx, func() {
-		users, all, self := s.lost.take()
+	t := time.NewTimer(lostRecheck)
+	t.Stop()
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.lost.wake:
+		case <-t.C:
+		}
+		users, all, self, noted := s.lost.take()
 		if all {
 			users = s.hub.Users()
 		}
@@ -142,7 +197,10 @@ func (s *Service) readLost(ctx context.Context) {
 		if self {
 			s.resyncSelf(ctx)
 		}
-	})
+		if noted {
+			t.Reset(lostRecheck)
+		}
+	}
 }
 
 // resyncSelf reads the record of every user with a connection here, and

@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -58,6 +59,65 @@ func TestEventsDroppedReadAgain(t *testing.T) {
 	awaitDrops(t, gw, "event", 2)
 	release()
 	systest.AwaitStatus(t, alice, "bob", presence.Busy)
+}
+
+// TestEventsDroppedAfterTheReadReadAgain: NATS tells of the first event
+// it drops of a subscription, not of those it drops after it until one
+// gets through; a change whose event is dropped after the gateway read the
+// user's state again is read again too, and the watchers see it.
+func TestEventsDroppedAfterTheReadReadAgain(t *testing.T) {
+	const buffer = 16
+	gateway.SetEventsBuffer(t, buffer)
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	sys.Mutual("alice", "bob", "carol")
+	gw := sys.Gateway()
+	alice := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	bob := sys.Dial(gw, "bob")
+	defer systest.KeepAlive(bob, systest.Heartbeat)()
+	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Online)
+
+	// Events of carol (offline, as she is) fill the dispatcher's buffer,
+	// and bob's are dropped.
+	release := gw.HoldDispatcher()
+	defer release()
+	for i := range buffer {
+		publishJSON(t, sys, presence.EventSubject("carol"), presence.Event{UserID: "carol", Status: presence.Offline, Rev: uint64(i + 1)})
+	}
+	setBob := func(status presence.Status) {
+		t.Helper()
+		rec, rev, _, err := sys.Store.UpdateStatus(context.Background(), "bob", func(r *presence.Record) error {
+			r.Chosen = status
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishJSON(t, sys, presence.EventSubject("bob"), presence.Event{UserID: "bob", Status: rec.Public, LastSeen: rec.LastSeen, Rev: rev, At: rec.Updated})
+	}
+	reads := func() float64 {
+		return metricValue(t, gw, "greendot_gateway_kv_seconds", map[string]string{"op": "get_status"})
+	}
+	before := reads()
+	setBob(presence.Busy)
+	awaitDrops(t, gw, "event", 1)
+	// The gateway has read bob's state again (busy) when his next change
+	// is written, and its event dropped as well.
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if n := reads(); n <= before {
+			return errors.New("bob's state not read again")
+		}
+		return nil
+	})
+	setBob(presence.Away)
+	if err := sys.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	systest.AwaitStatus(t, alice, "bob", presence.Away)
 }
 
 // TestSelfReadAgainAfterReconnect: self events published while a gateway

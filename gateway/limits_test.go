@@ -74,8 +74,9 @@ func closePayload(code uint16, reason string) []byte {
 	return append(binary.BigEndian.AppendUint16(nil, code), reason...)
 }
 
-// metricValue returns the value of a counter or gauge of g with the given
-// labels (a sum over series when labels is nil).
+// metricValue returns the value of a counter or gauge of g, or how many
+// values a histogram observed, with the given labels (a sum over series
+// when labels is nil).
 func metricValue(tb testing.TB, g *systest.Gateway, name string, labels map[string]string) float64 {
 	tb.Helper()
 	families, err := g.Registry().Gather()
@@ -105,6 +106,9 @@ func metricValue(tb testing.TB, g *systest.Gateway, name string, labels map[stri
 			}
 			if gg := m.GetGauge(); gg != nil {
 				sum += gg.GetValue()
+			}
+			if h := m.GetHistogram(); h != nil {
+				sum += float64(h.GetSampleCount())
 			}
 		}
 	}
