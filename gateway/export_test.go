@@ -261,3 +261,11 @@ func (s *Service) HoldWrites(userID, connID string) (release func()) {
 	}
 	return nil
 }
+
+// BeforeOnlineRound has fn run each time global presence is about to
+// deliver changes to the sockets watching everyone, with the users whose
+// changes they are; until the test ends.
+func BeforeOnlineRound(tb interface{ Cleanup(func()) }, fn func(users []string)) {
+	onlineRoundHook.Store(&fn)
+	tb.Cleanup(func() { onlineRoundHook.Store(nil) })
+}

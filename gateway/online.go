@@ -2,8 +2,11 @@ package gateway
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/greendot/greendot/gateway/internal/hub"
@@ -22,6 +25,10 @@ import (
 // nothing. It is safe for concurrent use.
 type onlineIndex struct {
 	showLastSeen func(ctx context.Context, watcher, target string) bool
+	// oneByOne reports whether a socket watches a user through the hub
+	// too: the hub delivers that user's changes to it, in the order of
+	// their revisions, which the index's later deliveries could undo.
+	oneByOne func(w hub.Watcher, user string) bool
 
 	mu     sync.RWMutex
 	users  map[string]onlineEntry // users others see as connected
@@ -51,14 +58,21 @@ type goneEntry struct {
 	seen time.Time
 }
 
+// onlineRoundHook, a test hook set only by export_test.go, runs with the
+// users whose changes the index is about to deliver to the sockets
+// watching everyone.
+var onlineRoundHook atomic.Pointer[func(users []string)]
+
 // goneFor is how long the revision of a user who went offline is kept.
 const goneFor = 5 * time.Minute
 
 // newOnlineIndex returns an index that asks showLastSeen whether a watcher
-// may see a user's last_seen.
-func newOnlineIndex(showLastSeen func(ctx context.Context, watcher, target string) bool) *onlineIndex {
+// may see a user's last_seen, and oneByOne whether it watches the user
+// through the hub too (then it leaves the user's changes to the hub).
+func newOnlineIndex(showLastSeen func(ctx context.Context, watcher, target string) bool, oneByOne func(w hub.Watcher, user string) bool) *onlineIndex {
 	return &onlineIndex{
 		showLastSeen: showLastSeen,
+		oneByOne:     oneByOne,
 		users:        make(map[string]onlineEntry),
 		gone:         make(map[string]goneEntry),
 		all:          make(map[*conn]struct{}),
@@ -153,9 +167,15 @@ func (o *onlineIndex) run(ctx context.Context) {
 			changed := o.changed
 			o.changed = make(map[string]onlineEntry)
 			o.mu.Unlock()
+			if hook := onlineRoundHook.Load(); hook != nil {
+				(*hook)(slices.Collect(maps.Keys(changed)))
+			}
 			watchers := o.allWatchers()
 			for _, e := range changed {
 				for _, c := range watchers {
+					if o.oneByOne(c, e.p.UserID) {
+						continue
+					}
 					p := e.p
 					if !o.showLastSeen(ctx, c.userID, p.UserID) {
 						p.LastSeen = 0

@@ -2,6 +2,8 @@ package gateway_test
 
 import (
 	"context"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,5 +62,70 @@ func watchEveryone(t *testing.T, c *client.Conn) protocol.ServerMessage {
 	}
 	return systest.Await(t, c, systest.EventTimeout, "presence_init all", func(m protocol.ServerMessage) bool {
 		return m.Type == protocol.TypePresenceInit && m.ID == "all"
+	})
+}
+
+// TestEveryoneAndOneByOneInOrder: a socket that watches everyone, and bob
+// and carol one by one too, never sees a change of bob after a newer one
+// (protocol.md), however late global presence delivers it.
+func TestEveryoneAndOneByOneInOrder(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.Gateway()
+	bob := sys.Dial(gw, "bob")
+	defer systest.KeepAlive(bob, systest.Heartbeat)()
+	carol := sys.Dial(gw, "carol")
+	defer systest.KeepAlive(carol, systest.Heartbeat)()
+	alice := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	watchEveryone(t, alice)
+	subscribe(t, alice, "s", "bob", "carol")
+
+	// Global presence's deliveries of bob's changes wait: the first until
+	// alice has seen bob's next change, the second until the test ends.
+	held := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	n := 0
+	gateway.BeforeOnlineRound(t, func(users []string) {
+		if !slices.Contains(users, "bob") {
+			return
+		}
+		mu.Lock()
+		i := n
+		n++
+		mu.Unlock()
+		switch i {
+		case 0:
+			close(held[0])
+			<-release
+		case 1:
+			close(held[1])
+			<-t.Context().Done()
+		}
+	})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce()
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Busy)
+	awaitClosed(t, held[0], "global presence to deliver bob's busy")
+	if err := bob.SetStatus("away"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Away)
+	releaseOnce()
+	awaitClosed(t, held[1], "global presence to deliver bob's away")
+	// bob's busy, if global presence delivered it, is written no later
+	// than carol's change.
+	if err := carol.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
+		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
+			t.Fatalf("after bob away, alice got %s with bob %s", m.Type, p.Status)
+		}
+		p, ok := presenceOf(m, "carol")
+		return ok && p.Status == presence.Busy
 	})
 }

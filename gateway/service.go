@@ -336,7 +336,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		CacheLookup: s.metrics.cacheLookup,
 	})
 	if s.cfg.Policy == PolicyEveryone {
-		s.online = newOnlineIndex(s.authz.ShowLastSeen)
+		s.online = newOnlineIndex(s.authz.ShowLastSeen, s.hub.Watching)
 	}
 	if netpoll.Supported {
 		if s.poller, err = netpoll.New(); err != nil {
