@@ -163,14 +163,17 @@ func (o *onlineIndex) run(ctx context.Context) {
 			}
 			o.mu.Unlock()
 		case <-o.wake:
+			// The changes and the sockets they go to are taken at once:
+			// a socket that starts watching after them has them (or
+			// newer) in its presence_init, and must not get them again.
 			o.mu.Lock()
 			changed := o.changed
 			o.changed = make(map[string]onlineEntry)
+			watchers := o.allWatchersLocked()
 			o.mu.Unlock()
 			if hook := onlineRoundHook.Load(); hook != nil {
 				(*hook)(slices.Collect(maps.Keys(changed)))
 			}
-			watchers := o.allWatchers()
 			for _, e := range changed {
 				for _, c := range watchers {
 					if o.oneByOne(c, e.p.UserID) {
@@ -256,6 +259,11 @@ func (o *onlineIndex) allCount() int {
 func (o *onlineIndex) allWatchers() []*conn {
 	o.mu.RLock()
 	defer o.mu.RUnlock()
+	return o.allWatchersLocked()
+}
+
+// allWatchersLocked is allWatchers for a caller holding o.mu.
+func (o *onlineIndex) allWatchersLocked() []*conn {
 	out := make([]*conn, 0, len(o.all))
 	for c := range o.all {
 		out = append(out, c)

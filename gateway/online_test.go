@@ -2,12 +2,15 @@ package gateway_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
@@ -124,6 +127,87 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
 		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
 			t.Fatalf("after bob away, alice got %s with bob %s", m.Type, p.Status)
+		}
+		p, ok := presenceOf(m, "carol")
+		return ok && p.Status == presence.Busy
+	})
+}
+
+// TestEveryoneInitNotOvertaken: a change that global presence was about
+// to deliver when a socket started watching everyone, older than what its
+// presence_init shows, is not delivered to it.
+func TestEveryoneInitNotOvertaken(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.Gateway()
+	bob := sys.Dial(gw, "bob")
+	defer systest.KeepAlive(bob, systest.Heartbeat)()
+	carol := sys.Dial(gw, "carol")
+	defer systest.KeepAlive(carol, systest.Heartbeat)()
+	dave := sys.Dial(gw, "dave")
+	defer systest.KeepAlive(dave, systest.Heartbeat)()
+	alice := sys.Dial(gw, "alice")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	watchEveryone(t, dave)
+
+	// Global presence's deliveries of bob's changes wait: the first until
+	// alice watches everyone, the second until the test ends.
+	held := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	release := make(chan struct{})
+	var mu sync.Mutex
+	n := 0
+	gateway.BeforeOnlineRound(t, func(users []string) {
+		if !slices.Contains(users, "bob") {
+			return
+		}
+		mu.Lock()
+		i := n
+		n++
+		mu.Unlock()
+		switch i {
+		case 0:
+			close(held[0])
+			<-release
+		case 1:
+			close(held[1])
+			<-t.Context().Done()
+		}
+	})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	defer releaseOnce()
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	awaitClosed(t, held[0], "global presence to deliver bob's busy")
+	if err := bob.SetStatus("away"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		var list onlineList
+		if st := api(t, "GET", gw.HTTP+"/api/presence/online", "dave", nil, &list); st != http.StatusOK {
+			return fmt.Errorf("GET online: %d", st)
+		}
+		if i := slices.IndexFunc(list.Users, func(p presence.Presence) bool { return p.UserID == "bob" }); i < 0 || list.Users[i].Status != presence.Away {
+			return fmt.Errorf("global presence does not have bob away: %+v", list.Users)
+		}
+		return nil
+	})
+	init := watchEveryone(t, alice)
+	if p, _ := presenceOf(init, "bob"); p.Status != presence.Away {
+		t.Fatalf("presence_init shows bob %+v, want away", p)
+	}
+	// alice watches carol one by one too, so carol's changes reach her
+	// while global presence waits.
+	subscribe(t, alice, "s", "carol")
+	releaseOnce()
+	awaitClosed(t, held[1], "global presence to deliver bob's away")
+	// bob's busy, if global presence delivered it to alice, is written no
+	// later than carol's change.
+	if err := carol.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
+		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
+			t.Fatalf("after presence_init showed bob away, alice got %s with bob %s", m.Type, p.Status)
 		}
 		p, ok := presenceOf(m, "carol")
 		return ok && p.Status == presence.Busy
