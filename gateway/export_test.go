@@ -269,3 +269,11 @@ func BeforeOnlineRound(tb interface{ Cleanup(func()) }, fn func(users []string))
 	onlineRoundHook.Store(&fn)
 	tb.Cleanup(func() { onlineRoundHook.Store(nil) })
 }
+
+// WatchedUsers returns how many users the gateway's hub holds: those
+// watched by at least one of its sockets.
+func (s *Service) WatchedUsers() int { return s.hub.Len() }
+
+// NATSSubscriptions returns how many subscriptions the gateway's NATS
+// connection holds.
+func (s *Service) NATSSubscriptions() int { return s.nc.NumSubscriptions() }
