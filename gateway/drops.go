@@ -52,7 +52,10 @@ func (w wakeup) each(ctx context.Context, fn func()) {
 // it drops after it until one gets through: so a subscription stays noted
 // once its state was read, and is read again if it dropped more since,
 // until one of its events got through with none dropped since (a drop
-// after that is told of again).
+// after that is told of again). A subscription still dropping is read
+// once it has dropped none for lostRecheck, not at every look: a read
+// taken while events are still being lost is stale at once, and reading
+// every user again each time would add to what the gateway is behind on.
 type lostEvents struct {
 	mu   sync.Mutex
 	subs map[*nats.Subscription]*lostSub
@@ -63,16 +66,17 @@ type lostEvents struct {
 type lostSub struct {
 	user      string // the watched user, for a user's subscription
 	all, self bool   // the subscription to every user's events, or to self events
-	// due reports that its state must be read: NATS told of a drop.
+	// due reports that its state must be read once it drops no more.
 	due bool
-	// dropped and delivered are the subscription's counts when its state
-	// was last read.
+	// dropped and delivered are the subscription's counts at the last
+	// look.
 	dropped   int
 	delivered int64
 }
 
 // lostRecheck is how often the subscriptions noted in lostEvents are
-// looked at for drops NATS did not tell of.
+// looked at for drops NATS did not tell of, and how long one must drop
+// none before its state is read.
 const lostRecheck = 250 * time.Millisecond
 
 func newLostEvents() *lostEvents {
@@ -83,17 +87,22 @@ func newLostEvents() *lostEvents {
 // the reader.
 func (l *lostEvents) note(sub *nats.Subscription, what lostSub) {
 	l.mu.Lock()
-	what.due = true
-	l.subs[sub] = &what
+	if ls, ok := l.subs[sub]; ok {
+		ls.due = true
+	} else {
+		what.due = true
+		what.dropped = -1 // dropping now: looked at again before it is read
+		l.subs[sub] = &what
+	}
 	l.mu.Unlock()
 	l.wake.signal()
 }
 
-// take returns the states to read now: those of the subscriptions NATS
-// told of since the last take, and of those that dropped events since
-// their state was last read, which it counts as read; it forgets the
-// subscriptions that ended, or got an event through with none dropped
-// since. noted reports whether some are still noted.
+// take returns the states to read now: those of the subscriptions that
+// dropped events and none since the last look, which it counts as read.
+// It forgets the subscriptions that ended, or got an event through with
+// none dropped since their state was read. noted reports whether some are
+// still noted.
 func (l *lostEvents) take() (users []string, all, self, noted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -104,14 +113,18 @@ func (l *lostEvents) take() (users []string, all, self, noted bool) {
 		case err != nil || err2 != nil:
 			delete(l.subs, sub) // ended
 			continue
-		case ls.due || dropped > ls.dropped:
+		case dropped != ls.dropped:
+			// Still dropping: read it once it stops.
+			ls.due, ls.dropped, ls.delivered = true, dropped, delivered
+			continue
+		case ls.due:
+			ls.due, ls.delivered = false, delivered
 		case delivered > ls.delivered:
 			delete(l.subs, sub)
 			continue
 		default:
 			continue
 		}
-		ls.due, ls.dropped, ls.delivered = false, dropped, delivered
 		switch {
 		case ls.all:
 			all = true
