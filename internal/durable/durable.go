@@ -31,7 +31,8 @@ var ErrInvalidConfig = errors.New("durable: invalid config")
 // are required.
 type Config struct {
 	// Name is the kind of process ("reaper"), as its logs say it: Run
-	// logs "<name> running" once it consumes.
+	// logs "<name> running" once it consumes, and "<name> stopped" when
+	// it returns after its context was canceled.
 	Name string
 	// Logger receives the lifecycle's logs; nil discards them.
 	Logger *slog.Logger
@@ -313,6 +314,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	drain()
 	stopWork()
 	work.Wait()
+	c.log.Info(c.cfg.Name + " stopped")
 	return nil
 }
 

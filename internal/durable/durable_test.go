@@ -170,6 +170,10 @@ func TestLifecycle(t *testing.T) {
 	if want := `"msg":"test running","bucket":"` + presence.StatusBucket + `"`; !strings.Contains(logs.String(), want) {
 		t.Errorf("logs lack %s:\n%s", want, logs.String())
 	}
+	// And this one to know that it stopped cleanly, its work done.
+	if want := `"msg":"test stopped"`; !strings.Contains(logs.String(), want) {
+		t.Errorf("logs lack %s:\n%s", want, logs.String())
+	}
 	if j.index("loop stopped") > j.index("work stopped") {
 		t.Errorf("work stopped before the loops: %v", j.list())
 	}
