@@ -79,9 +79,10 @@ of date; ` + "`greendot <command> --help`" + ` prints the same.
   ` + "`GREENDOT_CACHE_SIZE`" + `, ` + "`GREENDOT_FANOUT_CACHE_SIZE`" + `; ` + "`GREENDOT_JSON`" + ` (of
   ` + "`greendot graph show`" + `), ` + "`GREENDOT_GRAPH_JSON`" + `.
 - **Durations** are Go durations: ` + "`10ms`, `1s`, `5m`, `1h30m`" + `.
-- **Exit codes.** 0 after a clean shutdown (SIGINT or SIGTERM; a second signal
-  ends the process at once) or a successful command; 1 with a one-line error
-  on stderr for a bad flag, a bad argument or a failure. Logs go to stderr;
+- **Exit codes.** 0 after a clean shutdown (SIGINT or SIGTERM) or a successful
+  command; 1 with a one-line error on stderr for a bad flag, a bad argument or
+  a failure. A second signal during the shutdown ends the process at once,
+  with 130 after SIGINT and 143 after SIGTERM. Logs go to stderr;
   standalone's "where to connect" line, the graph commands' answers and the
   table of ` + "`greendot buckets`" + ` go to stdout.
 - **Who may connect.** A gateway needs dev auth or a JWT key, or it refuses to

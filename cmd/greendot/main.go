@@ -16,11 +16,26 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	// After the first signal, a second one ends the process at once.
-	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		cancel()
+		// A second signal ends the process at once, with the exit code a
+		// shell gives a process a signal ended. The process exits itself
+		// rather than let the signal's default action do it: a SIGINT that
+		// the process started with ignored (a background job of a shell
+		// script) would be ignored again.
+		sig := <-sigs
+		code := 1
+		if n, ok := sig.(syscall.Signal); ok {
+			code = 128 + int(n)
+		}
+		os.Exit(code)
+	}()
 	code := run(ctx, os.Args, os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	os.Exit(code)
 }
 

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -300,74 +301,166 @@ func TestStandaloneFromEnvironment(t *testing.T) {
 	})
 }
 
-// TestBinarySignals builds the greendot binary and stops it with SIGINT
-// and SIGTERM, as a terminal and a process manager do.
-func TestBinarySignals(t *testing.T) {
+// buildBinary builds the greendot binary into a temporary directory.
+func buildBinary(t *testing.T) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "greendot")
 	if err := system.Build(ctx, bin, system.Greendot); err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// binary is a greendot binary running standalone mode.
+type binary struct {
+	cmd    *exec.Cmd
+	addr   string // the gateway's host:port
+	stderr *syncBuffer
+	exited chan error // cmd.Wait's error, once it exited
+}
+
+// startBinary runs bin in standalone mode with dev auth, on free ports,
+// with extra flags, and waits for the line saying it serves.
+func startBinary(t *testing.T, bin string, extra ...string) *binary {
+	t.Helper()
+	args := append([]string{"standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0"}, extra...)
+	b := &binary{cmd: exec.Command(bin, args...), stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	stdout, err := b.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cmd.Stderr = b.stderr
+	if err := b.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+	})
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	var m []string
+	timeout := time.After(30 * time.Second)
+	for m == nil {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("stdout closed before the ready line; stderr:\n%s", b.stderr.String())
+			}
+			m = devReadyRE.FindStringSubmatch(l)
+		case <-timeout:
+			t.Fatalf("no ready line within 30s; stderr:\n%s", b.stderr.String())
+		}
+	}
+	b.addr = m[1]
+	go func() {
+		for range lines {
+		}
+		b.exited <- b.cmd.Wait()
+	}()
+	return b
+}
+
+// signal sends sig to the process.
+func (b *binary) signal(t *testing.T, sig os.Signal) {
+	t.Helper()
+	if err := b.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBinarySignals builds the greendot binary and stops it with SIGINT
+// and SIGTERM, as a terminal and a process manager do.
+func TestBinarySignals(t *testing.T) {
+	bin := buildBinary(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
-			cmd := exec.Command(bin, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0")
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var stderr syncBuffer
-			cmd.Stderr = &stderr
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			lines := make(chan string, 16)
-			go func() {
-				sc := bufio.NewScanner(stdout)
-				for sc.Scan() {
-					lines <- sc.Text()
-				}
-				close(lines)
-			}()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-			})
-			var m []string
-			timeout := time.After(30 * time.Second)
-			for m == nil {
-				select {
-				case l, ok := <-lines:
-					if !ok {
-						t.Fatalf("stdout closed before the ready line; stderr:\n%s", stderr.String())
-					}
-					m = devReadyRE.FindStringSubmatch(l)
-				case <-timeout:
-					t.Fatalf("no ready line within 30s; stderr:\n%s", stderr.String())
-				}
-			}
-			c := dial(t, "ws://"+m[1]+"/ws?user=alice", client.Options{})
+			b := startBinary(t, bin)
+			c := dial(t, "ws://"+b.addr+"/ws?user=alice", client.Options{})
 			if c.Hello.UserID != "alice" {
 				t.Errorf("hello = %+v", c.Hello)
 			}
-			go func() {
-				for range lines {
-				}
-				exited <- cmd.Wait()
-			}()
-			if err := cmd.Process.Signal(sig); err != nil {
-				t.Fatal(err)
-			}
+			b.signal(t, sig)
 			select {
-			case err := <-exited:
+			case err := <-b.exited:
 				if err != nil {
-					t.Errorf("after %v: %v; stderr:\n%s", sig, err, stderr.String())
+					t.Errorf("after %v: %v; stderr:\n%s", sig, err, b.stderr.String())
 				}
 			case <-time.After(20 * time.Second):
-				t.Fatalf("still running 20s after %v; stderr:\n%s", sig, stderr.String())
+				t.Fatalf("still running 20s after %v; stderr:\n%s", sig, b.stderr.String())
 			}
-			if code := cmd.ProcessState.ExitCode(); code != 0 {
+			if code := b.cmd.ProcessState.ExitCode(); code != 0 {
 				t.Errorf("exit code %d after %v, want 0", code, sig)
+			}
+		})
+	}
+}
+
+// TestBinarySecondSignal stops the greendot binary with a second signal
+// while its gateway drains after the first: it ends at once, with 128 and
+// the signal's number as its exit code, as a shell says of a process a
+// signal ended. That holds for a SIGINT the process started with ignored,
+// as a shell script starts a background job (greendot standalone &).
+func TestBinarySecondSignal(t *testing.T) {
+	bin := buildBinary(t)
+	for _, tt := range []struct {
+		name    string
+		sig     syscall.Signal
+		ignored bool // the process starts with sig ignored
+	}{
+		{"SIGINT", syscall.SIGINT, false},
+		{"SIGTERM", syscall.SIGTERM, false},
+		{"SIGINT ignored at start", syscall.SIGINT, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.ignored {
+				// The child inherits the ignored signal, as from a shell.
+				signal.Ignore(tt.sig)
+			}
+			// Two sockets drained over 2 minutes: the second is closed a
+			// minute after the first.
+			b := startBinary(t, bin, "--drain-period", "2m")
+			if tt.ignored {
+				signal.Reset(tt.sig)
+			}
+			closed := make(chan error, 2)
+			for _, user := range []string{"alice", "bob"} {
+				c := dial(t, "ws://"+b.addr+"/ws?user="+user, client.Options{})
+				defer systest.KeepAlive(c, time.Second)()
+				go func() {
+					for {
+						if _, _, err := c.Read(); err != nil {
+							closed <- err
+							return
+						}
+					}
+				}()
+			}
+			b.signal(t, tt.sig)
+			// The drain has begun once one socket is closed with 1001.
+			select {
+			case err := <-closed:
+				if ce := (*client.CloseError)(nil); !errors.As(err, &ce) || ce.Code != 1001 {
+					t.Fatalf("a socket ended with %v, want a close with 1001", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("no socket closed within 20s of %v; stderr:\n%s", tt.sig, b.stderr.String())
+			}
+			b.signal(t, tt.sig)
+			select {
+			case <-b.exited:
+			case <-time.After(20 * time.Second):
+				t.Fatalf("still running 20s after a second %v; stderr:\n%s", tt.sig, b.stderr.String())
+			}
+			if code, want := b.cmd.ProcessState.ExitCode(), 128+int(tt.sig); code != want {
+				t.Errorf("exit code %d after a second %v (%v), want %d", code, tt.sig, b.cmd.ProcessState, want)
 			}
 		})
 	}
