@@ -43,13 +43,18 @@ type Client struct {
 	// earlier status, not another device's choice.
 	statusSent bool
 	idle       bool
-	watched    map[string]struct{}
-	all        bool
-	presence   map[string]presence.Presence
-	rooms      map[string]*room // joined, by room id
-	self       protocol.Self
-	seq        uint64
-	err        error // why the client stopped; nil while it runs
+	// activitySent is when an activity last went on the open connection,
+	// and activityDue says one more was asked for since, which goes with
+	// the next heartbeat in its place (Activity).
+	activitySent time.Time
+	activityDue  bool
+	watched      map[string]struct{}
+	all          bool
+	presence     map[string]presence.Presence
+	rooms        map[string]*room // joined, by room id
+	self         protocol.Self
+	seq          uint64
+	err          error // why the client stopped; nil while it runs
 	// Requests (subscribe, unsubscribe, join, room_update, leave) are
 	// paced, as the gateway refuses one when 16 requests of the socket
 	// wait (requests.go): waiting holds those sent on the open connection
@@ -198,23 +203,52 @@ func (c *Client) Status() presence.Status {
 }
 
 // Activity says the person is active on this device: an automatic away
-// becomes online again. It ends Idle.
-func (c *Client) Activity() error { return c.setIdle(false, protocol.TypeActivity) }
+// becomes online again. It ends Idle. It may be called on every input
+// event: an activity is sent at once when the person was idle or none was
+// sent within the heartbeat interval, and otherwise with the next
+// heartbeat, in its place, so that the calls never add up to more
+// messages than the gateway takes.
+func (c *Client) Activity() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("%s: %w", protocol.TypeActivity, c.err)
+	}
+	every, _ := timings(c.hello)
+	if now := time.Now(); c.idle || now.Sub(c.activitySent) >= every {
+		c.idle, c.activityDue, c.activitySent = false, false, now
+		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeActivity})
+		return nil
+	}
+	c.activityDue = true
+	return nil
+}
 
 // Idle says the person is not looking at this device; when every device
 // of the user is idle, the user is away automatically. It lasts, across
 // reconnects, until Activity.
-func (c *Client) Idle() error { return c.setIdle(true, protocol.TypeIdle) }
-
-func (c *Client) setIdle(idle bool, typ string) error {
+func (c *Client) Idle() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {
-		return fmt.Errorf("%s: %w", typ, c.err)
+		return fmt.Errorf("%s: %w", protocol.TypeIdle, c.err)
 	}
-	c.idle = idle
-	c.sendLocked(protocol.ClientMessage{Type: typ})
+	c.idle, c.activityDue = true, false
+	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeIdle})
 	return nil
+}
+
+// sendDueActivity sends on conn the activity that Activity left for the
+// heartbeat, if one is due, and reports whether it did, with the write's
+// error.
+func (c *Client) sendDueActivity(conn *Conn) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.activityDue || c.conn != conn {
+		return false, nil
+	}
+	c.activityDue, c.activitySent = false, time.Now()
+	return true, c.write(conn, protocol.ClientMessage{Type: protocol.TypeActivity})
 }
 
 // Subscribe starts watching users. The gateway answers with a Snapshot of

@@ -564,6 +564,54 @@ func TestIdleAndActivity(t *testing.T) {
 	bob.awaitStatus("alice", presence.Online)
 }
 
+// TestActivityOnEveryInput calls Activity as an app does on every input
+// event, far more often than the gateway takes messages: an activity goes
+// at once, those that follow within a heartbeat interval go with the next
+// heartbeat, so the client is not closed for going over the rate limit,
+// and the person never turns away while the input goes on.
+func TestActivityOnEveryInput(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
+	sys.Mutual("alice", "bob")
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	bob := connect(t, g, "bob", client.Config{})
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Away)
+	for range 500 {
+		if err := alice.c.Activity(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bob.awaitStatus("alice", presence.Online)
+	back := len(bob.seen)
+	// The person goes on using the device for three away-afters.
+	input := time.NewTicker(20 * time.Millisecond)
+	defer input.Stop()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); <-input.C {
+		if err := alice.c.Activity(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := alice.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("self busy", func(ev client.Event) bool {
+		if d, ok := ev.(client.Disconnected); ok {
+			t.Fatalf("disconnected by %v", d.Err)
+		}
+		s, ok := ev.(client.Self)
+		return ok && s.Status == presence.Busy
+	})
+	bob.awaitStatus("alice", presence.Busy)
+	for _, ev := range bob.seen[back:] {
+		if says(ev, "alice", presence.Away) {
+			t.Fatalf("alice turned away while active: %s", describe(bob.seen))
+		}
+	}
+}
+
 // expiring proves "short" for a second from when it is checked and
 // "long" for an hour, both as carol.
 type expiring struct{}

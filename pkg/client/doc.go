@@ -13,11 +13,13 @@
 //   - It reads the hello frame and sends a heartbeat every
 //     heartbeat_interval_ms the gateway asks for. A heartbeat only keeps
 //     the connection alive: a person who sends no activity for 5 minutes
-//     (by default) is made away automatically, so call Activity on use and
-//     Idle when the person looks away, or set Config.KeepActive for a
-//     service that is present while it runs. When the gateway sends
-//     nothing for longer than its TTL (a ping is sent to probe it), the
-//     connection counts as dead.
+//     (by default) is made away automatically, so call Activity on use (on
+//     every input event if need be: beyond one a heartbeat interval, the
+//     activity goes with the next heartbeat, in its place) and Idle when
+//     the person looks away, or set Config.KeepActive for a service that
+//     is present while it runs. When the gateway sends nothing for longer
+//     than its TTL (a ping is sent to probe it), the connection counts as
+//     dead.
 //   - Subscribe, Unsubscribe, SubscribeAll and UnsubscribeAll keep the set
 //     of watched users; SetStatus keeps the chosen status. Both are sent at
 //     once when a connection is open, and again on every new connection.

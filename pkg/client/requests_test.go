@@ -266,7 +266,7 @@ func TestDroppedSubscribeIsSentAgain(t *testing.T) {
 	// As many messages as the limit takes at once, then the subscribe,
 	// which it drops.
 	for range 5 {
-		if err := alice.c.Activity(); err != nil {
+		if err := alice.c.Idle(); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -111,6 +111,7 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 	defer c.mu.Unlock()
 	c.hello = h
 	c.conn = conn
+	c.activitySent, c.activityDue = time.Time{}, false
 	if c.status != "" {
 		c.statusSent = true
 		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(c.status)})
@@ -263,8 +264,8 @@ func (c *Client) serve(conn *Conn) error {
 	}
 }
 
-// beat sends a heartbeat (or activity) every interval until stop is
-// closed, and a ping when no frame came for an interval, whose pong
+// beat sends a heartbeat (or activity, with KeepActive or when Activity
+// left one due) every interval until stop is closed, and a ping when no frame came for an interval, whose pong
 // shows the gateway is still there. A failed write aborts conn, which
 // ends serve.
 func (c *Client) beat(conn *Conn, every time.Duration, last *atomic.Int64, stop <-chan struct{}) {
@@ -280,7 +281,11 @@ func (c *Client) beat(conn *Conn, every time.Duration, last *atomic.Int64, stop 
 			return
 		case <-t.C:
 		}
-		if err := c.write(conn, msg); err != nil {
+		sent, err := c.sendDueActivity(conn)
+		if !sent && err == nil {
+			err = c.write(conn, msg)
+		}
+		if err != nil {
 			_ = conn.Abort()
 			return
 		}
