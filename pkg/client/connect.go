@@ -306,7 +306,10 @@ func (c *Client) Unsubscribe(userIDs ...string) error {
 
 // SubscribeAll watches every user (global presence), which the gateway
 // allows only under its "everyone" policy; otherwise it answers with
-// Denied for user "*".
+// Denied for user "*". Its Snapshot lists the users online (up to the
+// gateway's limit), and Changes follow; Presence has the users of the
+// newest such Snapshot and of the changes since, so a user who went
+// offline while the client reconnected is no longer there.
 func (c *Client) SubscribeAll() error { return c.setAll(true) }
 
 // UnsubscribeAll ends SubscribeAll; users subscribed one by one stay

@@ -332,6 +332,47 @@ func TestReconnectAfterGatewayRestart(t *testing.T) {
 	bob.awaitStatus("alice", presence.Away)
 }
 
+// TestSubscribeAllForgetsWhoLeftWhileDisconnected: bob watches everyone
+// and sees alice online; alice goes offline while bob's gateway is down,
+// a change bob never hears of. The answer to his subscribe to all after
+// the reconnect lists the users online, without her: Presence no longer
+// says she is online.
+func TestSubscribeAllForgetsWhoLeftWhileDisconnected(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	g := sys.Gateway()
+	other := sys.StartGateway(gateway.Config{})
+	alice := connect(t, other, "alice", fast)
+	bob := connect(t, g, "bob", fast)
+	if err := bob.c.SubscribeAll(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Online)
+
+	sys.StopGateway(g)
+	bob.await("disconnected", isType[client.Disconnected])
+	if err := alice.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, waitFor, 10*time.Millisecond, func() error {
+		if rec, err := sys.StatusOf("alice"); err != nil || rec.Public != presence.Offline {
+			return fmt.Errorf("alice is %+v (%v), want offline", rec, err)
+		}
+		return nil
+	})
+	sys.StartGatewayAt(gateway.Config{Policy: gateway.PolicyEveryone}, g.Addr)
+	bob.await("reconnected", isType[client.Reconnected])
+	bob.await("the snapshot of everyone", func(ev client.Event) bool {
+		s, ok := ev.(client.Snapshot)
+		return ok && s.OnlineCount != nil
+	})
+	if p, ok := bob.c.Presence("alice"); ok && p.Status != presence.Offline {
+		t.Fatalf("Presence(alice) = %+v after she left, want offline or unknown", p)
+	}
+	if p, ok := bob.c.Presence("bob"); !ok || p.Status != presence.Online {
+		t.Fatalf("Presence(bob) = %+v, %v, want online", p, ok)
+	}
+}
+
 // TestNoReconnectAfterUnauthorized: a 401 stops Connect at once, and stops
 // a running client that meets it when reconnecting.
 func TestNoReconnectAfterUnauthorized(t *testing.T) {

@@ -309,7 +309,9 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 	c.mu.Lock()
 	switch ev := ev.(type) {
 	case Snapshot:
-		c.answeredLocked(ev.ID, true)
+		if m, ok := c.answeredLocked(ev.ID, true); ok && m.All {
+			c.onlineLocked(ev.Users)
+		}
 		c.notedLocked(ev.Users)
 	case Changes:
 		c.notedLocked(ev.Updates)
@@ -384,6 +386,22 @@ func (c *Client) unwatchLocked(m protocol.ClientMessage) {
 	for _, id := range m.UserIDs {
 		delete(c.watched, id)
 		delete(c.presence, id)
+	}
+}
+
+// onlineLocked takes the answer to a subscribe to all, which lists the
+// users online now: the users watched only through it that it does not
+// list went offline unseen (while the client reconnected) or are not
+// known, and their presence is forgotten.
+func (c *Client) onlineLocked(list []presence.Presence) {
+	listed := make(map[string]bool, len(list))
+	for _, p := range list {
+		listed[p.UserID] = true
+	}
+	for id := range c.presence {
+		if _, watched := c.watched[id]; !watched && !listed[id] {
+			delete(c.presence, id)
+		}
 	}
 }
 
