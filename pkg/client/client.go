@@ -64,6 +64,10 @@ type Conn struct {
 	// onFrame, when set, is called for every frame Read reads, control
 	// frames included: Client uses it to see that the gateway is alive.
 	onFrame func()
+	// writeTimeout, when set, bounds the writes of Read's answers (pong,
+	// close), which come whenever the gateway asks: Client sets it, as a
+	// deadline its own writes set may have passed long ago.
+	writeTimeout time.Duration
 
 	// Hello is the hello frame the gateway sent first.
 	Hello protocol.ServerMessage
@@ -149,6 +153,9 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 func (c *Conn) writeLocked(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	if c.writeTimeout > 0 {
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
 	return c.nc.Write(p)
 }
 

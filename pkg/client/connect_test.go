@@ -716,18 +716,19 @@ func TestExpiredTokenRenewedOnlyWithTokenFunc(t *testing.T) {
 	}
 }
 
-// TestSilentGatewayCountsAsGone serves WebSockets that send hello and then
-// nothing, not even pongs: the client pings, gives up on the connection
-// after the TTL, and connects again.
-func TestSilentGatewayCountsAsGone(t *testing.T) {
+// fakeGateway serves WebSockets that send hello and then leave the socket
+// to serve, until the test ends; it returns their ws:// URL.
+func fakeGateway(t *testing.T, hello string, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pings := make(chan struct{}, 100)
 	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer ln.Close()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+	})
 	wg.Go(func() {
 		for {
 			nc, err := ln.Accept()
@@ -739,33 +740,44 @@ func TestSilentGatewayCountsAsGone(t *testing.T) {
 				if _, err := ws.Upgrade(nc); err != nil {
 					return
 				}
-				hello := `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":100,"ttl_ms":300,"status":"online"}`
 				if err := wsutil.WriteServerText(nc, []byte(hello)); err != nil {
 					return
 				}
-				for {
-					h, err := ws.ReadHeader(nc)
-					if err != nil || h.OpCode == ws.OpClose {
-						return
-					}
-					if _, err := io.CopyN(io.Discard, nc, h.Length); err != nil {
-						return
-					}
-					if h.OpCode == ws.OpPing {
-						select {
-						case pings <- struct{}{}:
-						default:
-						}
-					}
-				}
+				serve(nc)
 			})
 		}
 	})
+	return "ws://" + ln.Addr().String()
+}
+
+// TestSilentGatewayCountsAsGone serves WebSockets that send hello and then
+// nothing, not even pongs: the client pings, gives up on the connection
+// after the TTL, and connects again.
+func TestSilentGatewayCountsAsGone(t *testing.T) {
+	pings := make(chan struct{}, 100)
+	addr := fakeGateway(t, `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":100,"ttl_ms":300,"status":"online"}`,
+		func(nc net.Conn) {
+			for {
+				h, err := ws.ReadHeader(nc)
+				if err != nil || h.OpCode == ws.OpClose {
+					return
+				}
+				if _, err := io.CopyN(io.Discard, nc, h.Length); err != nil {
+					return
+				}
+				if h.OpCode == ws.OpPing {
+					select {
+					case pings <- struct{}{}:
+					default:
+					}
+				}
+			}
+		})
 	cfg := fast
 	cfg.User = "alice"
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	c, err := client.Connect(ctx, "ws://"+ln.Addr().String(), cfg)
+	c, err := client.Connect(ctx, addr, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -784,6 +796,118 @@ func TestSilentGatewayCountsAsGone(t *testing.T) {
 	e.await("reconnected", isType[client.Reconnected])
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// offer sends v on ch unless ch is full.
+func offer[T any](ch chan<- T, v T) {
+	select {
+	case ch <- v:
+	default:
+	}
+}
+
+// TestWritesLongAfterTheLastOne: a ping that comes (from the gateway, or a
+// proxy on the way) longer than the write timeout after the client last
+// wrote is answered with a pong, and the connection stays; a Close that
+// long after the last write still sends a close frame with 1000.
+func TestWritesLongAfterTheLastOne(t *testing.T) {
+	const writeTimeout = 50 * time.Millisecond
+	pongs := make(chan struct{}, 1)
+	quiet := make(chan struct{}, 1)
+	closes := make(chan ws.StatusCode, 1)
+	addr := fakeGateway(t, `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":5000,"ttl_ms":60000,"status":"online"}`,
+		func(nc net.Conn) {
+			type frame struct {
+				h       ws.Header
+				payload []byte
+			}
+			frames := make(chan frame)
+			go func() {
+				defer close(frames)
+				for {
+					h, err := ws.ReadHeader(nc)
+					if err != nil {
+						return
+					}
+					payload := make([]byte, h.Length)
+					if _, err := io.ReadFull(nc, payload); err != nil {
+						return
+					}
+					ws.Cipher(payload, h.Mask, 0)
+					frames <- frame{h, payload}
+				}
+			}()
+			// Each step waits well past the deadline of the client's
+			// last write.
+			var ping, still <-chan time.Time
+			for {
+				select {
+				case f, ok := <-frames:
+					switch {
+					case !ok:
+						offer(closes, 0) // no close frame
+						return
+					case f.h.OpCode == ws.OpText && ping == nil:
+						ping = time.After(10 * writeTimeout)
+					case f.h.OpCode == ws.OpPong:
+						offer(pongs, struct{}{})
+						still = time.After(10 * writeTimeout)
+					case f.h.OpCode == ws.OpClose:
+						code, _ := ws.ParseCloseFrameData(f.payload)
+						offer(closes, code)
+						return
+					}
+				case <-ping:
+					if err := ws.WriteFrame(nc, ws.NewPingFrame([]byte("x"))); err != nil {
+						return
+					}
+				case <-still:
+					offer(quiet, struct{}{})
+				}
+			}
+		})
+	cfg := fast
+	cfg.User = "alice"
+	cfg.WriteTimeout = writeTimeout
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := client.Connect(ctx, addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	timeout := time.After(waitFor)
+	for done := false; !done; {
+		select {
+		case <-pongs:
+			done = true
+		case ev, ok := <-c.Events():
+			if !ok {
+				t.Fatalf("no pong: the client stopped: %v", c.Err())
+			}
+			if d, ok := ev.(client.Disconnected); ok {
+				t.Fatalf("no pong: disconnected by %v", d.Err)
+			}
+		case <-timeout:
+			t.Fatal("no pong")
+		}
+	}
+	select {
+	case <-quiet:
+	case <-timeout:
+		t.Fatal("the gateway did not go on")
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-closes:
+		if code != ws.StatusNormalClosure {
+			t.Fatalf("closed with %d (0: no close frame), want 1000", code)
+		}
+	case <-timeout:
+		t.Fatal("no close frame")
 	}
 }
 

@@ -234,9 +234,12 @@ func (c *Client) serve(conn *Conn) error {
 		_ = nc.SetReadDeadline(now.Add(silence))
 	}
 	conn.onFrame()
+	conn.writeTimeout = c.cfg.WriteTimeout
 	closed := make(chan struct{})
 	stopClose := context.AfterFunc(c.ctx, func() {
 		defer close(closed)
+		// The deadline of the last write may have passed long ago.
+		_ = nc.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
 		_ = conn.Close()
 	})
 	defer func() {
