@@ -282,3 +282,55 @@ func TestDroppedSubscribeIsSentAgain(t *testing.T) {
 		return ok && len(s.Users) == 1 && s.Users[0].UserID == "bob"
 	})
 }
+
+// TestRefusalDoesNotUndoALaterCall: a join refused because the socket is
+// in as many rooms as it may be, and a subscribe refused because it
+// watches as many users as it may, do not undo the same join or subscribe
+// called again after a leave or unsubscribe made room: the client is in
+// the room and watches the user, as the gateway has it.
+func TestRefusalDoesNotUndoALaterCall(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{MaxRoomsPerConn: 1, MaxSubscriptions: 1}})
+	sys.Mutual("alice", "bob", "carol")
+	g := sys.Gateway()
+	connect(t, g, "carol", fast)
+	alice := connect(t, g, "alice", fast)
+	if err := alice.c.Join("doc:a", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.c.Subscribe("bob"); err != nil {
+		t.Fatal(err)
+	}
+	alice.awaitStatus("bob", presence.Offline)
+	alice.awaitRoom("doc:a", "alice= count=1 joined=true")
+
+	for _, call := range []func() error{
+		func() error { return alice.c.Join("doc:b", nil) },
+		func() error { return alice.c.Leave("doc:a") },
+		func() error { return alice.c.Join("doc:b", nil) },
+		func() error { return alice.c.Subscribe("carol") },
+		func() error { return alice.c.Unsubscribe("bob") },
+		func() error { return alice.c.Subscribe("carol") },
+	} {
+		if err := call(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alice.await("the join refused", func(ev client.Event) bool {
+		d, ok := ev.(client.RoomDenied)
+		return ok && d.Room == "doc:b" && d.Reason == protocol.ReasonTooManyRooms
+	})
+	alice.await("the subscribe refused", func(ev client.Event) bool {
+		d, ok := ev.(client.Denied)
+		return ok && d.UserID == "carol" && d.Reason == protocol.ReasonTooManySubscriptions
+	})
+	alice.awaitStatus("carol", presence.Online)
+	if r, ok := alice.c.Room("doc:b"); !ok || !r.Joined || !slices.Equal(alice.c.Rooms(), []string{"doc:b"}) {
+		t.Errorf("rooms %v, doc:b %+v, want doc:b joined", alice.c.Rooms(), r)
+	}
+	if w := alice.c.Watched(); !slices.Equal(w, []string{"carol"}) {
+		t.Errorf("Watched() = %v, want [carol]", w)
+	}
+	if p, ok := alice.c.Presence("carol"); !ok || p.Status != presence.Online {
+		t.Errorf("Presence(carol) = %+v, %v, want online", p, ok)
+	}
+}

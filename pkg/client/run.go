@@ -357,22 +357,47 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 	case RoomDiff:
 		c.roomDiffLocked(ev.RoomDiff)
 	case RoomDenied:
-		delete(c.rooms, ev.Room)
+		// A join of the room sent after the refused one decides, as
+		// the gateway handles it after the refusal.
+		i := c.waitingLocked(ev.ID)
+		if i < 0 || !c.laterLocked(i+1, func(m protocol.ClientMessage) bool {
+			return m.Type == protocol.TypeJoin && m.Room == ev.Room
+		}) {
+			delete(c.rooms, ev.Room)
+		}
 		c.answeredLocked(ev.ID, false)
 	case Denied:
 		// A denied with an id answers a subscribe: only a subscribe to
 		// all is answered with nothing else (the others with a
-		// presence_init first, which ended them).
+		// presence_init first, which ended them). So what still waits
+		// was sent after it, and a subscribe of the same user there
+		// decides.
 		c.answeredLocked(ev.ID, true)
-		if ev.UserID == "*" {
+		later := ev.ID != "" && c.laterLocked(0, func(m protocol.ClientMessage) bool {
+			return m.Type == protocol.TypeSubscribe && (m.All && ev.UserID == "*" || slices.Contains(m.UserIDs, ev.UserID))
+		})
+		switch {
+		case later:
+		case ev.UserID == "*":
 			c.all = false
-		} else {
+		default:
 			delete(c.watched, ev.UserID)
 			delete(c.presence, ev.UserID)
 		}
 	}
 	c.mu.Unlock()
 	c.emit(ev)
+}
+
+// laterLocked reports whether a request waiting from index from on, or
+// in the backlog, matches.
+func (c *Client) laterLocked(from int, match func(protocol.ClientMessage) bool) bool {
+	for _, w := range c.waiting[from:] {
+		if match(w.m) {
+			return true
+		}
+	}
+	return slices.ContainsFunc(c.backlog, match)
 }
 
 // transient reports whether an error code means a request may succeed
