@@ -26,8 +26,8 @@
 //     Many ids go in several messages, paced to stay within the gateway's
 //     limits on waiting requests and on messages per second (20 a second,
 //     40 at once, by default): a program that sends far more than that
-//     with SetStatus, Activity or Idle is closed with 1008, which stops the
-//     Client.
+//     with SetStatus, Idle, Typing or Signal is closed with 1008, which
+//     stops the Client.
 //   - Join, UpdateRoomMeta and Leave keep the rooms the client is in,
 //     each with this connection's meta; the rooms are joined again, with
 //     the newest meta, on every new connection. Room keeps each room's

@@ -291,8 +291,10 @@ func addConns(members map[string]map[string]protocol.RoomConn, list []protocol.R
 // Typing says the person is typing in a room joined: the others get the
 // signal typing, which holds for protocol.SignalExpiresMS. Call it about
 // every 2 s while the person types. The gateway rate limits signals (a
-// ServerError rate_limited). It returns an error wrapping ErrNotJoined
-// when the room is not joined on the open connection.
+// ServerError rate_limited), and closes with 1008, which stops the
+// Client, a socket that keeps sending far more messages than its rate
+// limit takes (20 a second by default). It returns an error wrapping
+// ErrNotJoined when the room is not joined on the open connection.
 func (c *Client) Typing(roomID string) error {
 	return c.signal(roomID, protocol.ClientMessage{Type: protocol.TypeTyping, Room: roomID})
 }
@@ -300,9 +302,10 @@ func (c *Client) Typing(roomID string) error {
 // Signal sends a short-lived signal to the other members of a room joined
 // (a cursor, a reaction): a type of 1 to 32 characters of a-z 0-9 _ -,
 // and data (nil, or a value whose JSON is at most presence.MaxSignalData
-// bytes). The others get it in a RoomSignal event. It returns an error
-// wrapping ErrNotJoined when the room is not joined on the open
-// connection.
+// bytes). The others get it in a RoomSignal event. Signals are rate
+// limited as Typing says: a cursor is sent at most a few times a second,
+// not on every move. It returns an error wrapping ErrNotJoined when the
+// room is not joined on the open connection.
 func (c *Client) Signal(roomID, signal string, data any) error {
 	if !presence.ValidSignal(signal) {
 		return fmt.Errorf("signal %q: want 1 to %d characters of a-z 0-9 _ -", signal, presence.MaxSignalLen)
