@@ -362,11 +362,14 @@ func (c *Client) Self() protocol.Self {
 }
 
 // sendLocked sends m on the open connection, if there is one. A failed
-// write is not an error of the caller: the connection is broken, and what
+// write is not an error of the caller: the connection is broken (a write
+// that timed out may have left part of a frame), so it is ended, and what
 // m changed is sent again on the next one.
 func (c *Client) sendLocked(m protocol.ClientMessage) {
 	if c.conn != nil {
-		_ = c.write(c.conn, m)
+		if err := c.write(c.conn, m); err != nil {
+			_ = c.conn.Abort()
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -999,4 +1000,126 @@ func TestStatusChosenOnAnotherDeviceIsAdopted(t *testing.T) {
 	if st := alice.c.Status(); st != presence.Online {
 		t.Fatalf("status after an away = %q, want online kept", st)
 	}
+}
+
+// stallingProxy forwards TCP connections to a gateway until pause, from
+// which on what the connections open then send goes no further and is
+// soon no longer read, as on a network path that stalls.
+type stallingProxy struct {
+	addr string
+	mu   sync.Mutex
+	open map[net.Conn]chan struct{} // each closed when its connection stalls
+}
+
+func newStallingProxy(t *testing.T, target string) *stallingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallingProxy{addr: ln.Addr().String(), open: make(map[net.Conn]chan struct{})}
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		close(done)
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = in.Close()
+				continue
+			}
+			stall := make(chan struct{})
+			p.mu.Lock()
+			p.open[in] = stall
+			p.mu.Unlock()
+			wg.Go(func() {
+				<-done
+				_ = in.Close()
+				_ = out.Close()
+			})
+			wg.Go(func() { _, _ = io.Copy(in, out) })
+			wg.Go(func() {
+				buf := make([]byte, 4096)
+				for {
+					n, err := in.Read(buf)
+					select {
+					case <-stall:
+						return // what was on the way is lost
+					default:
+					}
+					if n > 0 {
+						if _, err := out.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return p
+}
+
+// pause stalls the connections open now.
+func (p *stallingProxy) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for in, stall := range p.open {
+		close(stall)
+		_ = in.SetReadDeadline(time.Unix(1, 0))
+	}
+	clear(p.open)
+}
+
+// TestWriteTimeoutEndsTheConnection: when the network path stalls, the
+// write of a status change times out; the client gives up on the
+// connection at once, rather than with the next heartbeat (a minute
+// later here) or never if the path comes back first, and sends the
+// status on a new one.
+func TestWriteTimeoutEndsTheConnection(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{HeartbeatInterval: time.Minute, ConnTTL: 3 * time.Minute}})
+	proxy := newStallingProxy(t, sys.Gateway().Addr)
+	cfg := fast
+	cfg.User = "alice"
+	cfg.WriteTimeout = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	c, err := client.Connect(ctx, "ws://"+proxy.addr, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	alice := &events{t: t, c: c, name: "alice"}
+	proxy.pause()
+	// Status changes fill the socket's buffers until a write times out.
+	for end, i := time.Now().Add(waitFor), 0; !slices.ContainsFunc(alice.seen, isType[client.Disconnected]); i++ {
+		if time.Now().After(end) {
+			t.Fatalf("no disconnect after writes stalled for %v", waitFor)
+		}
+		st := []presence.Status{presence.Online, presence.Busy}[i%2]
+		if err := c.SetStatus(st); err != nil {
+			t.Fatal(err)
+		}
+		alice.drain()
+	}
+	if !slices.ContainsFunc(alice.seen, isType[client.Reconnected]) {
+		alice.await("reconnected", isType[client.Reconnected])
+	}
+	want := c.Status()
+	natstest.CheckFor(t, waitFor, 10*time.Millisecond, func() error {
+		if rec, err := sys.StatusOf("alice"); err != nil || rec.Public != want {
+			return fmt.Errorf("alice is %q (%v), want %s", rec.Public, err, want)
+		}
+		return nil
+	})
 }
