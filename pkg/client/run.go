@@ -268,9 +268,9 @@ func (c *Client) serve(conn *Conn) error {
 }
 
 // beat sends a heartbeat (or activity, with KeepActive or when Activity
-// left one due) every interval until stop is closed, and a ping when no frame came for an interval, whose pong
-// shows the gateway is still there. A failed write aborts conn, which
-// ends serve.
+// left one due) every interval until stop is closed, and a ping when no
+// frame came for an interval, whose pong shows the gateway is still there.
+// A failed write aborts conn, which ends serve.
 func (c *Client) beat(conn *Conn, every time.Duration, last *atomic.Int64, stop <-chan struct{}) {
 	msg := protocol.ClientMessage{Type: protocol.TypeHeartbeat}
 	if c.cfg.KeepActive {
