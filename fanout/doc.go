@@ -18,7 +18,11 @@
 // (presence.Published on presence.published, from each writer at most
 // every 50ms while it publishes). Delay after a revision was written, it
 // publishes the events the revision calls for that no report named, and
-// acknowledges the revision. In a healthy system it publishes nothing.
+// acknowledges the revision. In a healthy system with one instance it
+// publishes nothing; with several, an instance that did not handle a
+// user's revision before may publish an event repeating the current state
+// (the version counters below tell it what moved since the revision it
+// handled last, not since the last one published).
 //
 // Records carry version counters (pv, sv) that their writers bump on every
 // change, so a fanout that skipped revisions (History keeps a few) or
