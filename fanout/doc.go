@@ -18,20 +18,18 @@
 // (presence.Published on presence.published, from each writer at most
 // every 50ms while it publishes). Delay after a revision was written, it
 // publishes the events the revision calls for that no report named, and
-// acknowledges the revision. In a healthy system with one instance it
-// publishes nothing; with several, an instance that did not handle a
-// user's revision before may publish an event repeating the current state
-// (the version counters below tell it what moved since the revision it
-// handled last, not since the last one published).
+// acknowledges the revision. In a healthy system it publishes nothing.
 //
 // Records carry version counters (pv, sv) that their writers bump on every
 // change, so a fanout that skipped revisions (History keeps a few) or
-// restarted still knows what moved. A revision no newer than one a fanout
-// already handled for the user was delivered again after a lost
-// acknowledgement, which its events may have been lost with (a connection
-// that died with both in flight): the fanout publishes them again, unless
-// the server confirmed it has them, or a newer revision's (a ping answered
-// on the connection they went out on, after each batch that published
-// something). Gateways drop events whose revision is not newer than what
-// they have, so duplicates are harmless.
+// restarted still knows what moved; and a record that left the public
+// view as it was says since which revision (ps), so an instance that did
+// not handle that one publishes no event repeating it. A revision no newer
+// than one a fanout already handled for the user was delivered again after
+// a lost acknowledgement, which its events may have been lost with (a
+// connection that died with both in flight): the fanout publishes them
+// again, unless the server confirmed it has them, or a newer revision's
+// (a ping answered on the connection they went out on, after each batch
+// that published something). Gateways drop events whose revision is not
+// newer than what they have, so duplicates are harmless.
 package fanout

@@ -262,6 +262,13 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 		prev.Updated = 1
 	}
 	pub, self, gws := presence.Changes(userID, &prev, next, rev)
+	if unmovedPublic(next) {
+		// The revision that moved the public view last has its event,
+		// from its writer or the instance that handled it, whatever
+		// this one knows of the user: its versions are those of the
+		// revisions it handled, not of the last one published.
+		pub = nil
+	}
 
 	if len(s.sent) >= s.cfg.CacheSize {
 		clear(s.sent)
@@ -306,7 +313,7 @@ func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *pres
 	}
 	pub, self, gws := presence.Changes(userID, &presence.Record{}, next, rev)
 	out := s.out.of(userID)
-	if rev <= out.pub {
+	if rev <= out.pub || unmovedPublic(next) {
 		pub = nil
 	}
 	if rev <= out.self {
@@ -317,6 +324,16 @@ func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *pres
 		return nil, nil
 	}
 	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: due}, nil
+}
+
+// unmovedPublic reports whether next, a revision's record (nil when
+// deleted), says it left the public view as the revision before it had
+// it: it calls for no public event, whatever this instance handled. (A
+// revision that moved the view, whose writer died before publishing, and
+// that the bucket's history dropped before any fanout handled it, behind
+// StatusHistory later ones that did not move it, would go unpublished.)
+func unmovedPublic(next *presence.Record) bool {
+	return next != nil && next.PubSince != 0
 }
 
 // errHeld says that a revision delivered again is one whose events wait

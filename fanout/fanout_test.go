@@ -273,7 +273,8 @@ func TestEvents(t *testing.T) {
 
 // TestRestartPublishesTheTruth: a fanout that starts over (its memory of
 // what it published is gone) publishes what the newest revisions say, and
-// never an older revision again.
+// never an older revision again, nor a revision that left the public view
+// as it was.
 func TestRestartPublishesTheTruth(t *testing.T) {
 	b := newBench(t, nil)
 	stop := b.startFanout(fanout.Config{})
@@ -283,12 +284,14 @@ func TestRestartPublishesTheTruth(t *testing.T) {
 	b.nextEvent()
 	stop()
 
-	// Written while no fanout runs: a device change only.
-	_, rev := b.update("erin", func(r *presence.Record) { r.SetConn("e2", presence.ConnInfo{Gateway: "gw1"}) })
+	// Written while no fanout runs: a device change only, then a change
+	// others see.
+	b.update("erin", func(r *presence.Record) { r.SetConn("e2", presence.ConnInfo{Gateway: "gw1"}) })
+	_, rev := b.update("erin", func(r *presence.Record) { r.Chosen = presence.Away })
 	b.startFanout(fanout.Config{})
 	ev := b.nextEvent()
-	if ev.UserID != "erin" || ev.Status != presence.Busy || ev.Rev != rev {
-		t.Errorf("after a restart: %+v, want erin busy at %d", ev, rev)
+	if ev.UserID != "erin" || ev.Status != presence.Away || ev.Rev != rev {
+		t.Errorf("after a restart: %+v, want erin away at %d", ev, rev)
 	}
 	b.barrier()
 }
@@ -688,4 +691,84 @@ func (b *bench) fanoutConsumer() (*jetstream.ConsumerInfo, error) {
 		return nil, err
 	}
 	return c.Info(context.Background())
+}
+
+// TestSeveralFanoutsRepeatNothing: with two fanouts sharing the consumer,
+// each handles some of a user's revisions. One that did not handle the
+// revision that last moved the public view still publishes nothing for a
+// later one that left it as it was (a second device): its record says
+// since when the view has not moved. An event repeating the state would
+// tell watchers, of an invisible user too, when their devices come and go.
+// (An event of a revision that moved the view may come twice, from its
+// writer and a fanout that had not seen its report yet: gateways drop the
+// second.)
+func TestSeveralFanoutsRepeatNothing(t *testing.T) {
+	b := newBench(t, nil)
+	cfg := fanout.Config{Delay: 100 * time.Millisecond}
+	b.startFanout(cfg)
+	b.startFanout(cfg)
+	pub := presence.NewPublisher(b.nc)
+	t.Cleanup(pub.Close)
+	ctx := context.Background()
+	write := func(user string, mutate func(*presence.Record)) uint64 {
+		t.Helper()
+		w, err := b.store.WriteStatus(ctx, user, &presence.Cached{}, func(r *presence.Record) error {
+			mutate(r)
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pub.Publish(user, &w, false); err != nil {
+			t.Fatal(err)
+		}
+		return w.Rev
+	}
+	const users = 40
+	moved, unmoved := map[uint64]bool{}, map[uint64]bool{}
+	for i := range users {
+		user := fmt.Sprintf("u%d", i)
+		// Online, then invisible: the public view moves twice...
+		moved[write(user, func(r *presence.Record) { r.SetConn("c1", presence.ConnInfo{Gateway: "gw1", Lease: "E"}) })] = true
+		moved[write(user, func(r *presence.Record) { r.Chosen = presence.Invisible })] = true
+		// ...and a second device leaves it as it was.
+		unmoved[write(user, func(r *presence.Record) { r.SetConn("c2", presence.ConnInfo{Gateway: "gw2", Lease: "E"}) })] = true
+	}
+	// Every revision handled: whatever a fanout published is on its way.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		info, err := b.fanoutConsumer()
+		if err != nil {
+			return err
+		}
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return fmt.Errorf("%d revisions to hand out, %d being handled", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	for {
+		m, err := b.events.NextMsg(time.Second)
+		if errors.Is(err, nats.ErrTimeout) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev presence.Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if unmoved[ev.Rev] {
+			t.Errorf("event %+v of a revision that left the public view as it was", ev)
+		}
+		seen[ev.Rev] = true
+	}
+	for rev := range moved {
+		if !seen[rev] {
+			t.Errorf("no event of revision %d, which moved the public view", rev)
+		}
+	}
 }

@@ -45,6 +45,11 @@ type Record struct {
 	PubVer uint64 `json:"pv,omitempty"`
 	// SelfVer increases whenever Status or Devices changes.
 	SelfVer uint64 `json:"sv,omitempty"`
+	// PubSince is, when this revision left the public view as it was, the
+	// revision since which it has not moved; 0 when this revision moved it
+	// (or the record is new). A fanout that did not handle the revisions
+	// between knows from it that this one calls for no public event.
+	PubSince uint64 `json:"ps,omitempty"`
 	// Updated is when this revision was written, in unix milliseconds.
 	Updated int64 `json:"updated,omitempty"`
 
@@ -175,6 +180,18 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 		r.Since = now.UnixMilli()
 	}
 	r.Updated = now.UnixMilli()
+}
+
+// pubSince returns the PubSince of next, written at revision curRev over
+// cur, once next is finished.
+func pubSince(cur, next *Record, curRev uint64) uint64 {
+	switch {
+	case cur.Updated == 0 || next.PubVer != cur.PubVer:
+		return 0
+	case cur.PubSince != 0:
+		return cur.PubSince
+	}
+	return curRev
 }
 
 // seenAt returns when the user was last seen, for a write at now over prev

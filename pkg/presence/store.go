@@ -493,6 +493,7 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 // feedGate says so.
 func (s *Store) encodeNext(ctx context.Context, userID string, cur, next *Record, unfed int, curRev uint64) ([]byte, int, error) {
 	next.Finish(cur, s.now())
+	next.PubSince = pubSince(cur, next, curRev)
 	unfed, err := s.feedGate(ctx, userID, unfed, curRev)
 	if err != nil {
 		return nil, 0, err
