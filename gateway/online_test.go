@@ -68,29 +68,16 @@ func watchEveryone(t *testing.T, c *client.Conn) protocol.ServerMessage {
 	})
 }
 
-// TestEveryoneAndOneByOneInOrder: a socket that watches everyone, and bob
-// and carol one by one too, never sees a change of bob after a newer one
-// (protocol.md), however late global presence delivers it.
-func TestEveryoneAndOneByOneInOrder(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.Gateway()
-	bob := sys.Dial(gw, "bob")
-	defer systest.KeepAlive(bob, systest.Heartbeat)()
-	carol := sys.Dial(gw, "carol")
-	defer systest.KeepAlive(carol, systest.Heartbeat)()
-	alice := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(alice, systest.Heartbeat)()
-	watchEveryone(t, alice)
-	subscribe(t, alice, "s", "bob", "carol")
-
-	// Global presence's deliveries of bob's changes wait: the first until
-	// alice has seen bob's next change, the second until the test ends.
-	held := []chan struct{}{make(chan struct{}), make(chan struct{})}
-	release := make(chan struct{})
+// holdOnlineRounds holds global presence's rounds that deliver a change
+// of user: the first until release is called, the second until the test
+// ends. held[i] is closed when the i-th round starts.
+func holdOnlineRounds(t *testing.T, user string) (held [2]chan struct{}, release func()) {
+	held = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
+	released := make(chan struct{})
 	var mu sync.Mutex
 	n := 0
 	gateway.BeforeOnlineRound(t, func(users []string) {
-		if !slices.Contains(users, "bob") {
+		if !slices.Contains(users, user) {
 			return
 		}
 		mu.Lock()
@@ -100,13 +87,28 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 		switch i {
 		case 0:
 			close(held[0])
-			<-release
+			<-released
 		case 1:
 			close(held[1])
 			<-t.Context().Done()
 		}
 	})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
+	return held, sync.OnceFunc(func() { close(released) })
+}
+
+// TestEveryoneAndOneByOneInOrder: a socket that watches everyone, and bob
+// and carol one by one too, never sees a change of bob after a newer one
+// (protocol.md), however late global presence delivers it.
+func TestEveryoneAndOneByOneInOrder(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.Gateway()
+	bob, carol, alice := dialKept(t, sys, gw, "bob"), dialKept(t, sys, gw, "carol"), dialKept(t, sys, gw, "alice")
+	watchEveryone(t, alice)
+	subscribe(t, alice, "s", "bob", "carol")
+
+	// Global presence's deliveries of bob's changes wait: the first until
+	// alice has seen bob's next change, the second until the test ends.
+	held, releaseOnce := holdOnlineRounds(t, "bob")
 	defer releaseOnce()
 	if err := bob.SetStatus("busy"); err != nil {
 		t.Fatal(err)
@@ -139,40 +141,13 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 func TestEveryoneInitNotOvertaken(t *testing.T) {
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
-	bob := sys.Dial(gw, "bob")
-	defer systest.KeepAlive(bob, systest.Heartbeat)()
-	carol := sys.Dial(gw, "carol")
-	defer systest.KeepAlive(carol, systest.Heartbeat)()
-	dave := sys.Dial(gw, "dave")
-	defer systest.KeepAlive(dave, systest.Heartbeat)()
-	alice := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	bob, carol := dialKept(t, sys, gw, "bob"), dialKept(t, sys, gw, "carol")
+	dave, alice := dialKept(t, sys, gw, "dave"), dialKept(t, sys, gw, "alice")
 	watchEveryone(t, dave)
 
 	// Global presence's deliveries of bob's changes wait: the first until
 	// alice watches everyone, the second until the test ends.
-	held := []chan struct{}{make(chan struct{}), make(chan struct{})}
-	release := make(chan struct{})
-	var mu sync.Mutex
-	n := 0
-	gateway.BeforeOnlineRound(t, func(users []string) {
-		if !slices.Contains(users, "bob") {
-			return
-		}
-		mu.Lock()
-		i := n
-		n++
-		mu.Unlock()
-		switch i {
-		case 0:
-			close(held[0])
-			<-release
-		case 1:
-			close(held[1])
-			<-t.Context().Done()
-		}
-	})
-	releaseOnce := sync.OnceFunc(func() { close(release) })
+	held, releaseOnce := holdOnlineRounds(t, "bob")
 	defer releaseOnce()
 	if err := bob.SetStatus("busy"); err != nil {
 		t.Fatal(err)
