@@ -123,16 +123,7 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 	awaitClosed(t, held[1], "global presence to deliver bob's away")
 	// bob's busy, if global presence delivered it, is written no later
 	// than carol's change.
-	if err := carol.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
-		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
-			t.Fatalf("after bob away, alice got %s with bob %s", m.Type, p.Status)
-		}
-		p, ok := presenceOf(m, "carol")
-		return ok && p.Status == presence.Busy
-	})
+	awaitBobStays(t, alice, carol, presence.Away)
 }
 
 // TestEveryoneInitNotOvertaken: a change that global presence was about
@@ -177,14 +168,5 @@ func TestEveryoneInitNotOvertaken(t *testing.T) {
 	awaitClosed(t, held[1], "global presence to deliver bob's away")
 	// bob's busy, if global presence delivered it to alice, is written no
 	// later than carol's change.
-	if err := carol.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
-		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
-			t.Fatalf("after presence_init showed bob away, alice got %s with bob %s", m.Type, p.Status)
-		}
-		p, ok := presenceOf(m, "carol")
-		return ok && p.Status == presence.Busy
-	})
+	awaitBobStays(t, alice, carol, presence.Away)
 }

@@ -73,15 +73,7 @@ func revokeDial(t *testing.T, sys *systest.System, gw *systest.Gateway) (alice, 
 // then checks that nothing of bob comes before carol's next change.
 func revokeQueued(t *testing.T, sys *systest.System, gw *systest.Gateway, alice, bob, carol *client.Conn) {
 	t.Helper()
-	if err := bob.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
-		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
-			return errors.New("bob's change does not wait in alice's outbox")
-		}
-		return nil
-	})
+	bobBusyWaits(t, gw, alice, bob)
 	if err := sys.Store.Unfollow(context.Background(), "bob", "alice"); err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +83,38 @@ func revokeQueued(t *testing.T, sys *systest.System, gw *systest.Gateway, alice,
 	if carol != nil {
 		awaitWithoutBob(t, alice, carol)
 	}
+}
+
+// bobBusyWaits has bob set busy, and waits until his change waits in
+// alice's outbox (her writes held, or paced).
+func bobBusyWaits(t *testing.T, gw *systest.Gateway, alice, bob *client.Conn) {
+	t.Helper()
+	if err := bob.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
+		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
+			return errors.New("bob's change does not wait in alice's outbox")
+		}
+		return nil
+	})
+}
+
+// awaitBobStays has carol set busy and reads alice's frames until that
+// change, failing the test if one shows bob other than as want: a change
+// of bob still waiting would be written no later than carol's.
+func awaitBobStays(t *testing.T, alice, carol *client.Conn, want presence.Status) {
+	t.Helper()
+	if err := carol.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
+		if p, ok := presenceOf(m, "bob"); ok && p.Status != want {
+			t.Fatalf("after bob %s, alice got %s with bob %s", want, m.Type, p.Status)
+		}
+		p, ok := presenceOf(m, "carol")
+		return ok && p.Status == presence.Busy
+	})
 }
 
 // awaitWithoutBob has carol change her status and reads alice's frames
@@ -129,15 +153,7 @@ func TestUnsubscribeDropsQueuedChange(t *testing.T) {
 	// written.
 	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
 	t.Cleanup(releaseWrites)
-	if err := bob.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
-		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
-			return errors.New("bob's change does not wait in alice's outbox")
-		}
-		return nil
-	})
+	bobBusyWaits(t, gw, alice, bob)
 	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: "u", UserIDs: []string{"bob"}}); err != nil {
 		t.Fatal(err)
 	}

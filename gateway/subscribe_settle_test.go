@@ -2,7 +2,6 @@ package gateway_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -67,15 +66,7 @@ func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
 	// bob's busy waits in alice's outbox while her socket is being written.
 	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
 	t.Cleanup(releaseWrites)
-	if err := bob.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, systest.EventTimeout, 5*time.Millisecond, func() error {
-		if n, _ := gw.PendingUpdates("alice", alice.Hello.ConnID); n == 0 {
-			return errors.New("bob's change does not wait in alice's outbox")
-		}
-		return nil
-	})
+	bobBusyWaits(t, gw, alice, bob)
 	// bob's away is written, its event held back until alice's subscribe
 	// has read it.
 	releaseEvents := gw.HoldDispatcher()
@@ -97,15 +88,5 @@ func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
 	if p, _ := presenceOf(init, "bob"); p.Status != presence.Away {
 		t.Fatalf("presence_init s2 shows bob %+v, want away", p)
 	}
-	// A change of bob still waiting would be written no later than carol's.
-	if err := carol.SetStatus("busy"); err != nil {
-		t.Fatal(err)
-	}
-	systest.Await(t, alice, systest.EventTimeout, "carol busy", func(m protocol.ServerMessage) bool {
-		if p, ok := presenceOf(m, "bob"); ok && p.Status != presence.Away {
-			t.Fatalf("after presence_init showed bob away, alice got %s with bob %s", m.Type, p.Status)
-		}
-		p, ok := presenceOf(m, "carol")
-		return ok && p.Status == presence.Busy
-	})
+	awaitBobStays(t, alice, carol, presence.Away)
 }
