@@ -18,24 +18,30 @@ import (
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
+// aliceWatchesBobBuffered starts a system without fanout or reaper whose
+// gateway's event dispatcher holds buffer events, with alice watching bob
+// (online) and carol (offline), all mutual followers.
+func aliceWatchesBobBuffered(t *testing.T, buffer int) (*systest.System, *systest.Gateway, *client.Conn) {
+	t.Helper()
+	gateway.SetEventsBuffer(t, buffer)
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	sys.Mutual("alice", "bob", "carol")
+	gw := sys.Gateway()
+	alice, _ := dialKept(t, sys, gw, "alice"), dialKept(t, sys, gw, "bob")
+	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	systest.AwaitStatus(t, alice, "bob", presence.Online)
+	return sys, gw, alice
+}
+
 // TestEventsDroppedReadAgain: when the gateway falls so far behind that
 // NATS drops a watched user's events (a slow consumer), the gateway reads
 // that user's state again, and the watchers see the change the lost event
 // carried. There is no fanout here to publish it again.
 func TestEventsDroppedReadAgain(t *testing.T) {
 	const buffer = 16
-	gateway.SetEventsBuffer(t, buffer)
-	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
-	sys.Mutual("alice", "bob", "carol")
-	gw := sys.Gateway()
-	alice := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(alice, systest.Heartbeat)()
-	bob := sys.Dial(gw, "bob")
-	defer systest.KeepAlive(bob, systest.Heartbeat)()
-	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
-		t.Fatal(err)
-	}
-	systest.AwaitStatus(t, alice, "bob", presence.Online)
+	sys, gw, alice := aliceWatchesBobBuffered(t, buffer)
 
 	release := gw.HoldDispatcher()
 	defer release()
@@ -67,18 +73,7 @@ func TestEventsDroppedReadAgain(t *testing.T) {
 // user's state again is read again too, and the watchers see it.
 func TestEventsDroppedAfterTheReadReadAgain(t *testing.T) {
 	const buffer = 16
-	gateway.SetEventsBuffer(t, buffer)
-	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
-	sys.Mutual("alice", "bob", "carol")
-	gw := sys.Gateway()
-	alice := sys.Dial(gw, "alice")
-	defer systest.KeepAlive(alice, systest.Heartbeat)()
-	bob := sys.Dial(gw, "bob")
-	defer systest.KeepAlive(bob, systest.Heartbeat)()
-	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
-		t.Fatal(err)
-	}
-	systest.AwaitStatus(t, alice, "bob", presence.Online)
+	sys, gw, alice := aliceWatchesBobBuffered(t, buffer)
 
 	// Events of carol (offline, as she is) fill the dispatcher's buffer,
 	// and bob's are dropped.
