@@ -31,42 +31,32 @@ func (w wakeup) signal() {
 	}
 }
 
-// each runs fn each time w is signaled, until ctx is canceled.
-func (w wakeup) each(ctx context.Context, fn func()) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-w:
-		}
-		fn()
-	}
-}
-
-// lostEvents are the states the gateway must read again because NATS
-// dropped events of their subscriptions (a slow consumer): watched
-// users', every user's (the everyone policy's one subscription), and the
-// gateway's own users' (their self events). It is safe for concurrent use.
+// lostSubs are subscriptions that NATS dropped messages of (a slow
+// consumer), each with what must be read again for it: a watched user's
+// state, every user's (the everyone policy's one subscription), the
+// gateway's own users' (their self events), or a room's members. It is
+// safe for concurrent use.
 //
-// NATS tells of the first event it drops of a subscription, not of those
-// it drops after it until one gets through: so a subscription stays noted
-// once its state was read, and is read again if it dropped more since,
-// until one of its events got through with none dropped since (a drop
-// after that is told of again). A subscription still dropping is read
-// once it has dropped none for lostRecheck, not at every look: a read
-// taken while events are still being lost is stale at once, and reading
-// every user again each time would add to what the gateway is behind on.
-type lostEvents struct {
+// NATS tells of the first message it drops of a subscription, not of
+// those it drops after it until one gets through: so a subscription stays
+// noted once what it carries was read, and is read again if it dropped
+// more since, until one of its messages got through with none dropped
+// since (a drop after that is told of again). A subscription still
+// dropping is read once it has dropped none for lostRecheck, not at every
+// look: a read taken while messages are still being lost is stale at
+// once, and reading every user again each time would add to what the
+// gateway is behind on.
+type lostSubs[T any] struct {
 	mu   sync.Mutex
-	subs map[*nats.Subscription]*lostSub
+	subs map[*nats.Subscription]*lostSub[T]
 	wake wakeup
 }
 
-// lostSub is a subscription that dropped events.
-type lostSub struct {
-	user      string // the watched user, for a user's subscription
-	all, self bool   // the subscription to every user's events, or to self events
-	// due reports that its state must be read once it drops no more.
+// lostSub is a subscription that dropped messages.
+type lostSub[T any] struct {
+	what T // what to read again
+	// due reports that what it carries must be read once it drops no
+	// more.
 	due bool
 	// dropped and delivered are the subscription's counts at the last
 	// look.
@@ -74,36 +64,41 @@ type lostSub struct {
 	delivered int64
 }
 
-// lostRecheck is how often the subscriptions noted in lostEvents are
-// looked at for drops NATS did not tell of, and how long one must drop
-// none before its state is read.
-const lostRecheck = 250 * time.Millisecond
-
-func newLostEvents() *lostEvents {
-	return &lostEvents{subs: make(map[*nats.Subscription]*lostSub), wake: newWakeup()}
+// lostEvent is what a dispatcher's subscription carries.
+type lostEvent struct {
+	user      string // the watched user, for a user's subscription
+	all, self bool   // the subscription to every user's events, or to self events
 }
 
-// note records that sub dropped events, with what it carries, and wakes
+// lostRecheck is how often the subscriptions noted in lostSubs are looked
+// at for drops NATS did not tell of, and how long one must drop none
+// before what it carries is read.
+const lostRecheck = 250 * time.Millisecond
+
+func newLostSubs[T any]() *lostSubs[T] {
+	return &lostSubs[T]{subs: make(map[*nats.Subscription]*lostSub[T]), wake: newWakeup()}
+}
+
+// note records that sub dropped messages, with what it carries, and wakes
 // the reader.
-func (l *lostEvents) note(sub *nats.Subscription, what lostSub) {
+func (l *lostSubs[T]) note(sub *nats.Subscription, what T) {
 	l.mu.Lock()
 	if ls, ok := l.subs[sub]; ok {
 		ls.due = true
 	} else {
-		what.due = true
-		what.dropped = -1 // dropping now: looked at again before it is read
-		l.subs[sub] = &what
+		// Dropping now: looked at again before it is read.
+		l.subs[sub] = &lostSub[T]{what: what, due: true, dropped: -1}
 	}
 	l.mu.Unlock()
 	l.wake.signal()
 }
 
-// take returns the states to read now: those of the subscriptions that
-// dropped events and none since the last look, which it counts as read.
-// It forgets the subscriptions that ended, or got an event through with
-// none dropped since their state was read. noted reports whether some are
-// still noted.
-func (l *lostEvents) take() (users []string, all, self, noted bool) {
+// take returns what to read now: what the subscriptions carry that
+// dropped messages and none since the last look, which it counts as read.
+// It forgets the subscriptions that ended, or got a message through with
+// none dropped since what they carry was read. noted reports whether some
+// are still noted.
+func (l *lostSubs[T]) take() (due []T, noted bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for sub, ls := range l.subs {
@@ -112,29 +107,40 @@ func (l *lostEvents) take() (users []string, all, self, noted bool) {
 		switch {
 		case err != nil || err2 != nil:
 			delete(l.subs, sub) // ended
-			continue
 		case dropped != ls.dropped:
 			// Still dropping: read it once it stops.
 			ls.due, ls.dropped, ls.delivered = true, dropped, delivered
-			continue
 		case ls.due:
 			ls.due, ls.delivered = false, delivered
+			due = append(due, ls.what)
 		case delivered > ls.delivered:
 			delete(l.subs, sub)
-			continue
-		default:
-			continue
-		}
-		switch {
-		case ls.all:
-			all = true
-		case ls.self:
-			self = true
-		default:
-			users = append(users, ls.user)
 		}
 	}
-	return users, all, self, len(l.subs) > 0
+	return due, len(l.subs) > 0
+}
+
+// each calls read with what to read again, until ctx is canceled: when a
+// drop is noted, and every lostRecheck while subscriptions stay noted.
+func (l *lostSubs[T]) each(ctx context.Context, read func(due []T)) {
+	t := time.NewTimer(lostRecheck)
+	t.Stop()
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.wake:
+		case <-t.C:
+		}
+		due, noted := l.take()
+		if len(due) > 0 {
+			read(due)
+		}
+		if noted {
+			t.Reset(lostRecheck)
+		}
+	}
 }
 
 // catchDrops has the gateway hear of the messages NATS drops for it,
@@ -171,13 +177,13 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 	switch {
 	case subject == presence.SelfSubject(s.cfg.ID):
 		s.metrics.natsDrops.WithLabelValues("self").Inc()
-		s.lost.note(sub, lostSub{self: true})
+		s.lost.note(sub, lostEvent{self: true})
 	case subject == presence.EventWildcard:
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
-		s.lost.note(sub, lostSub{all: true})
+		s.lost.note(sub, lostEvent{all: true})
 	case perUser && presence.ValidUserID(user):
 		s.metrics.natsDrops.WithLabelValues("event").Inc()
-		s.lost.note(sub, lostSub{user: user})
+		s.lost.note(sub, lostEvent{user: user})
 	default:
 		return false
 	}
@@ -186,20 +192,21 @@ func (s *Service) eventsDropped(sub *nats.Subscription) bool {
 }
 
 // readLost reads again, until ctx is canceled, the states whose events
-// NATS dropped, each until the read succeeds; while subscriptions stay
-// noted (see lostEvents), it looks at them every lostRecheck.
+// NATS dropped (see lostSubs), each until the read succeeds.
 func (s *Service) readLost(ctx context.Context) {
-	t := time.NewTimer(lostRecheck)
-	t.Stop()
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.lost.wake:
-		case <-t.C:
+	s.lost.each(ctx, func(due []lostEvent) {
+		var users []string
+		all, self := false, false
+		for _, e := range due {
+			switch {
+			case e.all:
+				all = true
+			case e.self:
+				self = true
+			default:
+				users = append(users, e.user)
+			}
 		}
-		users, all, self, noted := s.lost.take()
 		if all {
 			users = s.hub.Users()
 		}
@@ -210,10 +217,7 @@ func (s *Service) readLost(ctx context.Context) {
 		if self {
 			s.resyncSelf(ctx)
 		}
-		if noted {
-			t.Reset(lostRecheck)
-		}
-	}
+	})
 }
 
 // resyncSelf reads the record of every user with a connection here, and

@@ -46,11 +46,9 @@ type roomHub struct {
 	// message of it before it is here.
 	subMu sync.RWMutex
 	subs  map[*nats.Subscription]roomSub
-	// lost holds the rooms that lost an event since they were listed;
-	// relistLost lists them again, woken by lostWake.
-	lostMu   sync.Mutex
-	lost     map[*room]struct{}
-	lostWake wakeup
+	// lost holds the rooms' subscriptions that lost events (see
+	// lostSubs); relistLost lists their rooms again.
+	lost *lostSubs[*room]
 
 	// afterRead, when set (by tests), runs in each listing once the keys
 	// are read.
@@ -197,7 +195,7 @@ type signalKey struct{ conn, signal string }
 func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
 	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room),
 		msgs: make(chan *nats.Msg, roomMsgsBuffer), subs: make(map[*nats.Subscription]roomSub),
-		lost: make(map[*room]struct{}), lostWake: newWakeup()}
+		lost: newLostSubs[*room]()}
 }
 
 // run hands the rooms' messages to their rooms until ctx is canceled.
@@ -258,23 +256,14 @@ func (h *roomHub) dropped(sub *nats.Subscription) bool {
 	}
 	h.metrics.natsDrops.WithLabelValues("room_event").Inc()
 	h.log.Warn("room events dropped, the gateway fell behind: listing the room again", "room", rs.r.id)
-	h.lostMu.Lock()
-	h.lost[rs.r] = struct{}{}
-	h.lostMu.Unlock()
-	h.lostWake.signal()
+	h.lost.note(sub, rs.r)
 	return true
 }
 
 // relistLost lists again the rooms that lost events, until ctx is
 // canceled. A listing that fails is tried again until it succeeds.
 func (h *roomHub) relistLost(ctx context.Context) {
-	h.lostWake.each(ctx, func() {
-		h.lostMu.Lock()
-		rooms := slices.Collect(maps.Keys(h.lost))
-		clear(h.lost)
-		h.lostMu.Unlock()
-		h.listAgain(ctx, rooms)
-	})
+	h.lost.each(ctx, func(rooms []*room) { h.listAgain(ctx, rooms) })
 }
 
 // acquire returns the table of a room for a local connection joining it,

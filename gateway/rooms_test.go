@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -868,5 +869,56 @@ func TestRoomListingsInTurn(t *testing.T) {
 	slices.Sort(want)
 	if got := gw.RoomConns("doc:5"); !slices.Equal(got, want) {
 		t.Errorf("the table holds %v, want %v (the ghost listed by the second listing)", got, want)
+	}
+}
+
+// TestRoomEventDroppedSilentlyListedAgain: NATS tells of the first message
+// it drops of a subscription, not of those it drops after it until one
+// gets through. A room whose event is dropped after it was listed again,
+// while the gateway is still behind, is listed once more.
+func TestRoomEventDroppedSilentlyListedAgain(t *testing.T) {
+	const buffer = 16
+	gateway.SetRoomMsgsBuffer(t, buffer)
+	sys := systest.Start(t, systest.Options{})
+	gw := sys.Gateway()
+	joinRoom(t, dialKept(t, sys, gw, "bob"), "j7", "doc:7", "")
+	w8 := joinRoom(t, dialKept(t, sys, gw, "alice"), "j8", "doc:8", "")
+
+	// doc:7's table is held: the first of its messages waits for it, the
+	// next fill the buffer every room shares, and NATS drops the rest.
+	unlock := gw.LockRoom("doc:7")
+	if unlock == nil {
+		t.Fatal("the gateway keeps no table of doc:7")
+	}
+	unlockOnce := sync.OnceFunc(unlock)
+	defer unlockOnce()
+	for i := range buffer + 10 {
+		publishJSON(t, sys, presence.RoomSignalSubject("doc:7"),
+			presence.RoomSignal{Room: "doc:7", UserID: "xavier", ConnID: fmt.Sprintf("x%d", i), Gateway: "gw-elsewhere", Signal: "typing"})
+	}
+	join := func(user string) {
+		t.Helper()
+		m := presence.RoomMember{Room: "doc:8", Gateway: "gw-elsewhere", Epoch: "E1", UserID: user, ConnID: user + "-1"}
+		value := presence.RoomValue{Meta: json.RawMessage(`{}`), Since: 1}
+		rev, err := sys.Store.PutRoomMember(t.Context(), m, value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishJSON(t, sys, presence.RoomSubject("doc:8"), presence.RoomEvent{Room: m.Room, Op: presence.RoomJoin, UserID: m.UserID, ConnID: m.ConnID,
+			Gateway: m.Gateway, Epoch: m.Epoch, Meta: value.Meta, Since: value.Since, Rev: rev})
+	}
+	// One member's event is dropped, told of, and doc:8 listed again...
+	join("ghost")
+	awaitDrops(t, gw, "room_event", 1)
+	w8.until("the ghost, found by listing again", func(w *roomWatch) bool { return len(w.members["ghost"]) == 1 })
+	// ...then another's, which NATS does not tell of.
+	join("wraith")
+	if err := sys.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	unlockOnce()
+	w8.until("the wraith, found by listing once more", func(w *roomWatch) bool { return len(w.members["wraith"]) == 1 })
+	if n := gw.NATSDrops("room_event"); n != 1 {
+		t.Errorf("room event drops told of: %v, want 1", n)
 	}
 }

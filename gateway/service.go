@@ -65,7 +65,7 @@ type Service struct {
 	calls  chan func()
 	// lost holds the states to read again because NATS dropped their
 	// events (catchDrops); readLost reads them.
-	lost *lostEvents
+	lost *lostSubs[lostEvent]
 
 	// Made by Serve, once the buckets are open.
 	store  *presence.Store
@@ -108,7 +108,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.BatchPace, cfg.WriteWorkers),
 		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
 		events:    make(chan *nats.Msg, eventsBuffer),
-		lost:      newLostEvents(),
+		lost:      newLostSubs[lostEvent](),
 		calls:     make(chan func(), 1024),
 		apiByUser: keyrate.New(cfg.APIRateLimit, cfg.APIRateBurst),
 		apiByAddr: keyrate.New(cfg.APIAddressRateLimit, cfg.APIAddressRateBurst),
