@@ -93,19 +93,25 @@ func TestBrowserRoom(t *testing.T) {
 	alice.wait("the lobby counts one", `document.querySelector("#lobby-count").textContent === "(just you)"`)
 }
 
+// aliceAndBobInTheLobby opens alice's and bob's pages of the demo on one
+// gateway, and waits until each sees the other in the lobby.
+func aliceAndBobInTheLobby(t *testing.T) (alice, bob *page) {
+	t.Helper()
+	chromium := chromiumPath(t)
+	gw := startDemo(t).Gateway()
+	c := startChrome(t, chromium)
+	alice = c.open("alice", demoURL(gw.HTTP, "alice"))
+	bob = c.open("bob", demoURL(gw.HTTP, "bob"))
+	alice.waitAvatar("bob", "B")
+	bob.waitAvatar("alice", "A")
+	return alice, bob
+}
+
 // TestBrowserRoomTyping: one person types in the lobby's box; the other
 // sees "<name> is typing…" at once, and no longer once the typing signal
 // expired, 3 s after the last one.
 func TestBrowserRoomTyping(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	gw := sys.Gateway()
-	c := startChrome(t, chromium)
-
-	alice := c.open("alice", demoURL(gw.HTTP, "alice"))
-	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
-	alice.waitAvatar("bob", "B")
-	bob.waitAvatar("alice", "A")
+	alice, bob := aliceAndBobInTheLobby(t)
 
 	typed := time.Now()
 	alice.do("type in the lobby's box", chromedp.SendKeys(chromedp.ID("lobby-input"), "hello"))
@@ -130,15 +136,7 @@ func TestBrowserRoomTyping(t *testing.T) {
 // the lobby for the others, and no longer in their own count; their page
 // still shows the others, and does not say they are alone.
 func TestBrowserRoomInvisible(t *testing.T) {
-	chromium := chromiumPath(t)
-	sys := startDemo(t)
-	gw := sys.Gateway()
-	c := startChrome(t, chromium)
-
-	alice := c.open("alice", demoURL(gw.HTTP, "alice"))
-	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
-	alice.waitAvatar("bob", "B")
-	bob.waitAvatar("alice", "A")
+	alice, bob := aliceAndBobInTheLobby(t)
 
 	alice.choose("invisible")
 	bob.waitNoAvatar("alice")
