@@ -100,6 +100,22 @@ func bobBusyWaits(t *testing.T, gw *systest.Gateway, alice, bob *client.Conn) {
 	})
 }
 
+// bobBusyWaitsHeld starts a system where alice, bob and carol follow each
+// other, alice watching bob and carol, and bob's busy waits in alice's
+// outbox while her socket's writes are held; releaseWrites lets them go.
+func bobBusyWaitsHeld(t *testing.T) (sys *systest.System, gw *systest.Gateway, alice, bob, carol *client.Conn, releaseWrites func()) {
+	t.Helper()
+	sys = systest.Start(t, systest.Options{})
+	gw = sys.Gateway()
+	sys.Mutual("alice", "bob", "carol")
+	alice, bob, carol = revokeDial(t, sys, gw)
+	subscribe(t, alice, "s1", "bob", "carol")
+	releaseWrites = gw.HoldWrites("alice", alice.Hello.ConnID)
+	t.Cleanup(releaseWrites)
+	bobBusyWaits(t, gw, alice, bob)
+	return sys, gw, alice, bob, carol, releaseWrites
+}
+
 // awaitBobStays has carol set busy and reads alice's frames until that
 // change, failing the test if one shows bob other than as want: a change
 // of bob still waiting would be written no later than carol's.
@@ -144,16 +160,7 @@ func revokeNoBob(t *testing.T, m protocol.ServerMessage) {
 // outbox when she unsubscribes from bob is not written to her afterwards
 // (protocol.md: unsubscribe stops watching them).
 func TestUnsubscribeDropsQueuedChange(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	gw := sys.Gateway()
-	sys.Mutual("alice", "bob", "carol")
-	alice, bob, carol := revokeDial(t, sys, gw)
-	subscribe(t, alice, "s", "bob", "carol")
-	// bob's change waits in alice's outbox while her socket is being
-	// written.
-	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
-	t.Cleanup(releaseWrites)
-	bobBusyWaits(t, gw, alice, bob)
+	_, gw, alice, _, carol, releaseWrites := bobBusyWaitsHeld(t)
 	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: "u", UserIDs: []string{"bob"}}); err != nil {
 		t.Fatal(err)
 	}

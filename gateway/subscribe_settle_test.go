@@ -57,16 +57,7 @@ func TestRevokedWhileSubscribing(t *testing.T) {
 // presence_init that answers it, which shows a newer state of bob
 // (protocol.md: a change is never shown older than one already shown).
 func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
-	sys := systest.Start(t, systest.Options{})
-	gw := sys.Gateway()
-	sys.Mutual("alice", "bob", "carol")
-	alice, bob, carol := revokeDial(t, sys, gw)
-	subscribe(t, alice, "s1", "bob", "carol")
-
-	// bob's busy waits in alice's outbox while her socket is being written.
-	releaseWrites := gw.HoldWrites("alice", alice.Hello.ConnID)
-	t.Cleanup(releaseWrites)
-	bobBusyWaits(t, gw, alice, bob)
+	sys, gw, alice, bob, carol, releaseWrites := bobBusyWaitsHeld(t)
 	// bob's away is written, its event held back until alice's subscribe
 	// has read it.
 	releaseEvents := gw.HoldDispatcher()
