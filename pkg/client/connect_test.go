@@ -38,10 +38,17 @@ var fast = client.Config{
 // test ends.
 func connect(t *testing.T, g *systest.Gateway, user string, cfg client.Config) *events {
 	t.Helper()
+	return connectURL(t, g.WS, user, cfg)
+}
+
+// connectURL is connect to a WebSocket URL: a made-up gateway's, or a
+// proxy's.
+func connectURL(t *testing.T, url, user string, cfg client.Config) *events {
+	t.Helper()
 	cfg.User = user
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	c, err := client.Connect(ctx, g.WS, cfg)
+	c, err := client.Connect(ctx, url, cfg)
 	if err != nil {
 		t.Fatalf("connect %s: %v", user, err)
 	}
@@ -780,15 +787,7 @@ func TestSilentGatewayCountsAsGone(t *testing.T) {
 			}
 		})
 	cfg := fast
-	cfg.User = "alice"
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	c, err := client.Connect(ctx, addr, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	e := &events{t: t, c: c, name: "alice"}
+	e := connectURL(t, addr, "alice", cfg)
 	d := e.await("disconnected", isType[client.Disconnected]).(client.Disconnected)
 	var ne net.Error
 	if !errors.As(d.Err, &ne) || !ne.Timeout() || !strings.Contains(d.Err.Error(), "silent") {
@@ -800,7 +799,7 @@ func TestSilentGatewayCountsAsGone(t *testing.T) {
 		t.Fatal("the client sent no ping")
 	}
 	e.await("reconnected", isType[client.Reconnected])
-	if err := c.Close(); err != nil {
+	if err := e.c.Close(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -874,15 +873,8 @@ func TestWritesLongAfterTheLastOne(t *testing.T) {
 			}
 		})
 	cfg := fast
-	cfg.User = "alice"
 	cfg.WriteTimeout = writeTimeout
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	c, err := client.Connect(ctx, addr, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := connectURL(t, addr, "alice", cfg).c
 	timeout := time.After(waitFor)
 	for done := false; !done; {
 		select {
@@ -1095,16 +1087,9 @@ func TestWriteTimeoutEndsTheConnection(t *testing.T) {
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{HeartbeatInterval: time.Minute, ConnTTL: 3 * time.Minute}})
 	proxy := newStallingProxy(t, sys.Gateway().Addr)
 	cfg := fast
-	cfg.User = "alice"
 	cfg.WriteTimeout = 200 * time.Millisecond
-	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
-	defer cancel()
-	c, err := client.Connect(ctx, "ws://"+proxy.addr, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	alice := &events{t: t, c: c, name: "alice"}
+	alice := connectURL(t, "ws://"+proxy.addr, "alice", cfg)
+	c := alice.c
 	proxy.pause()
 	// Status changes fill the socket's buffers until a write times out.
 	for end, i := time.Now().Add(waitFor), 0; !slices.ContainsFunc(alice.seen, isType[client.Disconnected]); i++ {
