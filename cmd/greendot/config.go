@@ -120,6 +120,17 @@ func atLeast(c *cli.Context, min int, names ...string) error {
 	return nil
 }
 
+// positiveRates checks that rate flags are above zero (NaN is not), in
+// unit ("messages", "requests") per second.
+func positiveRates(c *cli.Context, unit string, names ...string) error {
+	for _, name := range names {
+		if r := c.Float64(name); !(r > 0) {
+			return fmt.Errorf("--%s %v: want a positive number of %s per second", name, r, unit)
+		}
+	}
+	return nil
+}
+
 // gatewayConfig reads the gateway flags into a validated gateway.Config.
 // DevAuth is left to gatewayAuth, which needs to know the listen address.
 func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOptions) (gateway.Config, error) {
@@ -147,15 +158,11 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	if err := atLeast(c, 0, "max-conns"); err != nil {
 		return cfg, err
 	}
-	for _, name := range []string{"rate-limit", "room-update-rate", "signal-rate"} {
-		if r := c.Float64(name); !(r > 0) { // NaN too
-			return cfg, fmt.Errorf("--%s %v: want a positive number of messages per second", name, r)
-		}
+	if err := positiveRates(c, "messages", "rate-limit", "room-update-rate", "signal-rate"); err != nil {
+		return cfg, err
 	}
-	for _, name := range []string{"api-rate-limit", "api-address-rate-limit"} {
-		if r := c.Float64(name); !(r > 0) { // NaN too
-			return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", name, r)
-		}
+	if err := positiveRates(c, "requests", "api-rate-limit", "api-address-rate-limit"); err != nil {
+		return cfg, err
 	}
 	origins := splitList(c.String("allowed-origins"))
 	for _, o := range origins {
@@ -480,8 +487,8 @@ func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets pres
 	if err := atLeast(c, 1, flag("batch-size")); err != nil {
 		return cfg, err
 	}
-	if r := c.Float64(flag("rate-limit")); !(r > 0) { // NaN too
-		return cfg, fmt.Errorf("--%s %v: want a positive number of requests per second", flag("rate-limit"), r)
+	if err := positiveRates(c, "requests", flag("rate-limit")); err != nil {
+		return cfg, err
 	}
 	secret, err := webhookSecret(c, flag("secret"), flag("secret-file"))
 	if err != nil {
