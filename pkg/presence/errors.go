@@ -20,3 +20,10 @@ var ErrNoChange = errors.New("no change")
 
 // ErrConflict means a compare-and-set write kept losing to other writers.
 var ErrConflict = errors.New("too many write conflicts")
+
+// ErrStoreReplaced means a bucket's stream is not the one the store opened:
+// it was deleted and created again (NATS came back without its storage, an
+// operator removed the bucket, a backup was restored). Its revisions started
+// again, and a process that holds revisions from before compares them with
+// unrelated ones, so Ready reports it until the process is restarted.
+var ErrStoreReplaced = errors.New("bucket created again since this process opened it: its storage was lost or replaced; restart the process")

@@ -36,6 +36,12 @@ type Store struct {
 	rooms  jetstream.KeyValue
 	opts   BucketOptions
 	now    func() time.Time
+	// created is when each bucket's stream was created, as the store
+	// found it when it opened the buckets (see Replaced).
+	created map[string]time.Time
+	// copies counts the calls of DistrustCopies: a Cached filled before
+	// the last one is read again before it is written from.
+	copies atomic.Uint64
 
 	// onConflict, if set, is called for every compare-and-set write of
 	// UpdateStatus that lost to another writer.
@@ -78,7 +84,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 			return nil, err
 		}
 	}
-	return s, nil
+	return s, s.noteCreated(ctx)
 }
 
 // Bind returns a Store over greendot's buckets like Open, but leaves the
@@ -107,7 +113,20 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 			return nil, fmt.Errorf("bind bucket %q: %w", b.name, err)
 		}
 	}
-	return s, nil
+	return s, s.noteCreated(ctx)
+}
+
+// noteCreated notes when each bucket's stream was created, for Ready.
+func (s *Store) noteCreated(ctx context.Context) error {
+	s.created = make(map[string]time.Time)
+	for _, b := range s.buckets() {
+		st, err := s.js.Stream(ctx, StreamName(b.name))
+		if err != nil {
+			return fmt.Errorf("bucket %q: %w", b.name, err)
+		}
+		s.created[b.name] = st.CachedInfo().Created
+	}
+	return nil
 }
 
 // OnConflict makes UpdateStatus call fn each time its compare-and-set
@@ -132,18 +151,56 @@ func (s *Store) NATS() *nats.Conn { return s.nc }
 // MarkerTTL returns ConnsBucket's marker TTL.
 func (s *Store) MarkerTTL() time.Duration { return s.opts.markerTTL() }
 
-// Ready reports whether the NATS connection is up and the buckets answer.
+// Ready reports whether the NATS connection is up and the buckets answer,
+// each the one the store opened: a bucket created again since gives an
+// error that wraps ErrStoreReplaced (see Replaced).
 func (s *Store) Ready(ctx context.Context) error {
 	if !s.nc.IsConnected() {
 		return errors.New("nats: not connected")
 	}
-	for _, kv := range []jetstream.KeyValue{s.conns, s.leases, s.status, s.graph, s.rooms} {
-		if _, err := s.js.Stream(ctx, StreamName(kv.Bucket())); err != nil {
-			return fmt.Errorf("bucket %q: %w", kv.Bucket(), err)
+	_, err := s.Replaced(ctx)
+	return err
+}
+
+// Replaced reports whether one of the buckets is no longer the one the
+// store opened: its stream was created again since (NATS came back
+// without its storage, an operator removed the bucket, a backup was
+// restored), as its creation time tells. Then the revisions started again,
+// and whoever holds revisions from before would compare them with
+// unrelated ones: it reports true with an error that wraps
+// ErrStoreReplaced. It reports false with another error while a bucket
+// cannot be looked up (missing, or no answer), and false with nil when
+// every bucket is the one opened. With buckets named, it looks at those
+// only.
+func (s *Store) Replaced(ctx context.Context, buckets ...string) (bool, error) {
+	if len(buckets) == 0 {
+		for _, b := range s.buckets() {
+			buckets = append(buckets, b.name)
 		}
 	}
-	return nil
+	for _, b := range buckets {
+		opened, ok := s.created[b]
+		if !ok {
+			return false, fmt.Errorf("bucket %q: not one of greendot's", b)
+		}
+		st, err := s.js.Stream(ctx, StreamName(b))
+		if err != nil {
+			return false, fmt.Errorf("bucket %q: %w", b, err)
+		}
+		if created := st.CachedInfo().Created; !created.Equal(opened) {
+			return true, fmt.Errorf("bucket %q (its stream created %s, not %s as when opened): %w",
+				b, created.UTC().Format(time.RFC3339Nano), opened.UTC().Format(time.RFC3339Nano), ErrStoreReplaced)
+		}
+	}
+	return false, nil
 }
+
+// DistrustCopies makes every write that starts from a copy of a record
+// (WriteStatus) read the record again first. A process calls it when its
+// NATS connection comes back: the buckets may have been replaced meanwhile
+// (see Replaced), and a copy's revision may then happen to be that of an
+// unrelated record, which a compare-and-set from the copy would overwrite.
+func (s *Store) DistrustCopies() { s.copies.Add(1) }
 
 // TTLSeconds rounds d up to the whole seconds JetStream TTLs are made of,
 // with a minimum of one second.
@@ -379,6 +436,8 @@ type Cached struct {
 	rec   *Record
 	unfed int
 	Rev   uint64
+	// gen is the store's DistrustCopies count when the copy was made.
+	gen uint64
 	// Valid reports that the copy and Rev were read or written; the zero
 	// Cached knows nothing.
 	Valid bool
@@ -425,13 +484,14 @@ type Write struct {
 // them and changes nothing in them.
 func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, mutate func(*Record) error) (Write, error) {
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
-		fresh := !cache.Valid
+		gen := s.copies.Load()
+		fresh := !cache.Valid || cache.gen != gen
 		if fresh {
 			e, err := s.last(ctx, StatusBucket, StatusKey(userID))
 			if err != nil && !errors.Is(err, ErrNotFound) {
 				return Write{}, err
 			}
-			*cache = Cached{data: e.data, Rev: e.rev, Valid: true}
+			*cache = Cached{data: e.data, Rev: e.rev, gen: gen, Valid: true}
 		}
 		cur, unfed, err := cache.current(userID)
 		if err != nil {
@@ -461,11 +521,11 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 		newRev, err := s.status.Update(ctx, StatusKey(userID), data, curRev)
 		if err == nil {
 			if fresh {
-				*cache = Cached{data: data, Rev: newRev, Valid: true}
+				*cache = Cached{data: data, Rev: newRev, gen: gen, Valid: true}
 			} else {
 				kept := next
 				kept.ended = 0 // not stored: a decoded copy has none
-				*cache = Cached{rec: &kept, unfed: nextUnfed, Rev: newRev, Valid: true}
+				*cache = Cached{rec: &kept, unfed: nextUnfed, Rev: newRev, gen: gen, Valid: true}
 			}
 			return Write{Prev: cur, Next: next, Rev: newRev, Written: true}, nil
 		}
