@@ -142,6 +142,10 @@ type Consumer struct {
 	// process is not ready meanwhile.
 	stalledMu sync.Mutex
 	stalled   map[string]bool
+	// store is the store Run opened, for recreate.
+	store atomic.Pointer[presence.Store]
+	// fatal carries what stops the process as a failure (see recreate).
+	fatal chan error
 }
 
 // New checks cfg and returns a Consumer that will use nc. It starts no
@@ -169,7 +173,7 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler, a pull limit of 0 or more and a pull period of 0 or more (without pull options)", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
 		}
 	}
-	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady, stalled: make(map[string]bool)}
+	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady, stalled: make(map[string]bool), fatal: make(chan error, 1)}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -224,13 +228,16 @@ func (c *Consumer) firstStalled() string {
 // service, becomes ready and consumes until ctx is canceled; then it
 // stops being ready, stops the admin service, stops the loops, drains the
 // consumer, lets the work finish, and returns nil. It returns an error
-// only when the process cannot start; a start canceled by ctx is not an
-// error. Every goroutine Run starts has exited when it returns.
+// when the process cannot start (a start canceled by ctx is not an
+// error), and, after stopping the same way, when a consumer's stream was
+// found created again since the buckets were opened (an error that wraps
+// presence.ErrStoreReplaced; see recreate). Every goroutine Run starts has exited when it returns.
 func (c *Consumer) Run(ctx context.Context) error {
 	store, err := presence.Open(ctx, c.nc, c.cfg.Buckets)
 	if err != nil {
 		return startErr(ctx, err)
 	}
+	c.store.Store(store)
 	if c.cfg.Opened != nil {
 		c.cfg.Opened(store)
 	}
@@ -306,7 +313,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		loops.Go(func() { loop(loopCtx) })
 	}
 
-	<-ctx.Done()
+	var failed error
+	select {
+	case <-ctx.Done():
+	case failed = <-c.fatal:
+	}
 	c.ready.Store(nil)
 	c.stopAdmin(ops)
 	stopLoops()
@@ -314,6 +325,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	drain()
 	stopWork()
 	work.Wait()
+	if failed != nil {
+		c.log.Error(c.cfg.Name+" stopped", "err", failed)
+		return failed
+	}
 	c.log.Info(c.cfg.Name + " stopped")
 	return nil
 }

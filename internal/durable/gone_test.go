@@ -193,3 +193,53 @@ func TestNotReadyWhileConsumerMissing(t *testing.T) {
 		})
 	}
 }
+
+// TestStopsWhenBucketsReplaced: the bucket consumed is deleted and created
+// again (NATS came back without its storage, or an operator replaced it)
+// while the process runs. Its consumer is gone with it, and rather than
+// create it on the new bucket, whose revisions started again, the process
+// stops as it does when canceled and Run returns an error that wraps
+// presence.ErrStoreReplaced.
+func TestStopsWhenBucketsReplaced(t *testing.T) {
+	for _, mode := range readModes {
+		t.Run(mode.name, func(t *testing.T) {
+			srv := natstest.RunServer(t)
+			ctx := context.Background()
+			operator, err := presence.Open(ctx, natstest.Connect(t, srv), presence.BucketOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var j journal
+			cfg := testConfig(&j, make(chan string, 100))
+			cfg.PullEvery = mode.pullEvery
+			c, err := durable.New(natstest.Connect(t, srv), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return c.Ready(ctx) })
+
+			js := operator.JetStream()
+			if err := js.DeleteKeyValue(ctx, presence.StatusBucket); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := presence.EnsureBucket(ctx, js, presence.StatusBucket, presence.BucketOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, presence.ErrStoreReplaced) {
+					t.Fatalf("Run = %v, want %v", err, presence.ErrStoreReplaced)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Run did not return within 30s of the bucket's replacement")
+			}
+			if !j.has("work stopped") {
+				t.Errorf("journal %v: the work was not stopped", j.list())
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -113,10 +114,11 @@ func mayBeGone(err error) bool {
 }
 
 // gone asks the server whether cons is gone: only an answer that there is
-// no such consumer says so, not a request left unanswered.
+// no such consumer, or no such stream (deleted with its consumers), says
+// so, not a request left unanswered.
 func (c *Consumer) gone(ctx context.Context, cons jetstream.Consumer) bool {
 	_, err := cons.Info(ctx)
-	return errors.Is(err, jetstream.ErrConsumerNotFound)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // recreate creates st's consumer again once it stopped delivering, and
@@ -134,6 +136,9 @@ func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stre
 	var pause time.Duration
 	for {
 		cons, err := c.createConsumer(ctx, js, st.streamName(), st.Consumer)
+		if err == nil && c.replaced(ctx, st.Bucket) {
+			return nil
+		}
 		if err == nil && start != nil {
 			err = start(cons)
 		}
@@ -151,6 +156,38 @@ func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stre
 		}
 	}
 }
+
+// replaced reports whether bucket, on whose stream (or one that sources
+// it) a consumer was just created again, was itself created again since
+// Run opened the buckets (see presence.Store.Replaced), as when NATS comes
+// back without its storage, and then stops the process as a failure: the
+// state it keeps between messages (the fanout's newest revisions, the
+// reaper's held leases) is of the old buckets, and the consumer created
+// on the new one starts where its configuration says, not where the old
+// one was. It is asked once the consumer exists, so that the bucket
+// does: asked before, it could find the bucket missing, and the consumer
+// then be created on the new bucket.
+func (c *Consumer) replaced(ctx context.Context, bucket string) bool {
+	store := c.store.Load()
+	if store == nil {
+		return false
+	}
+	qctx, cancel := context.WithTimeout(ctx, replacedTimeout)
+	replaced, err := store.Replaced(qctx, bucket)
+	cancel()
+	if !replaced {
+		return false
+	}
+	c.log.Error("the buckets were replaced since the process started: stopping", "err", err)
+	select {
+	case c.fatal <- fmt.Errorf("%s: %w", c.cfg.Name, err):
+	default:
+	}
+	return true
+}
+
+// replacedTimeout bounds the look at the buckets of replaced.
+const replacedTimeout = 10 * time.Second
 
 const (
 	// defaultBatch is the most messages one batch request asks for when
