@@ -70,6 +70,10 @@ type registrar struct {
 	// (room keys are written again under it). Set before start.
 	onEnd      func(c *conn)
 	onNewLease func()
+	// onReplaced is told when a lease lost is found to have gone with
+	// its bucket, created again since the gateway opened it (see
+	// presence.Store.Replaced): the gateway must stop. Set before start.
+	onReplaced func(err error)
 
 	// reregistering is set while connections are registered again under
 	// a new lease.
@@ -806,6 +810,9 @@ func (r *registrar) closing() int {
 // Clean closes in their grace are ended: the end of the old lease ended
 // them already.
 func (r *registrar) reregister(ctx context.Context) {
+	if r.storeReplaced(ctx) {
+		return
+	}
 	epoch, err := r.lease.take(ctx)
 	if err != nil {
 		return
@@ -835,6 +842,39 @@ func (r *registrar) reregister(ctx context.Context) {
 	_ = g.Wait()
 	r.metrics.reregistered.Add(float64(n))
 	r.log.Info("connections registered again under a new lease", "conns", n, "lease", presence.LeaseKey(r.cfg.ID, epoch))
+}
+
+// storeReplaced waits until every bucket can be looked up, and reports
+// whether one was created again since the gateway opened it, as when NATS
+// comes back without its storage: then the revisions the gateway holds
+// (of its users' records, its watched users' states, its rooms) are
+// unrelated to the buckets', and it tells onReplaced instead of taking a
+// new lease and registering its connections there. It reports true also
+// when ctx ends.
+func (r *registrar) storeReplaced(ctx context.Context) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		qctx, cancel := context.WithTimeout(ctx, requestTimeout)
+		replaced, err := r.store.Replaced(qctx)
+		cancel()
+		switch {
+		case replaced:
+			r.log.Error("the buckets were replaced since the gateway started: stopping", "err", err)
+			r.onReplaced(err)
+			return true
+		case err == nil:
+			return false
+		case ctx.Err() != nil:
+			return true
+		}
+		r.log.Warn("look the buckets up before taking a new lease", "err", err, "retry_in", backoff.String())
+		select {
+		case <-ctx.Done():
+			return true
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
 }
 
 // conns returns the connections registered here that have not ended:

@@ -89,6 +89,8 @@ type Service struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	served   atomic.Bool
+	// fatal carries what stops the gateway as a failure (see replaced).
+	fatal chan error
 }
 
 // New validates cfg and returns a gateway that will use nc. It starts no
@@ -110,6 +112,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		events:    make(chan *nats.Msg, eventsBuffer),
 		lost:      newLostSubs[lostEvent](),
 		calls:     make(chan func(), 1024),
+		fatal:     make(chan error, 1),
 		apiByUser: keyrate.New(cfg.APIRateLimit, cfg.APIRateBurst),
 		apiByAddr: keyrate.New(cfg.APIAddressRateLimit, cfg.APIAddressRateBurst),
 	}
@@ -167,8 +170,10 @@ func (s *Service) Conns() int { return s.registry.len() }
 // on GET /ws, and the HTTP API on every other path. Then it stops
 // accepting, closes every socket with 1001 (spread over DrainPeriod), lets
 // their keys live out the offline grace, and returns nil. It returns an
-// error when it cannot start, unless ctx was canceled meanwhile, or when
-// it can no longer accept. Serve closes ln. It may be called once, and
+// error when it cannot start, unless ctx was canceled meanwhile, when it
+// can no longer accept, or, after stopping the same way, when its buckets
+// were replaced (an error that wraps presence.ErrStoreReplaced: see
+// replaced). Serve closes ln. It may be called once, and
 // returns only after every goroutine it started has.
 //
 // It starts its parts in order and stops them in the reverse order:
@@ -255,6 +260,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 			serveErr = fmt.Errorf("accept: %w", err)
 		}
 		acceptEnded = true
+	case serveErr = <-s.fatal:
 	}
 
 	// Stop 4: refuse new work.
@@ -314,7 +320,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
 		return err
 	}
-	s.keys.onEnd, s.keys.onNewLease = s.endRooms, s.kickAllRooms
+	s.keys.onEnd, s.keys.onNewLease, s.keys.onReplaced = s.endRooms, s.kickAllRooms, s.replaced
 	// The self events of this gateway's own writes go to its sockets
 	// without a round trip through NATS.
 	s.keys.events.HandOver(s.cfg.ID, s.handSelf)
@@ -514,6 +520,21 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	}
 }
 
+// replaced stops the gateway, as a failure: its buckets were created again
+// since it opened them (err says which). It had better start again than
+// compare the revisions it holds with the new buckets': a watched user's
+// newest state, its users' own, its rooms' members' would hide the
+// changes written there until the revisions caught up. Until it has
+// stopped, its writes read each record first, and its sockets are closed
+// with 1001 as when it is stopped, so that clients reconnect elsewhere.
+func (s *Service) replaced(err error) {
+	s.store.DistrustCopies()
+	select {
+	case s.fatal <- fmt.Errorf("gateway: %w", err):
+	default:
+	}
+}
+
 // watchNATS reacts to the NATS connection coming back: events may have
 // been missed meanwhile, so every watched user's state (and under the
 // everyone policy, every user's) is read again, until the reads succeed. (The
@@ -524,6 +545,8 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 // changed while the gateway was cut off.
 func (s *Service) watchNATS(ctx context.Context) {
 	natsconn.OnReconnect(ctx, s.nc, func() {
+		// The buckets may have been replaced meanwhile (see replaced).
+		s.store.DistrustCopies()
 		if s.cfg.Policy == PolicyApp {
 			s.log.Info("nats connection back: dropping the app's cached answers")
 			s.authz.Invalidate(ctx, "", "")

@@ -152,6 +152,9 @@ func (p *Proc) Err() error {
 	}
 }
 
+// Ready reports whether the service is ready, as its /readyz does.
+func (p *Proc) Ready(ctx context.Context) error { return p.svc.Ready(ctx) }
+
 // AwaitReady waits until the service is ready and returns nil. It returns
 // an error wrapping ErrStopped when the service returns first, one wrapping
 // ErrTimeout after timeout (zero means DefaultStartTimeout), or ctx's error
