@@ -68,6 +68,9 @@ type Conn struct {
 	// close), which come whenever the gateway asks: Client sets it, as a
 	// deadline its own writes set may have passed long ago.
 	writeTimeout time.Duration
+	// life is that of the token Client got from TokenFunc to open it,
+	// which it renews in place; zero otherwise.
+	life tokenLife
 
 	// Hello is the hello frame the gateway sent first.
 	Hello protocol.ServerMessage

@@ -32,9 +32,16 @@ type Config struct {
 	Token string
 	// TokenFunc, when set, is called before every connection attempt for a
 	// fresh token, instead of Token. An error from it fails that attempt,
-	// which is retried. With TokenFunc, a connection closed because its
-	// token expired (1008 "token expired") is opened again with a new
-	// token rather than given up.
+	// which is retried. It is also called while a connection is open, when
+	// a third of its token's life is left (to the JWT's exp claim), and the
+	// fresh token is sent on the connection in an auth message, so that
+	// the connection outlives its token; a call that fails, or gives a
+	// token expiring no later than the one in use, is tried again with
+	// Backoff while that token lasts. A token that is not a JWT with an
+	// exp claim is not renewed in place. A connection closed because its
+	// token expired (1008 "token expired") or because the gateway refused
+	// a renewed one (1008 "unauthorized") is opened again with a new token
+	// rather than given up. Calls never overlap.
 	TokenFunc func(ctx context.Context) (string, error)
 	// User is the user id on a gateway with dev auth (?user=), instead of
 	// a token.

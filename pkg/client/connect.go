@@ -55,6 +55,9 @@ type Client struct {
 	self         protocol.Self
 	seq          uint64
 	err          error // why the client stopped; nil while it runs
+	// life is that of the newest token sent on the open connection,
+	// which TokenFunc renews in place (renew.go).
+	life tokenLife
 	// Requests (subscribe, unsubscribe, join, room_update, leave) are
 	// paced, as the gateway refuses one when 16 requests of the socket
 	// wait (requests.go): waiting holds those sent on the open connection

@@ -10,6 +10,14 @@
 //     Bearer, or Config.TokenFunc for a fresh one per connection), or with
 //     ?user= on a gateway with dev auth (Config.User), and names the
 //     device (Config.Device).
+//   - With TokenFunc, it renews the token of the open connection in
+//     place, so that the connection, its subscriptions and its rooms
+//     outlive the token: when a third of the token's life is left (up to
+//     its exp claim, read without verifying the signature), it calls
+//     TokenFunc and sends the fresh token in an auth message. A call that
+//     fails is tried again with backoff while the token lasts; if none
+//     succeeds, the gateway closes the connection as expired and the
+//     client opens a new one.
 //   - It reads the hello frame and sends a heartbeat every
 //     heartbeat_interval_ms the gateway asks for. A heartbeat only keeps
 //     the connection alive: a person who sends no activity for 5 minutes
@@ -58,9 +66,9 @@
 //     wrapping ErrRefused, when the gateway refuses it in a way trying again
 //     cannot fix: an upgrade refused with 400, 401, 403 or another 4xx
 //     except 408 and 429, or close codes 1002, 1003, 1007, 1008 and 1009.
-//     A 1008 for an expired token is retried when TokenFunc can give a new
-//     one. 429 and 5xx refusals, 1000, 1001, 1011, 1012 and network errors
-//     are retried.
+//     A 1008 for an expired token, or for a renewed one the gateway
+//     refused, is retried when TokenFunc can give a new one. 429 and 5xx
+//     refusals, 1000, 1001, 1011, 1012 and network errors are retried.
 //   - Close ends the connection and every goroutine of the client before
 //     it returns.
 //

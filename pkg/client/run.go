@@ -23,6 +23,7 @@ import (
 func (c *Client) dial(ctx context.Context) (*Conn, error) {
 	o := Options{Header: c.cfg.Header.Clone(), LocalAddr: c.cfg.LocalAddr, Timeout: c.cfg.DialTimeout}
 	token := c.cfg.Token
+	var life tokenLife
 	if c.cfg.TokenFunc != nil {
 		var err error
 		if token, err = c.cfg.TokenFunc(ctx); err != nil {
@@ -31,6 +32,7 @@ func (c *Client) dial(ctx context.Context) (*Conn, error) {
 		if token == "" {
 			return nil, errors.New("get token: the token func returned an empty token")
 		}
+		life = lifeOf(token, time.Now())
 	}
 	if token != "" {
 		if o.Header == nil {
@@ -38,7 +40,12 @@ func (c *Client) dial(ctx context.Context) (*Conn, error) {
 		}
 		o.Header.Set("Authorization", "Bearer "+token)
 	}
-	return Dial(ctx, c.url, o)
+	conn, err := Dial(ctx, c.url, o)
+	if err != nil {
+		return nil, err
+	}
+	conn.life = life
+	return conn, nil
 }
 
 // open makes connection attempts until one succeeds, ctx ends or the
@@ -77,8 +84,9 @@ func (c *Client) open(ctx context.Context, wait time.Duration, attempt *int, not
 // permanent reports whether err means the gateway refuses this client for
 // good, so that trying again is pointless: an upgrade refused with a 4xx
 // status other than 408 and 429, or a close code for a broken client or a
-// policy violation. A token that expired while connected is not permanent
-// when TokenFunc can give a new one.
+// policy violation. A token that expired while connected, or a renewal
+// the gateway refused (1008 "unauthorized"), is not permanent when
+// TokenFunc can give a new token.
 func (c *Client) permanent(err error) bool {
 	var he *HandshakeError
 	if errors.As(err, &he) {
@@ -96,7 +104,7 @@ func (c *Client) permanent(err error) bool {
 		case ws.StatusProtocolError, ws.StatusUnsupportedData, ws.StatusInvalidFramePayloadData, ws.StatusMessageTooBig:
 			return true
 		case ws.StatusPolicyViolation:
-			return c.cfg.TokenFunc == nil || ce.Reason != "token expired"
+			return c.cfg.TokenFunc == nil || ce.Reason != "token expired" && ce.Reason != "unauthorized"
 		}
 	}
 	return false
@@ -111,6 +119,7 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 	defer c.mu.Unlock()
 	c.hello = h
 	c.conn = conn
+	c.life = conn.life
 	c.activitySent, c.activityDue = time.Time{}, false
 	if c.status != "" {
 		c.statusSent = true
@@ -222,8 +231,9 @@ func timings(h protocol.Hello) (every, silence time.Duration) {
 }
 
 // serve reads conn's frames and delivers them as events, while a
-// goroutine sends the heartbeats, until the connection ends or the client
-// is closed. It returns why the connection ended.
+// goroutine sends the heartbeats and, with TokenFunc, another renews the
+// token, until the connection ends or the client is closed. It returns
+// why the connection ended.
 func (c *Client) serve(conn *Conn) error {
 	every, silence := timings(c.Hello())
 	nc := conn.NetConn()
@@ -248,10 +258,15 @@ func (c *Client) serve(conn *Conn) error {
 		}
 	}()
 	beating := make(chan struct{})
+	renewing, stopRenewing := context.WithCancel(c.ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { c.beat(conn, every, &last, beating) })
+	if c.cfg.TokenFunc != nil {
+		wg.Go(func() { c.renew(renewing, conn) })
+	}
 	defer func() {
 		close(beating)
+		stopRenewing()
 		wg.Wait()
 	}()
 	for {
