@@ -55,9 +55,14 @@ type Client struct {
 	self         protocol.Self
 	seq          uint64
 	err          error // why the client stopped; nil while it runs
-	// life is that of the newest token sent on the open connection,
-	// which TokenFunc renews in place (renew.go).
-	life tokenLife
+	// token is the token of later connections without TokenFunc:
+	// Config.Token, or the newest SetToken gave. life is that of the
+	// newest token sent on the open connection, which TokenFunc renews
+	// in place, and tokenSet tells the renewal that SetToken sent one
+	// (renew.go).
+	token    string
+	life     tokenLife
+	tokenSet chan struct{}
 	// Requests (subscribe, unsubscribe, join, room_update, leave) are
 	// paced, as the gateway refuses one when 16 requests of the socket
 	// wait (requests.go): waiting holds those sent on the open connection
@@ -107,6 +112,8 @@ func Connect(ctx context.Context, url string, cfg Config) (*Client, error) {
 		watched:  make(map[string]struct{}),
 		presence: make(map[string]presence.Presence),
 		rooms:    make(map[string]*room),
+		token:    cfg.Token,
+		tokenSet: make(chan struct{}, 1),
 	}
 	attempt := 0
 	conn, err := c.open(ctx, 0, &attempt, nil)

@@ -17,7 +17,7 @@
 //     TokenFunc and sends the fresh token in an auth message. A call that
 //     fails is tried again with backoff while the token lasts; if none
 //     succeeds, the gateway closes the connection as expired and the
-//     client opens a new one.
+//     client opens a new one. SetToken sends a token got another way.
 //   - It reads the hello frame and sends a heartbeat every
 //     heartbeat_interval_ms the gateway asks for. A heartbeat only keeps
 //     the connection alive: a person who sends no activity for 5 minutes

@@ -16,7 +16,7 @@ import (
 // it a fresh one first. With Config.TokenFunc, renew asks for that fresh
 // token when a third of the token's life is left and sends it on the open
 // connection, so that the connection, its subscriptions and its rooms
-// outlive the token.
+// outlive the token. SetToken does the same with a token the caller gives.
 
 // tokenLife is how long a token lasts: from when the client got it to its
 // exp claim. The zero tokenLife is that of a token whose expiry is not
@@ -44,6 +44,39 @@ func (l tokenLife) known() bool { return !l.exp.IsZero() }
 // for a clock a little off the gateway's.
 func (l tokenLife) renewAt() time.Time {
 	return l.exp.Add(-l.exp.Sub(l.got) / 3)
+}
+
+// SetToken gives the client a fresh token, a JWT for the same user: it is
+// sent on the open connection (an auth message), so that the connection
+// outlives its first token, and later connections use it in place of
+// Config.Token, unless Config.TokenFunc is set, which they call. The
+// gateway closes the connection with 1008 when it refuses the token,
+// which stops the client unless TokenFunc can give another one. A client
+// with TokenFunc renews its tokens itself; SetToken is for a token got
+// another way.
+func (c *Client) SetToken(token string) error {
+	if token == "" {
+		return errors.New("set token: empty token")
+	}
+	got := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.err != nil:
+		return fmt.Errorf("set token: %w", c.err)
+	case c.cfg.User != "":
+		return errors.New("set token: the client uses dev auth (Config.User), not tokens")
+	}
+	c.token = token
+	if c.conn != nil {
+		c.life = lifeOf(token, got)
+		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeAuth, Token: token})
+		select {
+		case c.tokenSet <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // renew renews conn's token with TokenFunc until ctx ends: at the renewAt
@@ -74,6 +107,11 @@ func (c *Client) renew(ctx context.Context, conn *Conn) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-c.tokenSet:
+			// SetToken sent a token: its life decides from now on.
+			timer.Stop()
+			failures = 0
+			continue
 		case <-due:
 		}
 		err := c.renewOnce(ctx, conn, life)
@@ -114,8 +152,9 @@ func (c *Client) renewOnce(ctx context.Context, conn *Conn, old tokenLife) error
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != conn {
-		return nil // the connection ended
+	if c.conn != conn || c.life != old {
+		// The connection ended, or SetToken sent a token meanwhile.
+		return nil
 	}
 	c.life = life
 	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeAuth, Token: token})

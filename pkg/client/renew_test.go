@@ -277,6 +277,43 @@ func TestRefusedRenewalReconnects(t *testing.T) {
 	}
 }
 
+// TestSetTokenRenewsInPlace: alice connects with a fixed token that
+// lasts a few seconds and gives a longer one with SetToken. The open
+// connection outlives the first token, and a later connection opens with
+// the new one.
+func TestSetTokenRenewsInPlace(t *testing.T) {
+	sys := startWithTokens(t)
+	g := sys.Gateway()
+	short, err := signToken("alice", time.Now().Add(tokenLife))
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := signToken("alice", time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, bob := aliceWatchesBob(t, g, client.Config{Token: short, Backoff: fast.Backoff})
+	connID := alice.c.Hello().ConnID
+	fixed := connectFixed(t, g, short)
+	if err := alice.c.SetToken(""); err == nil {
+		t.Error("SetToken took an empty token")
+	}
+	if err := alice.c.SetToken(long); err != nil {
+		t.Fatal(err)
+	}
+
+	awaitExpired(t, fixed)
+	bobChanges(alice, bob, presence.Busy)
+	checkNeverReconnected(t, alice, connID)
+
+	// The gateway restarts: alice comes back with the token SetToken
+	// gave, as the first one would be refused with 401.
+	sys.StopGateway(g)
+	sys.StartGatewayAt(gateway.Config{Tokens: renewVerifier(t)}, g.Addr)
+	alice.await("reconnected", isType[client.Reconnected])
+	bobChanges(alice, bob, presence.Online)
+}
+
 // TestStaleTokenIsNotSent: a TokenFunc that keeps returning the token in
 // use (from a cache, say) until it expires does not renew it. The client
 // sends no auth message with it, and tries again with a backoff instead
@@ -310,4 +347,23 @@ func TestStaleTokenIsNotSent(t *testing.T) {
 	if n, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", protocol.TypeAuth); n != 0 {
 		t.Errorf("the gateway received %v auth messages, want none", n)
 	}
+}
+
+// TestSetTokenNeedsTokens: a client with dev auth has no token to renew;
+// SetToken refuses and sends nothing, and the connection stays.
+func TestSetTokenNeedsTokens(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", client.Config{})
+	if err := alice.c.SetToken("a.b.c"); err == nil {
+		t.Fatal("SetToken took a token on a client with dev auth")
+	}
+	if err := alice.c.Subscribe("bob"); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("snapshot", isType[client.Snapshot])
+	if n, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", protocol.TypeAuth); n != 0 {
+		t.Errorf("the gateway received %v auth messages, want none", n)
+	}
+	checkNeverReconnected(t, alice, alice.c.Hello().ConnID)
 }

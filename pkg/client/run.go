@@ -22,7 +22,9 @@ import (
 // dial makes one connection attempt.
 func (c *Client) dial(ctx context.Context) (*Conn, error) {
 	o := Options{Header: c.cfg.Header.Clone(), LocalAddr: c.cfg.LocalAddr, Timeout: c.cfg.DialTimeout}
-	token := c.cfg.Token
+	c.mu.Lock()
+	token := c.token
+	c.mu.Unlock()
 	var life tokenLife
 	if c.cfg.TokenFunc != nil {
 		var err error
