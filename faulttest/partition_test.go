@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/metricstest"
+	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/pkg/signature"
@@ -26,89 +25,27 @@ import (
 // proxy passes TCP connections through to a NATS server, and can cut them
 // off: a network partition between one process and NATS.
 type proxy struct {
-	ln     net.Listener
+	*tcpproxy.Proxy
 	target string
-
-	mu    sync.Mutex
-	cut   bool
-	conns []net.Conn
-	wg    sync.WaitGroup
 }
 
 // startProxy listens on loopback and passes every connection to target.
 func startProxy(tb testing.TB, target string) *proxy {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target}
-	p.wg.Go(p.accept)
-	tb.Cleanup(func() {
-		_ = ln.Close()
-		p.sever()
-		p.wg.Wait()
-	})
-	return p
+	return &proxy{Proxy: tcpproxy.Start(tb, target, nil), target: target}
 }
 
 // url is the proxy's NATS URL.
-func (p *proxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *proxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		up, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			_ = c.Close()
-			continue
-		}
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-		}
-		p.wg.Go(func() { pipe(up, c) })
-		p.wg.Go(func() { pipe(c, up) })
-	}
-}
-
-// sever closes every connection through the proxy.
-func (p *proxy) sever() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
-}
+func (p *proxy) url() string { return "nats://" + p.Addr() }
 
 // partition cuts every connection through the proxy and refuses new ones
 // until heal.
 func (p *proxy) partition() {
-	p.mu.Lock()
-	p.cut = true
-	p.mu.Unlock()
-	p.sever()
+	p.SetTarget("")
+	p.Cut()
 }
 
-func (p *proxy) heal() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
+func (p *proxy) heal() { p.SetTarget(p.target) }
 
 // TestGatewayPartitioned cuts a gateway off NATS for three times its lease
 // TTL while its users stay connected to it. Its lease ends, and a reaper
