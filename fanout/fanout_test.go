@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -494,7 +493,7 @@ func TestEventsLostInFlightPublishedAgain(t *testing.T) {
 			}
 			return nil
 		})
-		px.sever()
+		px.Cut()
 		for _, write := range more {
 			write()
 			received++
@@ -572,92 +571,45 @@ func natsURL(url string) nats.Option {
 
 // lossyProxy passes TCP connections through to a NATS server. lose makes
 // the connections open at the time lose what their clients send, as a
-// connection that dies with bytes in flight does, until sever closes
+// connection that dies with bytes in flight does, until Cut closes
 // them; connections made after pass everything.
 type lossyProxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
+	*tcpproxy.Proxy
 
 	mu     sync.Mutex
-	links  []*link
+	losing map[*tcpproxy.Link]bool
 	lostTo strings.Builder // what the lost connections' clients sent
-}
-
-type link struct {
-	client, server net.Conn
-	losing         atomic.Bool
 }
 
 func startLossyProxy(t *testing.T, target string) *lossyProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &lossyProxy{ln: ln, target: target}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.sever()
-		p.wg.Wait()
+	p := &lossyProxy{losing: make(map[*tcpproxy.Link]bool)}
+	p.Proxy = tcpproxy.Start(t, target, func(l *tcpproxy.Link) (toServer, _ tcpproxy.Filter) {
+		return func(b []byte) []byte { return p.upstream(l, b) }, nil
 	})
 	return p
 }
 
-func (p *lossyProxy) url() string { return "nats://" + p.ln.Addr().String() }
+func (p *lossyProxy) url() string { return "nats://" + p.Addr() }
 
-func (p *lossyProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		s, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		l := &link{client: c, server: s}
-		p.mu.Lock()
-		p.links = append(p.links, l)
-		p.mu.Unlock()
-		p.wg.Go(func() { p.upstream(l) })
-		p.wg.Go(func() {
-			_, _ = io.Copy(c, s)
-			_ = c.Close()
-		})
+// upstream passes what the client of l sends to the server, or, once l is
+// losing, notes it and drops it.
+func (p *lossyProxy) upstream(l *tcpproxy.Link, b []byte) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.losing[l] {
+		return b
 	}
-}
-
-// upstream passes what the client sends to the server, or, once the link
-// is losing, notes it and drops it.
-func (p *lossyProxy) upstream(l *link) {
-	defer l.server.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := l.client.Read(buf)
-		if n > 0 && l.losing.Load() {
-			p.mu.Lock()
-			p.lostTo.Write(buf[:n])
-			p.mu.Unlock()
-		} else if n > 0 {
-			if _, err := l.server.Write(buf[:n]); err != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
+	p.lostTo.Write(b)
+	return nil
 }
 
 // lose makes the open connections lose what their clients send.
 func (p *lossyProxy) lose() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, l := range p.links {
-		l.losing.Store(true)
+	for _, l := range p.Links() {
+		p.losing[l] = true
 	}
 }
 
@@ -667,17 +619,6 @@ func (p *lossyProxy) lost(s string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return strings.Count(p.lostTo.String(), s)
-}
-
-// sever closes every connection through the proxy.
-func (p *lossyProxy) sever() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.links {
-		_ = l.client.Close()
-		_ = l.server.Close()
-	}
-	p.links = nil
 }
 
 // fanoutConsumer returns the state of the fanouts' durable consumer.
