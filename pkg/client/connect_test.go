@@ -20,6 +20,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -1000,82 +1001,21 @@ func TestStatusChosenOnAnotherDeviceIsAdopted(t *testing.T) {
 }
 
 // stallingProxy forwards TCP connections to a gateway until pause, from
-// which on what the connections open then send goes no further and is
-// soon no longer read, as on a network path that stalls.
-type stallingProxy struct {
-	addr string
-	mu   sync.Mutex
-	open map[net.Conn]chan struct{} // each closed when its connection stalls
-}
+// which on the connections open then pass nothing more either way, and what
+// their clients send is soon no longer read, as on a network path that
+// stalls.
+type stallingProxy struct{ *tcpproxy.Proxy }
 
 func newStallingProxy(t *testing.T, target string) *stallingProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallingProxy{addr: ln.Addr().String(), open: make(map[net.Conn]chan struct{})}
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		close(done)
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			stall := make(chan struct{})
-			p.mu.Lock()
-			p.open[in] = stall
-			p.mu.Unlock()
-			wg.Go(func() {
-				<-done
-				_ = in.Close()
-				_ = out.Close()
-			})
-			wg.Go(func() { _, _ = io.Copy(in, out) })
-			wg.Go(func() {
-				buf := make([]byte, 4096)
-				for {
-					n, err := in.Read(buf)
-					select {
-					case <-stall:
-						return // what was on the way is lost
-					default:
-					}
-					if n > 0 {
-						if _, err := out.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	return p
+	return &stallingProxy{tcpproxy.Start(t, target, nil)}
 }
 
 // pause stalls the connections open now.
 func (p *stallingProxy) pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for in, stall := range p.open {
-		close(stall)
-		_ = in.SetReadDeadline(time.Unix(1, 0))
+	for _, l := range p.Links() {
+		l.Hold()
 	}
-	clear(p.open)
 }
 
 // TestWriteTimeoutEndsTheConnection: when the network path stalls, the
@@ -1088,7 +1028,7 @@ func TestWriteTimeoutEndsTheConnection(t *testing.T) {
 	proxy := newStallingProxy(t, sys.Gateway().Addr)
 	cfg := fast
 	cfg.WriteTimeout = 200 * time.Millisecond
-	alice := connectURL(t, "ws://"+proxy.addr, "alice", cfg)
+	alice := connectURL(t, "ws://"+proxy.Addr(), "alice", cfg)
 	c := alice.c
 	proxy.pause()
 	// Status changes fill the socket's buffers until a write times out.
