@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -23,6 +21,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/web"
 )
@@ -325,102 +324,15 @@ func (p *page) setWindow(state browser.WindowState) {
 }
 
 // proxy is a TCP proxy between the browser and a gateway, standing in for
-// a load balancer: the test can point it at another gateway, and kill every
-// connection through it at once, as a network failure would.
-type proxy struct {
-	t      *testing.T
-	ln     net.Listener
-	mu     sync.Mutex
-	target string
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
+// a load balancer: the test can point it at another gateway (SetTarget),
+// and reset every connection through it at once (Reset), as a network
+// failure would.
+type proxy struct{ *tcpproxy.Proxy }
 
 func startProxy(t *testing.T, target string) *proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &proxy{t: t, ln: ln, target: target, conns: make(map[net.Conn]struct{})}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.kill()
-		p.wg.Wait()
-	})
-	return p
+	return &proxy{tcpproxy.Start(t, target, nil)}
 }
 
 // URL returns the proxy's http:// base.
-func (p *proxy) URL() string { return "http://" + p.ln.Addr().String() }
-
-// point sends new connections to another target.
-func (p *proxy) point(target string) {
-	p.mu.Lock()
-	p.target = target
-	p.mu.Unlock()
-}
-
-// kill closes every connection through the proxy, on both sides, and
-// returns how many there were.
-func (p *proxy) kill() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0) // reset, as a dead middlebox would
-		}
-		_ = c.Close()
-	}
-	n := len(p.conns) / 2
-	clear(p.conns)
-	return n
-}
-
-func (p *proxy) track(cs ...net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range cs {
-		p.conns[c] = struct{}{}
-	}
-	return true
-}
-
-func (p *proxy) untrack(cs ...net.Conn) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range cs {
-		delete(p.conns, c)
-	}
-}
-
-func (p *proxy) accept() {
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		target := p.target
-		p.mu.Unlock()
-		p.wg.Go(func() {
-			server, err := net.DialTimeout("tcp", target, 5*time.Second)
-			if err != nil {
-				_ = client.Close()
-				return
-			}
-			p.track(client, server)
-			defer p.untrack(client, server)
-			var pipes sync.WaitGroup
-			pipe := func(dst, src net.Conn) {
-				_, _ = io.Copy(dst, src) // ends when either side closes, or on kill
-				_ = dst.Close()
-				_ = src.Close()
-			}
-			pipes.Go(func() { pipe(server, client) })
-			pipes.Go(func() { pipe(client, server) })
-			pipes.Wait()
-		})
-	}
-}
+func (p *proxy) URL() string { return "http://" + p.Addr() }

@@ -218,7 +218,7 @@ func TestBrowserReconnect(t *testing.T) {
 
 	// The network drops every connection at once.
 	a1, b1 := alice.connID(), bob.connID()
-	if n := px.kill(); n < 2 {
+	if n := px.Reset(); n < 2 {
 		t.Fatalf("killed %d connections, want at least the two sockets", n)
 	}
 	for _, p := range []*page{alice, bob} {
@@ -233,7 +233,7 @@ func TestBrowserReconnect(t *testing.T) {
 	// A new gateway takes over; the old one drains.
 	old := sys.Gateway()
 	g2 := sys.StartGateway(sys.cfg)
-	px.point(g2.Addr)
+	px.SetTarget(g2.Addr)
 	a2, b2 := alice.connID(), bob.connID()
 	sys.StopGateway(old)
 	for _, p := range []*page{alice, bob} {

@@ -62,7 +62,7 @@ func TestBrowserRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	a1 := alice.connID()
-	if n := px.kill(); n < 1 {
+	if n := px.Reset(); n < 1 {
 		t.Fatalf("killed %d connections, want alice's socket", n)
 	}
 	alice.wait("alice on a new connection", fmt.Sprintf(`window.demo.client.state === "open" && window.demo.client.hello.conn_id !== %q`, a1))
