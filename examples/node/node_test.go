@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +27,7 @@ import (
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/presence"
@@ -495,107 +495,45 @@ func TestNodeClient(t *testing.T) {
 // pathProxy is a TCP proxy to a gateway whose connections can die as a
 // network path does: passing no more bytes either way, and no close.
 type pathProxy struct {
-	addr   string
-	ln     net.Listener
-	target string
+	*tcpproxy.Proxy
 	// upgradeOnly makes the links made while it is set die right after the
 	// gateway's answer to the upgrade: before its hello.
 	upgradeOnly atomic.Bool
-
-	mu    sync.Mutex
-	links []*link
-	wg    sync.WaitGroup
-}
-
-// link is one proxied connection: the client's side and the gateway's.
-type link struct {
-	client, gateway net.Conn
-	dead            atomic.Bool
 }
 
 // startProxy proxies a loopback port to target until the test ends.
 func startProxy(t *testing.T, target string) *pathProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &pathProxy{addr: ln.Addr().String(), ln: ln, target: target}
-	p.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.wg.Go(func() { p.serve(c) })
+	p := &pathProxy{}
+	p.Proxy = tcpproxy.Start(t, target, func(l *tcpproxy.Link) (_, fromGateway tcpproxy.Filter) {
+		if p.upgradeOnly.Load() {
+			fromGateway = untilHeadersEnd(l)
 		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		for _, l := range p.links {
-			_ = l.client.Close()
-			_ = l.gateway.Close()
-		}
-		p.mu.Unlock()
-		p.wg.Wait()
+		return nil, fromGateway
 	})
 	return p
 }
 
-func (p *pathProxy) serve(c net.Conn) {
-	g, err := net.Dial("tcp", p.target)
-	if err != nil {
-		_ = c.Close()
-		return
-	}
-	l := &link{client: c, gateway: g}
-	p.mu.Lock()
-	p.links = append(p.links, l)
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	wg.Go(func() { l.pipe(g, c, false) })
-	wg.Go(func() { l.pipe(c, g, p.upgradeOnly.Load()) })
-	wg.Wait()
-}
-
-// pipe copies src to dst, and closes dst when src ends; on a dead link it
-// drops what it reads and closes nothing. With upgradeOnly, the link dies
-// once the end of src's HTTP headers has passed.
-func (l *link) pipe(dst, src net.Conn, upgradeOnly bool) {
-	buf := make([]byte, 32*1024)
-	var head []byte // what passed of src's headers, with upgradeOnly
-	for {
-		n, err := src.Read(buf)
-		if n > 0 && !l.dead.Load() {
-			out := buf[:n]
-			if upgradeOnly {
-				head = append(head, out...)
-				if i := bytes.Index(head, []byte("\r\n\r\n")); i >= 0 {
-					out = out[:len(out)-(len(head)-i-4)]
-					l.dead.Store(true)
-				}
-			}
-			if _, werr := dst.Write(out); werr != nil {
-				break
-			}
+// untilHeadersEnd passes what the gateway sends on l up to the end of its
+// HTTP headers, and makes l die there.
+func untilHeadersEnd(l *tcpproxy.Link) tcpproxy.Filter {
+	var head []byte // what passed of the headers
+	return func(b []byte) []byte {
+		head = append(head, b...)
+		i := bytes.Index(head, []byte("\r\n\r\n"))
+		if i < 0 {
+			return b
 		}
-		if err != nil {
-			break
-		}
-	}
-	if !l.dead.Load() {
-		_ = dst.Close()
+		l.Hold()
+		return b[:len(b)-(len(head)-i-4)]
 	}
 }
 
 // kill makes every connection the proxy holds now a dead path; later
 // ones pass.
 func (p *pathProxy) kill() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, l := range p.links {
-		l.dead.Store(true)
+	for _, l := range p.Links() {
+		l.Hold()
 	}
 }
 
@@ -606,7 +544,7 @@ func TestNodeClientDeadPath(t *testing.T) {
 	node := nodeBinary(t)
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: heartbeat, OfflineGrace: grace}})
 	p := startProxy(t, sys.Gateway().Addr)
-	s := startScript(t, node, nil, "--url", "ws://"+p.addr+"/ws", "--user", "frank",
+	s := startScript(t, node, nil, "--url", "ws://"+p.Addr()+"/ws", "--user", "frank",
 		"--backoff-base-ms", strconv.Itoa(backoffBase), "--backoff-max-ms", strconv.Itoa(backoffMax), "frank")
 	first := s.await("connected", wait, isConnected)
 	s.await("own snapshot", wait, presenceOf("frank", presence.Online, true))
@@ -632,7 +570,7 @@ func TestNodeClientNoHello(t *testing.T) {
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: ttl, HeartbeatInterval: heartbeat, OfflineGrace: grace}})
 	p := startProxy(t, sys.Gateway().Addr)
 	p.upgradeOnly.Store(true)
-	s := startScript(t, node, nil, "--url", "ws://"+p.addr+"/ws", "--user", "frank",
+	s := startScript(t, node, nil, "--url", "ws://"+p.Addr()+"/ws", "--user", "frank",
 		"--backoff-base-ms", strconv.Itoa(backoffBase), "--backoff-max-ms", strconv.Itoa(backoffMax), "frank")
 	lost := s.await("disconnected", wait, func(e event) bool {
 		if e.Event == "connected" {
