@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -224,6 +225,12 @@ type Config struct {
 	// gateway's own registry (Registry): standalone mode gathers every
 	// process's metrics there.
 	Metrics prometheus.Gatherer
+	// Readyz, when set, is what GET /readyz reports instead of the
+	// gateway's own readiness (Ready): standalone mode reports there every
+	// part it runs, naming the one that is not ready with a
+	// metrics.PartNotReady. The gateway's admin service still reports its
+	// own.
+	Readyz func(ctx context.Context) error
 	// DrainPeriod is how long a stopping gateway spreads the closing of its
 	// sockets over, so that clients reconnect elsewhere gradually; zero
 	// means 0 (all at once).

@@ -34,9 +34,13 @@ func (s *Service) httpHandler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	ready := s.Ready
+	if s.cfg.Readyz != nil {
+		ready = s.cfg.Readyz
+	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := s.Ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+		if err := ready(r.Context()); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, metrics.Unavailable(err))
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

@@ -23,7 +23,7 @@ import (
 )
 
 // startTimeout bounds the start of the embedded NATS server and the wait
-// for the gateway to be ready.
+// for every part to be ready.
 const startTimeout = 30 * time.Second
 
 // stopTimeout bounds the wait for each part to stop on shutdown, beyond
@@ -40,8 +40,11 @@ func standaloneCommand() *cli.Command {
 			"address, and then the demo page is served at / (its endpoints write the graph for any ?user=).\n" +
 			"The browser client is at /greendot.js. With --webhook-url, a webhooks process POSTs every\n" +
 			"presence transition to the app's backend, read from the stream presence_feed, created then\n" +
-			"(kept 72h). On SIGINT or SIGTERM the gateway drains, then the\n" +
-			"reaper, fanout and webhooks process stop, then the NATS server.",
+			"(kept 72h). GET /readyz on --listen answers 200 once every part is ready (the NATS server with\n" +
+			"JetStream, the reaper, the fanout, the webhooks process, the gateway), when the line saying where\n" +
+			"to connect is printed, and 503 naming the first that is not (\"part\") otherwise. On SIGINT or\n" +
+			"SIGTERM the gateway drains, its listener closed first, then the reaper, fanout and webhooks\n" +
+			"process stop, then the NATS server.",
 		Flags: concat(
 			[]cli.Flag{
 				stringFlag(catEmbedded, "data", "./greendot-data", "directory of the embedded NATS server's JetStream storage"),
@@ -140,9 +143,10 @@ func runStandalone(c *cli.Context) error {
 
 // serveStandalone runs the reaper, the fanout, the webhooks process (when
 // wcfg is not nil) and the gateway on sys,
-// serving ln (which it owns), prints the ready line once the gateway is
-// ready, and returns when the command's context is canceled or a part has
-// stopped. The caller stops sys, whose Stop returns the parts' errors.
+// serving ln (which it owns), prints the ready line once every part is
+// ready (GET /readyz answers 200), and returns when the command's context
+// is canceled or a part has stopped. The caller stops sys, whose Stop
+// returns the parts' errors.
 func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, wcfg *webhook.Config, demo bool) error {
 	// The buckets exist before the services start, so that none of them
 	// creates a bucket while another creates its consumer on it. The demo
@@ -176,11 +180,13 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}
 	gcfg.Static = web.Handler(webOpts)
 	// GET /metrics serves the metrics of the services, which share this
-	// process.
+	// process, and GET /readyz says whether every part is ready: the NATS
+	// server, then the services in the order they started, naming the
+	// first that is not.
 	gcfg.Metrics = sys.Gatherer()
+	gcfg.Readyz = sys.Ready
 	addr := ln.Addr()
-	gw, err := sys.StartGateway("gateway", gcfg, ln)
-	if err != nil {
+	if _, err := sys.StartGateway("gateway", gcfg, ln); err != nil {
 		return err
 	}
 
@@ -199,7 +205,7 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 		cancel()
 		<-watched
 	}()
-	switch err := gw.AwaitReady(ctx, startTimeout); {
+	switch err := sys.AwaitReady(ctx, startTimeout); {
 	case err == nil:
 		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg.DevAuth, demo, sys, c.String("data")))
 	case ctx.Err() != nil || errors.Is(err, system.ErrStopped):

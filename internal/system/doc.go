@@ -21,7 +21,9 @@
 //
 // A System holds such parts together: Start starts its NATS server (or
 // names an existing one), its methods start services and children that
-// connect to it, and Stop stops them in order: gateways first, so that what
+// connect to it, Ready says whether its NATS server and every service are
+// ready (naming the first part that is not, as standalone mode's /readyz
+// does), and Stop stops them in order: gateways first, so that what
 // their closing sockets write is still processed, then reapers, fanouts,
 // webhooks processes and every other child, then the connections the system made, then NATS.
 package system

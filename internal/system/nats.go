@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -129,6 +130,17 @@ func StartNATS(cfg NATSConfig) (*server.Server, error) {
 	}
 	nlog.started.Store(true)
 	return srv, nil
+}
+
+// natsReady reports whether srv accepts connections and runs JetStream,
+// as its monitoring endpoint's /healthz?js-enabled-only=true does: a
+// server that disabled JetStream (as it does on a storage failure) is not
+// ready.
+func natsReady(srv *server.Server) error {
+	if h := srv.Healthz(&server.HealthzOptions{JSEnabledOnly: true}); h.StatusCode != http.StatusOK {
+		return errors.New(cmp.Or(h.Error, h.Status))
+	}
+	return nil
 }
 
 // natsLogger writes an embedded NATS server's log through slog. A fatal

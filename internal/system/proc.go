@@ -160,25 +160,32 @@ func (p *Proc) Ready(ctx context.Context) error { return p.svc.Ready(ctx) }
 // ErrTimeout after timeout (zero means DefaultStartTimeout), or ctx's error
 // when ctx ends first.
 func (p *Proc) AwaitReady(ctx context.Context, timeout time.Duration) error {
+	return awaitReady(ctx, timeout, p.name, p.svc.Ready, p.done)
+}
+
+// awaitReady checks ready until it returns nil, as AwaitReady does; what
+// names what is waited for in its errors, and stopped is closed when it
+// will never be ready.
+func awaitReady(ctx context.Context, timeout time.Duration, what string, ready func(context.Context) error, stopped <-chan struct{}) error {
 	timeout = cmp.Or(timeout, DefaultStartTimeout)
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		checkCtx, cancel := context.WithTimeout(ctx, readyCheckTimeout)
-		err := p.svc.Ready(checkCtx)
+		err := ready(checkCtx)
 		cancel()
 		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after %v: %w: %v", p.name, timeout, ErrTimeout, err)
+			return fmt.Errorf("%s not ready after %v: %w: %v", what, timeout, ErrTimeout, err)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-p.done:
-			return fmt.Errorf("%s %w before it was ready", p.name, ErrStopped)
+		case <-stopped:
+			return fmt.Errorf("%s %w before it was ready", what, ErrStopped)
 		case <-tick.C:
 		}
 	}

@@ -2,6 +2,7 @@ package system
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/webhook"
@@ -263,6 +265,38 @@ func (s *System) Gatherer() prometheus.Gatherer {
 		slices.SortFunc(out, func(a, b *dto.MetricFamily) int { return cmp.Compare(a.GetName(), b.GetName()) })
 		return out, errors.Join(errs...)
 	})
+}
+
+// Ready reports whether every part of the system is ready: its embedded
+// NATS server accepts connections and runs JetStream, then each service
+// it runs in this process is ready, checked in the order they were
+// started. For the first part that is not, it returns a
+// *metrics.PartNotReady naming it, "nats" or the service's name, with its
+// reason. Child processes are not checked.
+func (s *System) Ready(ctx context.Context) error {
+	if s.nats != nil {
+		if err := natsReady(s.nats); err != nil {
+			return &metrics.PartNotReady{Part: "nats", Err: err}
+		}
+	}
+	s.mu.Lock()
+	procs := slices.Clone(s.procs)
+	s.mu.Unlock()
+	for _, p := range procs {
+		if err := p.svc.Ready(ctx); err != nil {
+			return &metrics.PartNotReady{Part: p.name, Err: err}
+		}
+	}
+	return nil
+}
+
+// AwaitReady waits until every part of the system is ready (Ready) and
+// returns nil. It returns an error wrapping ErrStopped when a service or
+// child process of the system ends first (Exited), one wrapping
+// ErrTimeout after timeout (zero means DefaultStartTimeout), or ctx's
+// error when ctx ends first.
+func (s *System) AwaitReady(ctx context.Context, timeout time.Duration) error {
+	return awaitReady(ctx, timeout, s.opts.Name, s.Ready, s.exited)
 }
 
 // Stop stops the system in order and returns what went wrong: the

@@ -18,6 +18,7 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 )
@@ -200,6 +201,66 @@ func TestSystemServiceFails(t *testing.T) {
 	if err := sys.Stop(); err == nil || !strings.HasPrefix(err.Error(), "gateway: ") {
 		t.Errorf("Stop = %v, want the gateway's error", err)
 	}
+}
+
+// TestSystemReady reports the readiness of every part of a system, as a
+// gateway's GET /readyz does when it is the system's: ready once all are,
+// then the reaper named once it stops, then the NATS server once it
+// disables JetStream, as it does on a storage failure, ahead of any
+// service.
+func TestSystemReady(t *testing.T) {
+	sys := startSystem(t, NATSConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nc, err := sys.Connect("operator")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := presence.Open(ctx, nc, presence.BucketOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	rp, err := sys.StartReaper("reaper", reaper.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastGateway()
+	cfg.Readyz = sys.Ready
+	gw, err := sys.StartGateway("gateway", cfg, listen(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sys.AwaitReady(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(t, gw.HTTP+"/readyz"); code != http.StatusOK || body != `{"status":"ready"}`+"\n" {
+		t.Errorf("GET /readyz of a ready system = %d %s", code, body)
+	}
+
+	// notReady checks that Ready names part, with its own reason (which
+	// starts with reason), and that GET /readyz answers 503 with both.
+	notReady := func(part, reason string) {
+		t.Helper()
+		err := sys.Ready(ctx)
+		pe, ok := err.(*metrics.PartNotReady)
+		if !ok || pe.Part != part || !strings.HasPrefix(pe.Err.Error(), reason) {
+			t.Fatalf("Ready = %v, want %s named, not ready with %q", err, part, reason)
+		}
+		want := `{"error":"` + pe.Err.Error() + `","part":"` + part + `","status":"unavailable"}` + "\n"
+		if code, body := get(t, gw.HTTP+"/readyz"); code != http.StatusServiceUnavailable || body != want {
+			t.Errorf("GET /readyz = %d %s, want 503 %s", code, body, want)
+		}
+	}
+	if err := rp.Stop(0); err != nil {
+		t.Fatal(err)
+	}
+	notReady("reaper", reaper.ErrNotReady.Error())
+	if err := sys.AwaitReady(ctx, time.Minute); !errors.Is(err, ErrStopped) {
+		t.Errorf("AwaitReady with the reaper stopped = %v, want ErrStopped", err)
+	}
+	if err := sys.NATS().DisableJetStream(); err != nil {
+		t.Fatal(err)
+	}
+	notReady("nats", "JetStream not enabled")
 }
 
 // TestSystemStopsChildrenInOrder stops a gateway child process before any

@@ -17,7 +17,8 @@ const ReadyTimeout = 2 * time.Second
 //
 //	GET /healthz  200 {"status":"ok"} while the process runs
 //	GET /readyz   200 {"status":"ready"}, or 503 {"status":"unavailable","error":"..."}
-//	              when ready returns an error (NATS not connected, buckets missing)
+//	              when ready returns an error (NATS not connected, buckets missing;
+//	              see Unavailable)
 //	GET /metrics  the metrics gathered by g, in the Prometheus text format
 //
 // A nil ready means always ready; a readiness check gets ReadyTimeout.
@@ -31,7 +32,7 @@ func OpsHandler(g prometheus.Gatherer, ready func(context.Context) error) http.H
 			ctx, cancel := context.WithTimeout(r.Context(), ReadyTimeout)
 			defer cancel()
 			if err := ready(ctx); err != nil {
-				writeStatus(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+				writeStatus(w, http.StatusServiceUnavailable, Unavailable(err))
 				return
 			}
 		}
@@ -39,6 +40,29 @@ func OpsHandler(g prometheus.Gatherer, ready func(context.Context) error) http.H
 	})
 	mux.Handle("GET /metrics", Handler(g))
 	return mux
+}
+
+// PartNotReady is the readiness error of a process that runs several parts
+// (standalone mode: an embedded NATS server, a gateway, a reaper ...): Err
+// is what the part itself says, and Part names it.
+type PartNotReady struct {
+	Part string
+	Err  error
+}
+
+func (e *PartNotReady) Error() string { return e.Part + ": " + e.Err.Error() }
+
+func (e *PartNotReady) Unwrap() error { return e.Err }
+
+// Unavailable returns the body of a /readyz answer 503 for the readiness
+// error err: {"status":"unavailable","error":"..."}. When err is a
+// PartNotReady, "part" names the part and "error" is the part's own
+// reason: {"status":"unavailable","part":"reaper","error":"..."}.
+func Unavailable(err error) map[string]string {
+	if p, ok := err.(*PartNotReady); ok {
+		return map[string]string{"status": "unavailable", "part": p.Part, "error": p.Err.Error()}
+	}
+	return map[string]string{"status": "unavailable", "error": err.Error()}
 }
 
 func writeStatus(w http.ResponseWriter, status int, v any) {

@@ -16,13 +16,17 @@ import (
 func TestOpsHandler(t *testing.T) {
 	reg := metrics.NewRegistry()
 	metrics.NewFactory(reg).Counter("test_plain_total", "A counter.").Inc()
-	var notReady atomic.Bool
+	var notReady, inPart atomic.Bool
 	srv := httptest.NewServer(metrics.OpsHandler(reg, func(ctx context.Context) error {
 		if _, ok := ctx.Deadline(); !ok {
 			return errors.New("readiness check without a deadline")
 		}
 		if notReady.Load() {
-			return errors.New("nats: not connected")
+			err := errors.New("nats: not connected")
+			if inPart.Load() {
+				return &metrics.PartNotReady{Part: "reaper", Err: err}
+			}
+			return err
 		}
 		return nil
 	}))
@@ -59,5 +63,10 @@ func TestOpsHandler(t *testing.T) {
 	}
 	if code, body := get("/healthz"); code != 200 {
 		t.Errorf("GET /healthz when not ready = %d %q, want 200", code, body)
+	}
+	// A part of a process that is not ready is named beside its reason.
+	inPart.Store(true)
+	if code, body := get("/readyz"); code != 503 || body != `{"error":"nats: not connected","part":"reaper","status":"unavailable"}`+"\n" {
+		t.Errorf("GET /readyz when a part is not ready = %d %q, want 503 naming the part", code, body)
 	}
 }
