@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -342,6 +343,43 @@ func (r *running) stop(t *testing.T) {
 func (r *running) metric(name string, labels ...string) float64 {
 	v, _ := metricstest.Value(r.svc.Registry(), name, labels...)
 	return v
+}
+
+// awaitMetric waits until the process's metric name, with labels (name,
+// value pairs), is want.
+func (r *running) awaitMetric(t *testing.T, name string, want float64, labels ...string) {
+	t.Helper()
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric(name, labels...); v != want {
+			return fmt.Errorf("%s = %v, want %v", series(name, labels), v, want)
+		}
+		return nil
+	})
+}
+
+// awaitMetricAtLeast waits until the process's metric name, with labels,
+// is least or more.
+func (r *running) awaitMetricAtLeast(t *testing.T, name string, least float64, labels ...string) {
+	t.Helper()
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := r.metric(name, labels...); v < least {
+			return fmt.Errorf("%s = %v, want %v or more", series(name, labels), v, least)
+		}
+		return nil
+	})
+}
+
+// series names a metric with its labels (name, value pairs) as Prometheus
+// writes it: greendot_webhook_failures_total{reason="timeout"}.
+func series(name string, labels []string) string {
+	if len(labels) == 0 {
+		return name
+	}
+	var pairs []string
+	for i := 0; i+1 < len(labels); i += 2 {
+		pairs = append(pairs, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
+	}
+	return name + "{" + strings.Join(pairs, ",") + "}"
 }
 
 // syncBuffer is a bytes.Buffer safe for the logger and the test at once.

@@ -66,15 +66,8 @@ func TestDeliversTransitions(t *testing.T) {
 			t.Errorf("event %+v, want %+v", ev, w)
 		}
 	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_revisions_skipped_total", "reason", "unchanged"); v != 1 {
-			return fmt.Errorf("skipped unchanged = %v, want 1", v)
-		}
-		if v := r.metric("greendot_webhook_events_delivered_total"); v != float64(len(got)) {
-			return fmt.Errorf("events delivered = %v, want %d", v, len(got))
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_revisions_skipped_total", 1, "reason", "unchanged")
+	r.awaitMetric(t, "greendot_webhook_events_delivered_total", float64(len(got)))
 	reqs, _ := rc.snapshot()
 	for _, q := range reqs {
 		if q.attempt != 1 || q.status != http.StatusOK {
@@ -120,15 +113,8 @@ func TestSlowReceiver(t *testing.T) {
 	if len(got) != 1 {
 		t.Errorf("accepted %v, want alice once", keys(got))
 	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_failures_total", "reason", "timeout"); v != 1 {
-			return fmt.Errorf("timeouts = %v, want 1", v)
-		}
-		if v := r.metric("greendot_webhook_attempts_total"); v != 2 {
-			return fmt.Errorf("attempts = %v, want 2", v)
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_failures_total", 1, "reason", "timeout")
+	r.awaitMetric(t, "greendot_webhook_attempts_total", 2)
 	reqs, _ := rc.snapshot()
 	if len(reqs) != 2 || reqs[1].attempt != 2 {
 		t.Errorf("requests %+v, want a second attempt", reqs)
@@ -165,20 +151,9 @@ func TestFailingReceiver(t *testing.T) {
 			t.Errorf("request %d has attempt %d", i+2, reqs[i+1].attempt)
 		}
 	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		for _, c := range []struct {
-			reason string
-			want   float64
-		}{{"http_5xx", 3}, {"http_429", 1}} {
-			if v := r.metric("greendot_webhook_failures_total", "reason", c.reason); v != c.want {
-				return fmt.Errorf("failures %s = %v, want %v", c.reason, v, c.want)
-			}
-		}
-		if v := r.metric("greendot_webhook_dead_letters_total"); v != 0 {
-			return fmt.Errorf("dead letters = %v", v)
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_failures_total", 3, "reason", "http_5xx")
+	r.awaitMetric(t, "greendot_webhook_failures_total", 1, "reason", "http_429")
+	r.awaitMetric(t, "greendot_webhook_dead_letters_total", 0)
 }
 
 // TestRetryAfterBoundedByMaxBackoff: a Retry-After longer than MaxBackoff
@@ -224,12 +199,7 @@ func TestDeadLetterOnRefusal(t *testing.T) {
 	cfg := fast()
 	r := start(t, e, rc, cfg)
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_dead_letters_total"); v != 1 {
-			return fmt.Errorf("dead letters = %v, want 1", v)
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_dead_letters_total", 1)
 	if v := r.metric("greendot_webhook_dead_letter_events_total"); v != 1 {
 		t.Errorf("dead-lettered events = %v, want 1", v)
 	}
@@ -267,12 +237,7 @@ func TestGiveUp(t *testing.T) {
 	cfg.GiveUpAfter = time.Second
 	r := start(t, e, rc, cfg)
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_dead_letters_total"); v != 1 {
-			return fmt.Errorf("dead letters = %v, want 1", v)
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_dead_letters_total", 1)
 	reqs, _ := rc.snapshot()
 	if len(reqs) < 2 {
 		t.Errorf("%d attempts before giving up, want retries", len(reqs))
@@ -321,12 +286,7 @@ func TestResume(t *testing.T) {
 	r := start(t, e, rc, fast())
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
 	rc.waitAccepted(t, at("alice", a1))
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_batches_delivered_total"); v != 1 {
-			return fmt.Errorf("batches delivered = %v", v)
-		}
-		return nil
-	})
+	r.awaitMetric(t, "greendot_webhook_batches_delivered_total", 1)
 	r.stop(t)
 
 	a2 := e.put(t, "alice", presence.Away, 1, 100)
@@ -411,12 +371,7 @@ func TestStandbyStopKeepsThePin(t *testing.T) {
 	a2 := e.put(t, "alice", presence.Away, 1, 100)
 	rc.waitAccepted(t, at("alice", a2))
 	// The process counts a batch once the receiver's answer is back.
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := serving.metric("greendot_webhook_events_delivered_total"); v != 2 {
-			return fmt.Errorf("the serving process delivered %v events, want 2", v)
-		}
-		return nil
-	})
+	serving.awaitMetric(t, "greendot_webhook_events_delivered_total", 2)
 }
 
 // TestLongRetryKeepsRevisions: a delivery retried for longer than AckWait
@@ -517,15 +472,10 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 	if d := time.Since(died); d < cfg.PinnedTTL-500*time.Millisecond {
 		t.Errorf("took over %v after the first died, before the pinned TTL %v", d, cfg.PinnedTTL)
 	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := other.metric("greendot_webhook_events_delivered_total"); v != 3 {
-			return fmt.Errorf("the other process delivered %v events, want the 3 after alice@%d", v, a1)
-		}
-		if v := other.metric("greendot_webhook_held_revisions"); v != 0 {
-			return fmt.Errorf("%v revisions still held back", v)
-		}
-		return nil
-	})
+	// The other process delivers the 3 after alice's first, and holds
+	// none back.
+	other.awaitMetric(t, "greendot_webhook_events_delivered_total", 3)
+	other.awaitMetric(t, "greendot_webhook_held_revisions", 0)
 }
 
 // TestStopWhileHoldingBack: a process that took over from a dead one and
@@ -542,12 +492,8 @@ func TestStopWhileHoldingBack(t *testing.T) {
 	other, a1, a2, _ := dieHolding(t, e, rc, cfg)
 	b1 := e.put(t, "bob", presence.Online, 1, 100)
 	a3 := e.put(t, "alice", presence.Offline, 0, 500)
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := other.metric("greendot_webhook_held_revisions"); v != 2 {
-			return fmt.Errorf("%v revisions held back, want bob's and alice's newest", v)
-		}
-		return nil
-	})
+	// Bob's and alice's newest are held back.
+	other.awaitMetric(t, "greendot_webhook_held_revisions", 2)
 	other.stop(t)
 	if _, got := rc.snapshot(); !slices.Equal(keys(got), []string{at("alice", a1)}) {
 		t.Fatalf("accepted %v before alice@%d came again, want only alice@%d", keys(got), a2, a1)
@@ -555,12 +501,7 @@ func TestStopWhileHoldingBack(t *testing.T) {
 	third := start(t, e, rc, cfg)
 	got := rc.waitAccepted(t, at("alice", a2), at("bob", b1), at("alice", a3))
 	checkOrder(t, got)
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := third.metric("greendot_webhook_events_delivered_total"); v != 3 {
-			return fmt.Errorf("the third process delivered %v events, want 3", v)
-		}
-		return nil
-	})
+	third.awaitMetric(t, "greendot_webhook_events_delivered_total", 3)
 }
 
 // dieHolding starts a process that serves, has it deliver a first
@@ -618,12 +559,8 @@ func TestReceiverDown(t *testing.T) {
 	rc.URL = "http://" + addr + "/hooks/presence"
 	r := start(t, e, rc, fast())
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_failures_total", "reason", "network"); v < 2 {
-			return fmt.Errorf("network failures = %v, want retries", v)
-		}
-		return nil
-	})
+	// It is retried.
+	r.awaitMetricAtLeast(t, "greendot_webhook_failures_total", 2, "reason", "network")
 	// It listens again, on the same address.
 	ln, err = net.Listen("tcp", addr)
 	if err != nil {
@@ -672,12 +609,8 @@ func TestOutageLosesNothing(t *testing.T) {
 	for i := range changes {
 		want = append(want, at("alice", e.choose(t, "alice", cycle[i%len(cycle)])))
 	}
-	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
-		if v := r.metric("greendot_webhook_failures_total", "reason", "http_5xx"); v < 2 {
-			return fmt.Errorf("5xx failures = %v, want the outage retried", v)
-		}
-		return nil
-	})
+	// The outage is retried.
+	r.awaitMetricAtLeast(t, "greendot_webhook_failures_total", 2, "reason", "http_5xx")
 	// The bucket has let the oldest revisions go.
 	hist, err := e.kv.History(context.Background(), presence.StatusKey("alice"))
 	if err != nil {
