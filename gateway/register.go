@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -868,10 +869,8 @@ func (r *registrar) storeReplaced(ctx context.Context) bool {
 			return true
 		}
 		r.log.Warn("look the buckets up before taking a new lease", "err", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
+		if sleep.For(ctx, backoff) != nil {
 			return true
-		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}

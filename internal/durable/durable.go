@@ -142,8 +142,6 @@ type Consumer struct {
 	// process is not ready meanwhile.
 	stalledMu sync.Mutex
 	stalled   map[string]bool
-	// store is the store Run opened, for recreate.
-	store atomic.Pointer[presence.Store]
 	// fatal carries what stops the process as a failure (see recreate).
 	fatal chan error
 }
@@ -237,7 +235,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		return startErr(ctx, err)
 	}
-	c.store.Store(store)
 	if c.cfg.Opened != nil {
 		c.cfg.Opened(store)
 	}

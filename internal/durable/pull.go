@@ -168,7 +168,9 @@ func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stre
 // does: asked before, it could find the bucket missing, and the consumer
 // then be created on the new bucket.
 func (c *Consumer) replaced(ctx context.Context, bucket string) bool {
-	store := c.store.Load()
+	// Consumers are read, and so created again, only while the store is
+	// held: from when the process is ready until it stops.
+	store := c.ready.Load()
 	if store == nil {
 		return false
 	}

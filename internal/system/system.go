@@ -283,7 +283,7 @@ func (s *System) Ready(ctx context.Context) error {
 	procs := slices.Clone(s.procs)
 	s.mu.Unlock()
 	for _, p := range procs {
-		if err := p.svc.Ready(ctx); err != nil {
+		if err := p.Ready(ctx); err != nil {
 			return &metrics.PartNotReady{Part: p.name, Err: err}
 		}
 	}
