@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -186,5 +187,86 @@ func TestStandaloneStopsBeingReadyFirst(t *testing.T) {
 	}
 	if code, body, err := readyz(addr); err == nil {
 		t.Errorf("GET /readyz after the exit = %d %v, want no answer", code, body)
+	}
+}
+
+// TestStandaloneWaitsForItsParts starts standalone mode on a store whose
+// status records the reaper's sweep at start cannot read for a while (their
+// stream takes no more consumers, so the sweep's listing fails, and the
+// reaper tries again): the start outlasts many log intervals, each line
+// naming the reaper as GET /readyz does, without failing, and prints the
+// ready line once the sweep can go through. The wait has no deadline; a
+// sweep of a large store takes long the same way.
+func TestStandaloneWaitsForItsParts(t *testing.T) {
+	defer func(d time.Duration) { waitLogEvery = d }(waitLogEvery)
+	waitLogEvery = 100 * time.Millisecond
+	args := []string{"standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0"}
+	ctx := context.Background()
+	stream := presence.StreamName(presence.StatusBucket)
+
+	// A first run creates the buckets, and the fanout's durable consumer
+	// on the status records' stream; the stream then takes no more
+	// consumers than its durable ones.
+	p := start(t, args...)
+	js, err := jetstream.New(connectOperator(t, p.awaitOutput(t, devReadyRE)[2]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	durables := 0
+	for c := range st.ListConsumers(ctx).Info() {
+		if c.Config.Durable != "" {
+			durables++
+		}
+	}
+	if durables == 0 {
+		t.Fatalf("no durable consumer on %s", stream)
+	}
+	cfg := st.CachedInfo().Config
+	limited := cfg
+	limited.MaxConsumers = durables
+	if _, err := js.UpdateStream(ctx, limited); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, p.stderr)
+	}
+
+	p = start(t, args...)
+	waiting := regexp.MustCompile(`msg="waiting for a part to be ready" waited=\S+ part=reaper err="reaper: not ready"`)
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := len(waiting.FindAllString(p.stderr.String(), -1)); n < 5 {
+			return fmt.Errorf("%d lines say the start waits for the reaper, want 5; stderr:\n%s", n, p.stderr)
+		}
+		return nil
+	})
+	if devReadyRE.MatchString(p.stdout.String()) {
+		t.Fatalf("ready line printed while the reaper is not ready:\n%s", p.stdout)
+	}
+	if !strings.Contains(p.stderr.String(), `msg="start-up sweep" svc=reaper err="list presence_status [>]: nats: maximum consumers limit reached"`) {
+		t.Errorf("the reaper did not log why its sweep failed; stderr:\n%s", p.stderr)
+	}
+
+	// The stream takes consumers again: the sweep goes through.
+	m := regexp.MustCompile(`msg="nats server ready" .* url=(\S+)`).FindStringSubmatch(p.stderr.String())
+	if m == nil {
+		t.Fatalf("no NATS URL in the log:\n%s", p.stderr)
+	}
+	js, err = jetstream.New(connectOperator(t, m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	addr := p.awaitOutput(t, devReadyRE)[1]
+	if code, body, err := readyz(addr); code != http.StatusOK {
+		t.Errorf("GET /readyz after the ready line = %d %v %v, want 200", code, body, err)
+	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit code %d, want 0; stderr:\n%s", code, p.stderr)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -16,15 +17,21 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/web"
 	"github.com/greendot/greendot/webhook"
 )
 
-// startTimeout bounds the start of the embedded NATS server and the wait
-// for every part to be ready.
+// startTimeout bounds the start of the embedded NATS server and the
+// opening of the buckets in it: steps that end at once unless something is
+// broken. The wait for the parts to be ready has no bound (see awaitParts).
 const startTimeout = 30 * time.Second
+
+// waitLogEvery is how often standalone mode, while it waits for its parts
+// to be ready, logs the first that is not and why. Tests shorten it.
+var waitLogEvery = 10 * time.Second
 
 // stopTimeout bounds the wait for each part to stop on shutdown, beyond
 // the gateway's --drain-period, which its stop takes on top.
@@ -42,9 +49,11 @@ func standaloneCommand() *cli.Command {
 			"presence transition to the app's backend, read from the stream presence_feed, created then\n" +
 			"(kept 72h). GET /readyz on --listen answers 200 once every part is ready (the NATS server with\n" +
 			"JetStream, the reaper, the fanout, the webhooks process, the gateway), when the line saying where\n" +
-			"to connect is printed, and 503 naming the first that is not (\"part\") otherwise. On SIGINT or\n" +
-			"SIGTERM the gateway drains, its listener closed first, then the reaper, fanout and webhooks\n" +
-			"process stop, then the NATS server.",
+			"to connect is printed, and 503 naming the first that is not (\"part\") otherwise. Until then it\n" +
+			"logs every 10s the part it waits for and why, and waits as long as that takes (the reaper's sweep\n" +
+			"at start reads the whole store), unless a part fails or it is stopped. On SIGINT or SIGTERM the\n" +
+			"gateway drains, its listener closed first, then the reaper, fanout and webhooks process stop,\n" +
+			"then the NATS server.",
 		Flags: concat(
 			[]cli.Flag{
 				stringFlag(catEmbedded, "data", "./greendot-data", "directory of the embedded NATS server's JetStream storage"),
@@ -205,7 +214,7 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 		cancel()
 		<-watched
 	}()
-	switch err := sys.AwaitReady(ctx, startTimeout); {
+	switch err := awaitParts(ctx, gcfg.Logger, sys); {
 	case err == nil:
 		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg.DevAuth, demo, sys, c.String("data")))
 	case ctx.Err() != nil || errors.Is(err, system.ErrStopped):
@@ -216,6 +225,40 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// awaitParts waits until every part of sys is ready and returns nil, or
+// returns ctx's error when ctx ends first and one wrapping
+// system.ErrStopped when a part stops first (a failure, which its error
+// says). Every waitLogEvery meanwhile it logs the first part that is not
+// ready and its reason, as GET /readyz names them.
+//
+// It sets no deadline. The reaper is ready only once its sweep at start
+// has gone through the whole store, which takes as long as the store is
+// large. Whatever else keeps a part from being ready is a request to the
+// embedded server that the part tries again until it succeeds (the
+// sweep, the creation of a durable consumer, the gateway's lease), as the
+// same part run as a process of its own does, with no deadline either:
+// giving up would not mend what makes the server refuse (its storage
+// failing, say), while this log and /readyz say which part waits. A part
+// that cannot start stops with its error, which ends the command. The
+// steps that could hang for good, the NATS server's start and the opening
+// of the buckets, keep startTimeout.
+func awaitParts(ctx context.Context, log *slog.Logger, sys *system.System) error {
+	start := time.Now()
+	for {
+		err := sys.AwaitReady(ctx, waitLogEvery)
+		if !errors.Is(err, system.ErrTimeout) {
+			return err
+		}
+		attrs := []any{"waited", time.Since(start).Round(time.Millisecond).String()}
+		if p := (*metrics.PartNotReady)(nil); errors.As(err, &p) {
+			attrs = append(attrs, "part", p.Part, "err", p.Err.Error())
+		} else {
+			attrs = append(attrs, "err", err.Error())
+		}
+		log.Info("waiting for a part to be ready", attrs...)
+	}
 }
 
 // openBuckets creates greendot's buckets in the embedded server, and with

@@ -157,8 +157,8 @@ func (p *Proc) Ready(ctx context.Context) error { return p.svc.Ready(ctx) }
 
 // AwaitReady waits until the service is ready and returns nil. It returns
 // an error wrapping ErrStopped when the service returns first, one wrapping
-// ErrTimeout after timeout (zero means DefaultStartTimeout), or ctx's error
-// when ctx ends first.
+// ErrTimeout and the service's last readiness error after timeout (zero
+// means DefaultStartTimeout), or ctx's error when ctx ends first.
 func (p *Proc) AwaitReady(ctx context.Context, timeout time.Duration) error {
 	return awaitReady(ctx, timeout, p.name, p.svc.Ready, p.done)
 }
@@ -179,7 +179,7 @@ func awaitReady(ctx context.Context, timeout time.Duration, what string, ready f
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after %v: %w: %v", what, timeout, ErrTimeout, err)
+			return fmt.Errorf("%s not ready after %v: %w: %w", what, timeout, ErrTimeout, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -293,8 +293,9 @@ func (s *System) Ready(ctx context.Context) error {
 // AwaitReady waits until every part of the system is ready (Ready) and
 // returns nil. It returns an error wrapping ErrStopped when a service or
 // child process of the system ends first (Exited), one wrapping
-// ErrTimeout after timeout (zero means DefaultStartTimeout), or ctx's
-// error when ctx ends first.
+// ErrTimeout and the last error of Ready (a *metrics.PartNotReady) after
+// timeout (zero means DefaultStartTimeout), or ctx's error when ctx ends
+// first.
 func (s *System) AwaitReady(ctx context.Context, timeout time.Duration) error {
 	return awaitReady(ctx, timeout, s.opts.Name, s.Ready, s.exited)
 }

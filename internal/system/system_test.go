@@ -426,3 +426,20 @@ func TestStartNATS(t *testing.T) {
 		})
 	}
 }
+
+// TestAwaitReadyTimeout returns, after its timeout, an error that wraps
+// ErrTimeout and the last readiness error, so that a caller can name the
+// part that is not ready.
+func TestAwaitReadyTimeout(t *testing.T) {
+	errNotReady := errors.New("reaper: not ready")
+	err := awaitReady(context.Background(), 50*time.Millisecond, "test", func(context.Context) error {
+		return &metrics.PartNotReady{Part: "reaper", Err: errNotReady}
+	}, nil)
+	var p *metrics.PartNotReady
+	if !errors.Is(err, ErrTimeout) || !errors.As(err, &p) || p.Part != "reaper" || !errors.Is(err, errNotReady) {
+		t.Fatalf("awaitReady = %v, want ErrTimeout and the reaper's readiness error", err)
+	}
+	if want := "test not ready after 50ms: timed out: reaper: reaper: not ready"; err.Error() != want {
+		t.Errorf("awaitReady = %q, want %q", err, want)
+	}
+}
