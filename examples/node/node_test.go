@@ -28,6 +28,7 @@ import (
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/tcpproxy"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/presence"
@@ -64,11 +65,7 @@ func nodeBinary(t *testing.T) string {
 		"and the example's packages (npm ci --prefix examples/node)"
 	missing := func(why string) {
 		t.Helper()
-		msg := "no Node.js client tests: " + why + ": " + install
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		tooltest.Missing(t, "no Node.js client tests: "+why+": "+install)
 	}
 	node, err := exec.LookPath("node")
 	if err != nil {
