@@ -43,7 +43,7 @@ func (s *Service) adminConfig() admin.ServiceConfig {
 			"pinned_ttl":    s.cfg.PinnedTTL.String(),
 		},
 		Load: func() map[string]any {
-			return map[string]any{"cached_users": s.cached.Load()}
+			return map[string]any{"cached_users": s.cached.Load(), "resync_users": s.resync.pending.Load()}
 		},
 		Ready:  s.Ready,
 		Logger: s.log,

@@ -205,13 +205,15 @@ func (s *Service) delivered(batch []*item, attempts int) {
 	}
 	s.metrics.batches.Inc()
 	s.metrics.events.Add(float64(len(batch)))
+	s.resyncDelivered(batch)
 	s.log.Debug("webhook delivered", "events", len(batch), "attempts", attempts,
 		"first_rev", batch[0].ev.Rev, "last_rev", batch[len(batch)-1].ev.Rev)
 }
 
 // deadLetter gives a batch up: it is counted, logged with its users and
 // revisions, and its revisions are terminated so that they are never
-// handed out again.
+// handed out again. Its users are remembered, to send their current state
+// once the endpoint takes deliveries again (see resync).
 func (s *Service) deadLetter(batch []*item, attempts, status int, reason string) {
 	users := make([]string, len(batch))
 	for i, it := range batch {
@@ -224,4 +226,5 @@ func (s *Service) deadLetter(batch []*item, attempts, status int, reason string)
 	s.metrics.deadEvents.Add(float64(len(batch)))
 	s.log.Error("webhook batch dead-lettered", "reason", reason, "status", status, "attempts", attempts,
 		"events", len(batch), "users", strings.Join(users, ","))
+	s.remember(batch)
 }

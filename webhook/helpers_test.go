@@ -224,6 +224,7 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 	rc.mu.Unlock()
 	status := http.StatusOK
 	if respond != nil {
+		r.Body = io.NopCloser(bytes.NewReader(body)) // for respond to read again
 		status = respond(n, w, r)
 	}
 	rc.mu.Lock()

@@ -17,6 +17,7 @@ type webhookMetrics struct {
 	failures    *prometheus.CounterVec // by reason
 	deadLetters prometheus.Counter
 	deadEvents  prometheus.Counter
+	resyncUsers *prometheus.CounterVec // by result
 	lag         prometheus.Histogram
 }
 
@@ -43,12 +44,17 @@ func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
 			"Batches given up: refused for good (4xx other than 408 and 429) or failing for longer than --give-up-after. Their users and revisions are logged."),
 		deadEvents: f.Counter("greendot_webhook_dead_letter_events_total",
 			"Events in the batches given up."),
+		resyncUsers: f.CounterVec("greendot_webhook_resync_users_total",
+			"Users of dead-lettered batches, by what became of them: sent (their current state delivered), superseded (a newer event of theirs delivered first), gone (no record to send), given_up (their current state still not delivered --give-up-after after their last dead letter), overflow (not remembered: the process remembered as many as it may).", "result"),
 		lag: f.Histogram("greendot_webhook_lag_seconds",
 			"Time from a status record being written to the endpoint acknowledging its event.", lagBuckets),
 	}
 	f.GaugeFunc("greendot_webhook_cached_users",
 		"Users whose last sent state this process remembers, to skip revisions that change nothing.",
 		func() float64 { return float64(s.cached.Load()) })
+	f.GaugeFunc("greendot_webhook_resync_pending_users",
+		"Users of dead-lettered batches remembered, whose current state is yet to be delivered.",
+		func() float64 { return float64(s.resync.pending.Load()) })
 	f.GaugeFunc("greendot_webhook_held_revisions",
 		"Revisions held back because revisions before them are pending with another process (one that died): they go once those come again or are acknowledged.",
 		func() float64 { return float64(s.order.held.Load()) })

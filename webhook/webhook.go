@@ -38,6 +38,9 @@ type Service struct {
 	client   *http.Client
 	limiter  *rate.Limiter
 	js       atomic.Pointer[jetstream.JetStream]
+	// store reads the users' current records for resync; nil before the
+	// buckets are open.
+	store atomic.Pointer[presence.Store]
 	// pin is the id the server last pinned this process with, as its
 	// messages carry it; nil before the first.
 	pin atomic.Pointer[string]
@@ -56,6 +59,9 @@ type Service struct {
 	// held are the revisions handed to work and not yet acknowledged,
 	// handed back or given up: those a delivery under way keeps alive.
 	held held
+	// resync remembers the users of dead-lettered batches until their
+	// current state is delivered (see resync.go). Only work touches it.
+	resync resync
 	// quit is closed when the process starts stopping: a delivery under
 	// way is abandoned and its revisions handed back.
 	quit     chan struct{}
@@ -107,6 +113,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		order:    newOrder(),
 		last:     make(map[string]sent),
 		in:       make(chan *item, cfg.BatchSize),
+		resync:   newResync(maxResync, cfg.BatchSize),
 		quitting: quitting,
 		stop:     stop,
 		reg:      metrics.NewRegistry(),
@@ -148,6 +155,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		Opened: func(store *presence.Store) {
 			js := store.JetStream()
 			s.js.Store(&js)
+			s.store.Store(store)
 		},
 		Work:   s.work,
 		Handle: s.handle,
@@ -259,22 +267,29 @@ func (s *Service) decode(msg jetstream.Msg, meta *jetstream.MsgMetadata) *item {
 }
 
 // work gathers the events handle takes into batches and delivers them, one
-// at a time, until the process stops; then it hands back, in the order
+// at a time, with the rounds that send dead-lettered users' current state
+// in between, until the process stops; then it hands back, in the order
 // they came, the revisions of the batch under way and every one handle
 // still passes it, until ctx is canceled once the consumer is drained.
 func (s *Service) work(ctx context.Context) {
 	stopProgress := s.keepInProgress()
 	defer stopProgress()
 	for {
-		batch := s.collect()
-		if batch == nil {
+		batch, ok := s.collect()
+		if !ok {
 			break
 		}
-		if !s.deliver(batch) {
+		if batch != nil && !s.deliver(batch) {
 			s.handBack(batch)
 			break
 		}
+		// A round goes after every batch while one is due, so that
+		// neither holds the other up for long.
+		if !s.resyncRound() {
+			break
+		}
 	}
+	s.abandonResync()
 	for {
 		select {
 		case it := <-s.in:
@@ -294,15 +309,27 @@ func (s *Service) work(ctx context.Context) {
 }
 
 // collect waits for an event, then for more until BatchSize are there or
-// BatchWait has passed, and returns them. It returns nil when the process
-// stops first; the events it held are handed back.
-func (s *Service) collect() []*item {
-	var batch []*item
+// BatchWait has passed, and returns them. It returns no batch, but ok, when
+// a resync round falls due before the first event comes (an event that is
+// there already goes first), and ok false when the process stops first;
+// the events it held are handed back.
+func (s *Service) collect() (batch []*item, ok bool) {
 	select {
 	case it := <-s.in:
 		batch = append(batch, it)
-	case <-s.quit:
-		return nil
+	default:
+		due, stop := s.resyncDue()
+		select {
+		case it := <-s.in:
+			batch = append(batch, it)
+		case <-due:
+			stop()
+			return nil, true
+		case <-s.quit:
+			stop()
+			return nil, false
+		}
+		stop()
 	}
 	t := time.NewTimer(s.cfg.BatchWait)
 	defer t.Stop()
@@ -311,13 +338,13 @@ func (s *Service) collect() []*item {
 		case it := <-s.in:
 			batch = append(batch, it)
 		case <-t.C:
-			return batch
+			return batch, true
 		case <-s.quit:
 			s.handBack(batch)
-			return nil
+			return nil, false
 		}
 	}
-	return batch
+	return batch, true
 }
 
 // handBack asks the server to hand the revisions out again at once, in

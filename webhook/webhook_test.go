@@ -186,7 +186,8 @@ func TestRetryAfterBoundedByMaxBackoff(t *testing.T) {
 
 // TestDeadLetterOnRefusal: a 400 gives the batch up at once: counted,
 // logged with its users and revisions, never sent again; the next batch
-// goes out.
+// goes out. Its user's current state, which is what it carried, is sent
+// once after, in a batch of its own (see resync_test.go).
 func TestDeadLetterOnRefusal(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
@@ -209,22 +210,37 @@ func TestDeadLetterOnRefusal(t *testing.T) {
 	if logs := r.logs.String(); !strings.Contains(logs, "dead-lettered") || !strings.Contains(logs, at("alice", a1)) {
 		t.Errorf("logs do not name the dead letter's user and revision %s:\n%s", at("alice", a1), logs)
 	}
+	rc.waitAccepted(t, at("alice", a1))
+	r.awaitMetric(t, "greendot_webhook_resync_users_total", 1, "result", "sent")
 
 	b1 := e.put(t, "bob", presence.Online, 1, 100)
 	rc.waitAccepted(t, at("bob", b1))
-	// A process started afresh does not send the dead letter again.
+	// A process started afresh sends neither the dead letter nor alice's
+	// state again.
 	r.stop(t)
 	start(t, e, rc, cfg)
 	b2 := e.put(t, "bob", presence.Away, 1, 100)
 	got := rc.waitAccepted(t, at("bob", b2))
-	if slices.Contains(keys(got), at("alice", a1)) {
-		t.Errorf("the dead letter was delivered: %v", keys(got))
-	}
-	reqs, _ := rc.snapshot()
-	for _, q := range reqs[1:] {
-		if slices.Contains(keys(q.events), at("alice", a1)) {
-			t.Errorf("the dead letter was sent again: %+v", q)
+	n := 0
+	for _, k := range keys(got) {
+		if k == at("alice", a1) {
+			n++
 		}
+	}
+	if n != 1 {
+		t.Errorf("alice@%d accepted %d times, want once: %v", a1, n, keys(got))
+	}
+	// Two requests carried her: the refused one, and the one with her
+	// current state; neither is a retry.
+	reqs, _ := rc.snapshot()
+	var carried []request
+	for _, q := range reqs {
+		if slices.Contains(keys(q.events), at("alice", a1)) {
+			carried = append(carried, q)
+		}
+	}
+	if len(carried) != 2 || carried[0].status != http.StatusBadRequest || carried[0].attempt != 1 || carried[1].attempt != 1 {
+		t.Errorf("requests with alice@%d: %+v, want the refused one and her current state's", a1, carried)
 	}
 }
 

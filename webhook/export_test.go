@@ -1,0 +1,9 @@
+package webhook
+
+// SetMaxResync sets how many users of dead-lettered batches the processes
+// made after it remember, and returns a function that restores it.
+func SetMaxResync(n int) (restore func()) {
+	was := maxResync
+	maxResync = n
+	return func() { maxResync = was }
+}

@@ -1,0 +1,392 @@
+package webhook
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// A dead-lettered batch's events are never sent again, so the endpoint
+// keeps what it had of those users: one who went offline while the
+// endpoint was down for longer than GiveUpAfter would stay online there
+// until their next change, maybe for good. So a process remembers the
+// users of every batch it dead-letters and, once the endpoint takes
+// deliveries again, sends each one's current state: the record read from
+// presence_status, made an event by EventOf with the record's current
+// revision. A receiver that keeps the highest revision per user takes it,
+// and drops the older events of the user that may still come after it.
+//
+// Rounds of at most BatchSize users go one at a time, from work's
+// goroutine, between batches: the first MinBackoff after a dead letter,
+// the next at once after a round or a batch the endpoint took, and after
+// a round that failed a backoff that doubles up to MaxBackoff. A user is
+// forgotten once their current state is delivered, once a newer event of
+// theirs is (it tells the endpoint at least as much), when there is no
+// record to send, or when their state still has not gone through
+// GiveUpAfter after their last dead letter. A round the endpoint refuses
+// for good (a 4xx) is split: the next ones carry half as many users, down
+// to one, so that a user the endpoint will never take holds no other up;
+// rounds that go through grow back.
+//
+// The users are remembered in the process's memory only: a process that
+// stops forgets them (it logs them), and the process that takes over
+// never knew them; the dead-letter log lines name them.
+
+// maxResync bounds how many users of dead-lettered batches a process
+// remembers; a variable so that tests can lower it.
+var maxResync = 100_000
+
+// resync holds the users of dead-lettered batches until their current
+// state is delivered. Only work's goroutine touches it; pending is read
+// by the metrics too.
+type resync struct {
+	limit int
+	users map[string]*remembered
+	// queue holds users in the order they are tried, each with the ticket
+	// it was queued with; an entry whose ticket is no longer its user's
+	// (the user was forgotten, or queued again) is left over and skipped.
+	queue  []queued
+	ticket uint64
+
+	// due is when the next round may go: zero while no user is
+	// remembered.
+	due time.Time
+	// backoff is the wait after the next round that fails.
+	backoff time.Duration
+	// size is how many users the next round carries, at most batch
+	// (BatchSize).
+	size, batch int
+	// refused says the last round was refused for good: a batch the
+	// endpoint takes does not bring the next round forward then.
+	refused bool
+
+	// pending is len(users), for the metric and the info endpoint.
+	pending atomic.Int64
+}
+
+// remembered is a user of a dead-lettered batch.
+type remembered struct {
+	rev    uint64    // the newest revision of the user dead-lettered
+	since  time.Time // when the last batch with the user was dead-lettered
+	ticket uint64    // the user's entry in the queue
+}
+
+type queued struct {
+	user   string
+	ticket uint64
+}
+
+func newResync(limit, size int) resync {
+	return resync{limit: limit, users: make(map[string]*remembered), size: size, batch: size}
+}
+
+// push queues a remembered user at the back.
+func (r *resync) push(user string, m *remembered) {
+	r.ticket++
+	m.ticket = r.ticket
+	r.users[user] = m
+	r.queue = append(r.queue, queued{user, r.ticket})
+	// Drop the left-over entries once they outnumber the live ones.
+	if len(r.queue) > 2*len(r.users)+64 {
+		live := r.queue[:0]
+		for _, q := range r.queue {
+			if m, ok := r.users[q.user]; ok && m.ticket == q.ticket {
+				live = append(live, q)
+			}
+		}
+		clear(r.queue[len(live):])
+		r.queue = live
+	}
+	r.pending.Store(int64(len(r.users)))
+}
+
+// forget drops a user. Once none is left the rounds start afresh.
+func (r *resync) forget(user string) {
+	delete(r.users, user)
+	r.pending.Store(int64(len(r.users)))
+	if len(r.users) == 0 {
+		r.queue, r.due, r.refused, r.size = nil, time.Time{}, false, r.batch
+	}
+}
+
+// take returns up to n remembered users from the front of the queue; they
+// stay remembered, out of the queue until requeued or forgotten.
+func (r *resync) take(n int) []string {
+	var users []string
+	for len(r.queue) > 0 && len(users) < n {
+		q := r.queue[0]
+		r.queue = r.queue[1:]
+		if m, ok := r.users[q.user]; ok && m.ticket == q.ticket {
+			users = append(users, q.user)
+		}
+	}
+	return users
+}
+
+// remember notes the users of a dead-lettered batch, and when none was
+// remembered before, has the first round go MinBackoff later. Users beyond
+// the bound are counted and logged, not remembered.
+func (s *Service) remember(batch []*item) {
+	r := &s.resync
+	now := time.Now()
+	var over []string
+	for _, it := range batch {
+		u := it.ev.UserID
+		if m, ok := r.users[u]; ok {
+			m.rev, m.since = max(m.rev, it.ev.Rev), now
+			continue
+		}
+		if len(r.users) >= r.limit {
+			over = append(over, u+"@"+strconv.FormatUint(it.ev.Rev, 10))
+			continue
+		}
+		r.push(u, &remembered{rev: it.ev.Rev, since: now})
+	}
+	if len(over) > 0 {
+		s.metrics.resyncUsers.WithLabelValues("overflow").Add(float64(len(over)))
+		s.log.Error("webhook resync full: users of a dead letter not remembered; their current state will not be sent",
+			"limit", r.limit, "count", len(over), "users", strings.Join(over, ","))
+	}
+	if r.due.IsZero() && len(r.users) > 0 {
+		r.backoff = s.cfg.MinBackoff
+		r.due = now.Add(r.backoff)
+	}
+}
+
+// resyncDelivered forgets the remembered users a delivered batch carried
+// a newer revision of, and has the next round go at once: the endpoint
+// takes deliveries again (but when it refused the last round for good).
+func (s *Service) resyncDelivered(batch []*item) {
+	r := &s.resync
+	if len(r.users) == 0 {
+		return
+	}
+	for _, it := range batch {
+		if m, ok := r.users[it.ev.UserID]; ok && it.ev.Rev > m.rev {
+			r.forget(it.ev.UserID)
+			s.metrics.resyncUsers.WithLabelValues("superseded").Inc()
+		}
+	}
+	if len(r.users) > 0 && !r.refused {
+		r.due, r.backoff = time.Now(), s.cfg.MinBackoff
+	}
+}
+
+// resyncDue returns a channel that fires when the next round may go, or
+// nil when no user is remembered. stop releases its timer.
+func (s *Service) resyncDue() (due <-chan time.Time, stop func()) {
+	if s.resync.due.IsZero() {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(s.resync.due))
+	return t.C, func() { t.Stop() }
+}
+
+// resyncRound sends, in one POST, the current state of the users longest
+// waiting, if a round is due, and schedules the next. It returns false
+// when the process stops first; the users stay remembered then.
+func (s *Service) resyncRound() bool {
+	r := &s.resync
+	if r.due.IsZero() || time.Now().Before(r.due) {
+		return true
+	}
+	users := r.take(r.size)
+	if len(users) == 0 {
+		return true
+	}
+	events, err := s.current(users)
+	if err != nil {
+		if s.quitting.Err() != nil {
+			s.requeue(users)
+			return false
+		}
+		s.log.Warn("webhook resync: cannot read the users' records; retrying", "err", err, "users", len(users))
+		s.resyncFailed(users, 0, 0)
+		return true
+	}
+	// Those with no record to send are forgotten already.
+	users = users[:0]
+	for _, ev := range events {
+		users = append(users, ev.UserID)
+	}
+	if len(events) == 0 {
+		s.resyncWent()
+		return true
+	}
+	body, err := json.Marshal(Batch{Events: events})
+	if err != nil { // cannot happen: events are plain values
+		s.log.Error("webhook resync: encode", "err", err)
+		s.resyncFailed(users, 0, 0)
+		return true
+	}
+	if err := s.limiter.Wait(s.quitting); err != nil {
+		s.requeue(users)
+		return false
+	}
+	status, retryAfter, err := s.post(body, 1)
+	s.metrics.attempts.Inc()
+	switch {
+	case s.quitting.Err() != nil:
+		s.requeue(users)
+		return false
+	case err == nil && status >= 200 && status < 300:
+		for _, u := range users {
+			r.forget(u)
+		}
+		s.metrics.resyncUsers.WithLabelValues("sent").Add(float64(len(users)))
+		s.log.Info("webhook resync: users' current state delivered", "users", keysOf(events), "remembered", len(r.users))
+		r.refused = false
+		r.size = min(2*r.size, r.batch)
+		s.resyncWent()
+		return true
+	}
+	reason := failureReason(status, err)
+	s.metrics.failures.WithLabelValues(reason).Inc()
+	if err == nil && permanent(status) {
+		r.refused = true
+		r.size = max(r.size/2, 1)
+	}
+	s.resyncFailed(users, status, retryAfter)
+	if len(r.users) > 0 {
+		s.log.Warn("webhook resync failed; retrying", "status", status, "err", err, "users", len(users),
+			"retry_in", time.Until(r.due).Round(time.Millisecond), "next_users", r.size)
+	}
+	return true
+}
+
+// current reads the users' records and returns their events, in the order
+// of their revisions. A user with no record to send (never written, or not
+// greendot's) is forgotten and counted; a deleted record is sent as
+// offline. Any other error of a read is returned; the users stay
+// remembered.
+func (s *Service) current(users []string) ([]Event, error) {
+	store := s.store.Load()
+	if store == nil {
+		return nil, ErrNotReady
+	}
+	ctx, cancel := context.WithTimeout(s.quitting, max(s.cfg.Timeout, 5*time.Second))
+	defer cancel()
+	events := make([]Event, 0, len(users))
+	for _, u := range users {
+		rec, rev, err := store.Status(ctx, u)
+		switch {
+		case err == nil:
+			events = append(events, EventOf(u, &rec, rev, rec.Updated, s.cfg.Invisible))
+		case errors.Is(err, presence.ErrNotFound) && rev > 0:
+			// Deleted by hand: offline. When is not at hand; the
+			// receiver goes by the revision.
+			events = append(events, EventOf(u, nil, rev, time.Now().UnixMilli(), s.cfg.Invisible))
+		case errors.Is(err, presence.ErrNotFound) || undecodable(err):
+			s.resync.forget(u)
+			s.metrics.resyncUsers.WithLabelValues("gone").Inc()
+			s.log.Warn("webhook resync: no record to send", "user_id", u, "err", err)
+		default:
+			return nil, err
+		}
+	}
+	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Rev, b.Rev) })
+	return events, nil
+}
+
+// undecodable reports whether err says a record is not JSON of a Record.
+func undecodable(err error) bool {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	return errors.As(err, &syntax) || errors.As(err, &typ)
+}
+
+// requeue puts users taken for a round, and still remembered, back at the
+// front of the queue, in their order.
+func (s *Service) requeue(users []string) {
+	r := &s.resync
+	var front []queued
+	for _, u := range users {
+		if m, ok := r.users[u]; ok {
+			front = append(front, queued{u, m.ticket})
+		}
+	}
+	r.queue = append(front, r.queue...)
+}
+
+// resyncWent schedules the round after one that went through (or had
+// nothing to send): at once.
+func (s *Service) resyncWent() {
+	r := &s.resync
+	r.backoff = s.cfg.MinBackoff
+	if len(r.users) > 0 {
+		r.due = time.Now()
+	}
+}
+
+// resyncFailed schedules the round after one that failed: after the
+// backoff, or the endpoint's Retry-After, up to MaxBackoff. The round's
+// users whose state has not gone through GiveUpAfter after their last
+// dead letter are forgotten, counted and logged; the others go to the
+// back of the queue, so that the next round carries others first.
+func (s *Service) resyncFailed(users []string, status int, retryAfter time.Duration) {
+	r := &s.resync
+	now := time.Now()
+	var gaveUp []string
+	for _, u := range users {
+		m, ok := r.users[u]
+		switch {
+		case !ok:
+		case now.Sub(m.since) >= s.cfg.GiveUpAfter:
+			gaveUp = append(gaveUp, u+"@"+strconv.FormatUint(m.rev, 10))
+			r.forget(u)
+		default:
+			r.push(u, m)
+		}
+	}
+	if len(gaveUp) > 0 {
+		s.metrics.resyncUsers.WithLabelValues("given_up").Add(float64(len(gaveUp)))
+		s.log.Error("webhook resync given up: users' current state not delivered", "status", status,
+			"count", len(gaveUp), "users", strings.Join(gaveUp, ","))
+	}
+	if len(r.users) == 0 {
+		return
+	}
+	wait := r.backoff + rand.N(r.backoff/5+1)
+	if retryAfter > 0 {
+		wait = min(retryAfter, s.cfg.MaxBackoff)
+	}
+	r.due = now.Add(wait)
+	r.backoff = min(2*r.backoff, s.cfg.MaxBackoff)
+}
+
+// abandonResync logs the users still remembered when the process stops:
+// nobody will send their current state.
+func (s *Service) abandonResync() {
+	r := &s.resync
+	if len(r.users) == 0 {
+		return
+	}
+	users := make([]string, 0, len(r.users))
+	for u, m := range r.users {
+		users = append(users, u+"@"+strconv.FormatUint(m.rev, 10))
+	}
+	slices.Sort(users)
+	s.log.Error("webhook resync abandoned: the process stops; these users' current state is not sent",
+		"count", len(users), "users", strings.Join(users, ","))
+}
+
+// keysOf names events as user@rev, for logs.
+func keysOf(events []Event) string {
+	var b strings.Builder
+	for i, ev := range events {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(ev.UserID + "@" + strconv.FormatUint(ev.Rev, 10))
+	}
+	return b.String()
+}
