@@ -46,7 +46,9 @@ type Config struct {
 	// MaxBackoff bounds the wait between attempts, a Retry-After's too.
 	MaxBackoff time.Duration
 	// GiveUpAfter is how long after its first attempt a delivery that keeps
-	// failing is given up and dead-lettered.
+	// failing is given up and dead-lettered; and how long after its last
+	// dead letter a user's current state, which the process then sends,
+	// is tried before it is given up too.
 	GiveUpAfter time.Duration
 	// RateLimit is the most POSTs per second sent to the endpoint,
 	// retries included.

@@ -21,7 +21,11 @@
 // honoured, up to MaxBackoff) at most RateLimit POSTs a second. A batch refused for good
 // (4xx other than 408 and 429), or still failing after GiveUpAfter, is
 // dead-lettered: counted, logged with its users and revisions, and never
-// sent again.
+// sent again. So that the endpoint does not keep those users as the dead
+// letter found them, the process remembers them (in memory, up to a bound)
+// and once the endpoint takes deliveries again sends each one's current
+// record, read from presence_status, at its current revision (see
+// resync.go).
 //
 // Order: the consumer hands out at most BatchSize revisions before they
 // are acknowledged (MaxAckPending), and is pinned to one process at a time
@@ -35,5 +39,7 @@
 // the consumer's info), and sends it first.
 // Delivery is at least once: a batch whose 2xx was lost is sent again,
 // and every event carries its revision, so a receiver drops what is not
-// newer than what it has.
+// newer than what it has. A user's current state sent after a dead letter
+// may come before older events of the user still on their way; the
+// receiver drops those the same way.
 package webhook

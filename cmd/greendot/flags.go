@@ -280,7 +280,7 @@ func webhookFlags(prefix, cat string) []cli.Flag {
 		durationFlag(cat, name("timeout"), d.Timeout, "time one POST may take, from connecting to reading the response"),
 		durationFlag(cat, name("min-backoff"), d.MinBackoff, "wait after a first failed attempt; it doubles with each further one (a 429 or 503's Retry-After replaces it)"),
 		durationFlag(cat, name("max-backoff"), d.MaxBackoff, "longest wait between attempts"),
-		durationFlag(cat, name("give-up-after"), d.GiveUpAfter, "how long a batch that keeps failing is retried before it is dead-lettered"),
+		durationFlag(cat, name("give-up-after"), d.GiveUpAfter, "how long a batch that keeps failing is retried before it is dead-lettered, and how long after that its users' current state is tried"),
 		floatFlag(cat, name("rate-limit"), d.RateLimit, "most POSTs a second to the endpoint, retries included"),
 		durationFlag(cat, name("ack-wait"), d.AckWait, "how long a revision may stay unacknowledged by a process that stopped working on it before it is handed out again; at least 3s"),
 		durationFlag(cat, name("pinned-ttl"), d.PinnedTTL, "one process serves the endpoint at a time: how long after it stops pulling another takes over; at least 3s"),
