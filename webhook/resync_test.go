@@ -298,3 +298,41 @@ func TestResyncAbandonedOnStop(t *testing.T) {
 		t.Errorf("logs do not name %s as abandoned:\n%s", at("alice", a1), logs)
 	}
 }
+
+// TestResyncTwoCopies: with two processes on the consumer, the one that
+// gave the batch up sends alice's current state, once; the other, which
+// never knew her, sends nothing.
+func TestResyncTwoCopies(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	down := rc.down(http.StatusBadRequest)
+	one := start(t, e, rc, fast())
+	two := start(t, e, rc, fast())
+	both := func(name string, labels ...string) float64 {
+		return one.metric(name, labels...) + two.metric(name, labels...)
+	}
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := both("greendot_webhook_resync_pending_users"); v != 1 {
+			return fmt.Errorf("%v users remembered, want alice", v)
+		}
+		return nil
+	})
+	down.Store(false)
+	rc.waitAccepted(t, at("alice", a1))
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if v := both("greendot_webhook_resync_users_total", "result", "sent"); v != 1 {
+			return fmt.Errorf("%v users' state sent, want alice's", v)
+		}
+		return nil
+	})
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("bob", b1))
+	if !slices.Equal(keys(got), []string{at("alice", a1), at("bob", b1)}) {
+		t.Errorf("accepted %v, want alice's current state once, then bob", keys(got))
+	}
+	served := func(r *running) bool { return r.metric("greendot_webhook_attempts_total") > 0 }
+	if served(one) == served(two) {
+		t.Errorf("sent by the first: %v, by the second: %v; want exactly one", served(one), served(two))
+	}
+}
