@@ -127,6 +127,20 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
+// WriteNow writes as much of b as the socket takes now, without waiting
+// (see the package's WriteNow): 0 bytes when it has no room.
+func (c *Conn) WriteNow(b []byte) (int, error) {
+	if !c.acquire() {
+		return 0, net.ErrClosed
+	}
+	defer c.mu.RUnlock()
+	n, err := WriteNow(int(c.fd), b)
+	if err != nil {
+		return n, &net.OpError{Op: "write", Net: "tcp", Err: err}
+	}
+	return n, nil
+}
+
 // wait blocks in poll(2) until the descriptor is ready for events, the
 // deadline (unix ns, 0 for none) passes, or the Conn is closed.
 func (c *Conn) wait(events int16, deadline int64) error {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -251,5 +252,89 @@ func TestPollerWait(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close did not end the wait")
+	}
+}
+
+// TestWriteNow: a socket whose peer does not read takes what fits in the
+// kernel and then nothing, at once; a writable poller reports it once the
+// peer has read, and WriteNow then takes more. Once the peer is gone,
+// WriteNow fails.
+func TestWriteNow(t *testing.T) {
+	c, _, client := pair(t)
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	p, err := netpoll.NewWritable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Release() })
+
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	total, full := 0, false
+	for range 4096 { // at most 256 MiB: far more than any socket buffer
+		n, err := netpoll.WriteNow(fd, chunk)
+		if err != nil {
+			t.Fatalf("write to a live socket: %v", err)
+		}
+		total += n
+		if n < len(chunk) {
+			full = true
+			break
+		}
+	}
+	if !full {
+		t.Fatalf("%d bytes taken by a socket whose peer does not read, and still room", total)
+	}
+	if n, err := netpoll.WriteNow(fd, chunk); n != 0 || err != nil {
+		t.Fatalf("a full socket took %d bytes, %v; want 0 and nil", n, err)
+	}
+	if err := p.Add(fd, 3); err != nil {
+		t.Fatal(err)
+	}
+	if evs, err := p.Wait(nil, 0); err != nil || len(evs) != 0 {
+		t.Fatalf("a full socket: %v, %v; want not writable", evs, err)
+	}
+
+	// The peer reads everything: the socket is writable again.
+	read := make(chan error, 1)
+	go func() {
+		_, err := io.ReadFull(client, make([]byte, total))
+		read <- err
+	}()
+	if evs, err := p.Wait(nil, 10_000); err != nil || len(evs) != 1 || evs[0].Tag != 3 {
+		t.Fatalf("after the peer read: %v, %v; want tag 3 writable", evs, err)
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if n, err := netpoll.WriteNow(fd, []byte("more")); n != 4 || err != nil {
+		t.Fatalf("a writable socket took %d bytes, %v; want 4", n, err)
+	}
+
+	// The peer is gone: the write fails (the first may still be taken
+	// before the reset comes back).
+	if err := client.Close(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := netpoll.WriteNow(fd, []byte("after"))
+		if err != nil {
+			var se *os.SyscallError
+			if !errors.As(err, &se) {
+				t.Fatalf("error %T %v; want an *os.SyscallError", err, err)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("writes to a socket whose peer closed kept succeeding")
+		}
+		runtime.Gosched()
 	}
 }

@@ -1,6 +1,7 @@
-// Package netpoll tells which of many sockets are readable, so that a
-// process (the gateway, the load generator's workers) can hold idle
-// connections without a goroutine or a buffer each.
+// Package netpoll tells which of many sockets are readable (or writable
+// again), so that a process (the gateway, the load generator's workers)
+// can hold idle connections without a goroutine or a buffer each, and
+// write to slow ones without waiting for them.
 //
 // On Linux it is a thin layer over epoll (golang.org/x/sys/unix): one
 // epoll instance per Poller, one-shot (a descriptor is reported once, then

@@ -18,20 +18,28 @@ const wakeTag = ^uint64(0)
 // Supported reports whether this platform has a Poller.
 const Supported = true
 
-// Poller waits for readability on many file descriptors. A descriptor is
-// reported once (EPOLLONESHOT) and then not again until Resume, so the
-// goroutine reading it is the only one. Add, Resume and Remove are safe for
-// concurrent use with each other and with Wait; Wait must be called from
-// one goroutine at a time.
+// Poller waits for many file descriptors to be readable (New) or writable
+// (NewWritable). A descriptor is reported once (EPOLLONESHOT) and then not
+// again until Resume, so the goroutine reading (or writing) it is the only
+// one. A descriptor may be in a Poller of each kind at once. Add, Resume
+// and Remove are safe for concurrent use with each other and with Wait;
+// Wait must be called from one goroutine at a time.
 type Poller struct {
 	epfd   int
-	wakefd int // an eventfd that Close writes to, to end a blocked Wait
+	wakefd int    // an eventfd that Close writes to, to end a blocked Wait
+	events uint32 // what Add and Resume watch for
 	closed atomic.Bool
 	raw    []unix.EpollEvent
 }
 
-// New creates a Poller.
-func New() (*Poller, error) {
+// New creates a Poller that reports readable descriptors.
+func New() (*Poller, error) { return newPoller(readEvents) }
+
+// NewWritable creates a Poller that reports descriptors with room to
+// write: a socket whose peer has read some of what waited in the kernel.
+func NewWritable() (*Poller, error) { return newPoller(writeEvents) }
+
+func newPoller(events uint32) (*Poller, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
@@ -48,15 +56,18 @@ func New() (*Poller, error) {
 		_ = unix.Close(wakefd)
 		return nil, fmt.Errorf("epoll_ctl add eventfd: %w", err)
 	}
-	return &Poller{epfd: epfd, wakefd: wakefd, raw: make([]unix.EpollEvent, 256)}, nil
+	return &Poller{epfd: epfd, wakefd: wakefd, events: events, raw: make([]unix.EpollEvent, 256)}, nil
 }
 
-const watchEvents = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
+const (
+	readEvents  = unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT
+	writeEvents = unix.EPOLLOUT | unix.EPOLLONESHOT
+)
 
-// Add starts watching fd for readability, reporting it once with tag, which
-// must not be the largest uint64.
+// Add starts watching fd, reporting it once with tag, which must not be the
+// largest uint64.
 func (p *Poller) Add(fd int, tag uint64) error {
-	ev := unix.EpollEvent{Events: watchEvents}
+	ev := unix.EpollEvent{Events: p.events}
 	setTag(&ev, tag)
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl add: %w", err)
@@ -64,10 +75,10 @@ func (p *Poller) Add(fd int, tag uint64) error {
 	return nil
 }
 
-// Resume reports fd once more when it is readable, after its reader is
-// done with what the last report announced.
+// Resume reports fd once more when it is ready, after its reader (or
+// writer) is done with what the last report announced.
 func (p *Poller) Resume(fd int, tag uint64) error {
-	ev := unix.EpollEvent{Events: watchEvents}
+	ev := unix.EpollEvent{Events: p.events}
 	setTag(&ev, tag)
 	if err := unix.EpollCtl(p.epfd, unix.EPOLL_CTL_MOD, fd, &ev); err != nil {
 		return fmt.Errorf("epoll_ctl mod: %w", err)
@@ -83,7 +94,7 @@ func (p *Poller) Remove(fd int) error {
 	return nil
 }
 
-// Wait blocks until at least one descriptor is readable or msec
+// Wait blocks until at least one descriptor is ready or msec
 // milliseconds pass (-1 waits forever), and appends the events to dst.
 func (p *Poller) Wait(dst []Event, msec int) ([]Event, error) {
 	for {
@@ -150,4 +161,25 @@ func ReadNow(fd int, b []byte) (int, error) {
 		}
 		return n, nil
 	}
+}
+
+// WriteNow writes as much of b as the socket fd takes now, without
+// waiting: n bytes (0 when it has no room); or the write's error, an
+// *os.SyscallError. What is not written waits for a writable Poller to
+// report fd.
+func WriteNow(fd int, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := unix.Write(fd, b[n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.EAGAIN:
+			return n, nil
+		case err != nil:
+			return n, os.NewSyscallError("write", err)
+		}
+		n += m
+	}
+	return n, nil
 }

@@ -15,6 +15,9 @@ var errUnsupported = errors.New("netpoll: not supported on this platform")
 // New always fails on this platform.
 func New() (*Poller, error) { return nil, errUnsupported }
 
+// NewWritable always fails on this platform.
+func NewWritable() (*Poller, error) { return nil, errUnsupported }
+
 // Add always fails on this platform.
 func (p *Poller) Add(fd int, tag uint64) error { return errUnsupported }
 
@@ -35,3 +38,6 @@ func (p *Poller) Release() error { return nil }
 
 // ReadNow always fails on this platform.
 func ReadNow(fd int, b []byte) (int, error) { return 0, errUnsupported }
+
+// WriteNow always fails on this platform.
+func WriteNow(fd int, b []byte) (int, error) { return 0, errUnsupported }
