@@ -198,8 +198,12 @@ type Config struct {
 	// the end of its WebSocket handshake or HTTP request headers; zero
 	// means 10s.
 	HandshakeTimeout time.Duration
-	// WriteTimeout bounds one write to a socket; a socket that cannot take
-	// a frame in time is closed as too slow. Zero means 10s.
+	// WriteTimeout is how long a socket may take nothing of the frames
+	// that wait for it before it is closed as too slow: a write never
+	// waits for a slow peer, what the kernel does not take waits in the
+	// socket's backlog (at most 1 MiB) and the socket's changes coalesce
+	// meanwhile. (Where the gateway has no poller, off Linux, each write
+	// waits, for at most this long.) Zero means 10s.
 	WriteTimeout time.Duration
 	// ReadWorkers bounds how many sockets are read at once: the goroutines
 	// that read readable sockets, started as needed and kept; zero means
@@ -213,7 +217,8 @@ type Config struct {
 	// DefaultMemoryTrimInterval, a Config of an app's own has none.
 	MemoryTrimInterval time.Duration
 	// WriteWorkers bounds how many sockets are written to at once by the
-	// batch flusher; zero means 64.
+	// batch flusher; a write never waits for its peer (see WriteTimeout).
+	// Zero means 64.
 	WriteWorkers int
 	// KVMaxPending bounds the asynchronous connection key writes in flight;
 	// zero means 4096.

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,12 +44,14 @@ type conn struct {
 	key connKey
 	us  *userState
 
-	// pollMu orders registering the socket with the poller, resuming it,
-	// and removing it before it is closed, so that a closed descriptor's
-	// number, reused by a new socket, is never touched.
-	pollMu sync.Mutex
-	fd     int
-	polled bool
+	// pollMu orders registering the socket with the pollers (polled: the
+	// readable one; wpolled: the writable one, once the socket stalled),
+	// resuming it, and removing it before it is closed, so that a closed
+	// descriptor's number, reused by a new socket, is never touched.
+	pollMu  sync.Mutex
+	fd      int
+	polled  bool
+	wpolled bool
 
 	lastFrame    atomic.Int64                    // unix ns of the newest frame from the client
 	lastActivity atomic.Int64                    // unix ns of the newest sign of use
@@ -79,6 +82,9 @@ type connEnv struct {
 	metrics    *gatewayMetrics
 	// end closes a connection (Service.end).
 	end func(c *conn, kind endKind, code ws.StatusCode, reason string)
+	// stalled has the socket's backlog written once the socket can take
+	// it (Service.stalled).
+	stalled func(c *conn)
 }
 
 // frameHandler handles what a conn's socket decodes.
@@ -176,16 +182,14 @@ func (c *conn) flushLocked(buf []byte) []byte {
 	m := c.env.metrics
 	if self.Pending {
 		buf = protocol.AppendSelf(buf[:0], self.Status, self.Devices)
-		if err := c.sock.WriteTextLocked(buf); err != nil {
-			c.writeFailed(err)
+		if !c.writeLocked(buf) {
 			return buf
 		}
 		m.sentSelf.Inc()
 	}
 	if len(updates) > 0 {
 		buf = protocol.AppendBatch(buf[:0], updates)
-		if err := c.sock.WriteTextLocked(buf); err != nil {
-			c.writeFailed(err)
+		if !c.writeLocked(buf) {
 			return buf
 		}
 		m.sentBatch.Inc()
@@ -199,6 +203,30 @@ func (c *conn) flushLocked(buf []byte) []byte {
 	return buf
 }
 
+// writeLocked writes one text frame, whose bytes the caller may reuse once
+// it returns, and reports whether it was written (or waits in the
+// socket's backlog); the caller holds the socket's write lock. A failed
+// write ends the connection.
+func (c *conn) writeLocked(payload []byte) bool {
+	stalled, err := c.sock.WriteTextLocked(payload)
+	return c.wrote(stalled, err)
+}
+
+// wrote handles the outcome of a write to the socket, whose lock the
+// caller holds: a failure ends the connection, and a write that started
+// the socket's backlog has it written later (see Service.stalled). It
+// reports whether the write did not fail.
+func (c *conn) wrote(stalled bool, err error) bool {
+	if err != nil {
+		c.writeFailed(err)
+		return false
+	}
+	if stalled {
+		c.env.stalled(c)
+	}
+	return true
+}
+
 // writeFailed counts a failed write and ends the connection, whose frame
 // stream is now cut: as too slow when the write's deadline passed.
 func (c *conn) writeFailed(err error) {
@@ -207,9 +235,14 @@ func (c *conn) writeFailed(err error) {
 	}
 	c.env.metrics.writeErrors.Add(1)
 	reason := "write failed"
+	switch {
+	case errors.Is(err, socket.ErrTooSlow), errors.Is(err, socket.ErrStalled):
+		reason = "too slow: " + err.Error()
+	case socket.IsTimeout(err):
+		reason = "too slow: write timed out"
+	}
 	if socket.IsTimeout(err) {
 		c.env.metrics.slowCloses.Inc()
-		reason = "too slow: write timed out"
 	}
 	c.env.end(c, endClean, 0, reason)
 }

@@ -24,6 +24,17 @@ func (s *Service) PendingUpdates(userID, connID string) (int, bool) {
 	return 0, false
 }
 
+// Stalled reports whether a connection of a user has frames waiting for
+// its socket to take them (socket.Conn.Stalled).
+func (s *Service) Stalled(userID string) bool {
+	for _, c := range s.registry.userConns(userID) {
+		if c.sock.Stalled() != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // HoldRegistrations takes n of the MaxRegistering places, as n upgrades
 // being registered would, until release is called.
 func (s *Service) HoldRegistrations(n int) (release func()) {

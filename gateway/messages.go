@@ -90,9 +90,9 @@ func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
 		if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
 			return s.limited(c, now)
 		}
-		if err := c.sock.WriteControl(ws.OpPong, payload); err != nil {
-			c.writeFailed(err)
-		}
+		c.sock.Lock()
+		c.wrote(c.sock.WriteControlLocked(ws.OpPong, payload))
+		c.sock.Unlock()
 	case ws.OpClose:
 		code, reason := ws.ParseCloseFrameData(payload)
 		switch {
@@ -143,6 +143,10 @@ func (s *Service) send(c *conn, typ string, v any) {
 	_ = s.sendLocked(c, typ, v)
 }
 
+// errWriteFailed is sendLocked's error when the write failed (and ended
+// the connection).
+var errWriteFailed = errors.New("write to the socket failed")
+
 // sendLocked writes one frame of type typ; the caller holds the socket's
 // write lock. A failed write ends the connection.
 func (s *Service) sendLocked(c *conn, typ string, v any) error {
@@ -151,9 +155,8 @@ func (s *Service) sendLocked(c *conn, typ string, v any) error {
 		s.log.Error("encode frame", "type", typ, "err", err)
 		return err
 	}
-	if err := c.sock.WriteTextLocked(data); err != nil {
-		c.writeFailed(err)
-		return err
+	if !c.writeLocked(data) {
+		return errWriteFailed
 	}
 	s.metrics.msgsOut.WithLabelValues(typ).Inc()
 	return nil

@@ -166,3 +166,74 @@ func (s *Service) readFailed(c *conn, err error) {
 		s.end(c, endClean, 0, "socket closed")
 	}
 }
+
+// stalled has the backlog of c's socket written once the socket can take
+// it: c's socket just left part of a frame for the kernel to take later
+// (socket.Conn), and c's changes wait in its box meanwhile, where they
+// coalesce, instead of piling up behind it. The writable poller reports
+// the socket when its peer has read (writePollLoop); the liveness sweep
+// closes it if it takes nothing for WriteTimeout. No goroutine waits for
+// a slow peer. The caller holds c's socket's write lock.
+func (s *Service) stalled(c *conn) {
+	c.box.Hold()
+	if s.wpoller == nil {
+		return // a socket that can stall has a descriptor: never here
+	}
+	s.awaitWritable(c)
+}
+
+// awaitWritable has the writable poller report c's socket once.
+func (s *Service) awaitWritable(c *conn) {
+	c.pollMu.Lock()
+	var err error
+	if fd, ok := c.sock.Fd(); ok && !c.closed.Load() {
+		c.fd = fd
+		if c.wpolled {
+			err = s.wpoller.Resume(fd, c.tag)
+		} else if err = s.wpoller.Add(fd, c.tag); err == nil {
+			c.wpolled = true
+		}
+	}
+	c.pollMu.Unlock()
+	if err != nil {
+		s.log.Error("poll socket for writing", "conn_id", c.connID, "err", err)
+		s.end(c, endClean, 0, "socket unusable")
+	}
+}
+
+// writePollLoop writes the backlogs of the sockets the writable poller
+// reports, until the poller is closed (see Serve).
+func (s *Service) writePollLoop(context.Context) {
+	events := make([]netpoll.Event, 0, 256)
+	for {
+		var err error
+		events, err = s.wpoller.Wait(events[:0], -1)
+		if err != nil {
+			if !errors.Is(err, netpoll.ErrClosed) {
+				s.log.Error("poll for writing", "err", err)
+			}
+			return
+		}
+		for _, ev := range events {
+			if c := s.registry.get(ev.Tag); c != nil {
+				s.drainSocket(c)
+			}
+		}
+	}
+}
+
+// drainSocket writes what c's socket takes of its backlog; once all of it
+// is written, c's changes are written again as they come.
+func (s *Service) drainSocket(c *conn) {
+	c.sock.Lock()
+	done, err := c.sock.Drain()
+	c.sock.Unlock()
+	switch {
+	case err != nil:
+		c.writeFailed(err)
+	case done:
+		c.release()
+	default:
+		s.awaitWritable(c)
+	}
+}

@@ -109,8 +109,7 @@ func (s *Service) flushRooms(c *conn, buf []byte) []byte {
 // writeRoomFrame writes one room frame, counted in sent, and reports
 // whether it was written; the caller holds the socket's write lock.
 func (s *Service) writeRoomFrame(c *conn, data []byte, sent prometheus.Counter) bool {
-	if err := c.sock.WriteTextLocked(data); err != nil {
-		c.writeFailed(err)
+	if !c.writeLocked(data) {
 		return false
 	}
 	sent.Inc()

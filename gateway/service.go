@@ -74,7 +74,9 @@ type Service struct {
 	online *onlineIndex
 	rooms  *roomHub
 	poller *netpoll.Poller
-	regSem chan struct{} // upgrades being registered (MaxRegistering)
+	// wpoller reports stalled sockets once they can take more (stalled).
+	wpoller *netpoll.Poller
+	regSem  chan struct{} // upgrades being registered (MaxRegistering)
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
@@ -124,7 +126,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
-	s.env = &connEnv{handler: s, flushRooms: s.flushRooms, scheduler: s.scheduler, metrics: s.metrics, end: s.end}
+	s.env = &connEnv{handler: s, flushRooms: s.flushRooms, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.stalled}
 	return s, nil
 }
 
@@ -216,9 +218,11 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	if s.poller != nil {
 		io.Go(s.pollLoop)
+		io.Go(s.writePollLoop)
 		io.Go(func(ctx context.Context) {
 			<-ctx.Done()
-			_ = s.poller.Close() // wakes pollLoop
+			_ = s.poller.Close()  // wakes pollLoop
+			_ = s.wpoller.Close() // wakes writePollLoop
 		})
 	}
 
@@ -348,6 +352,11 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		if s.poller, err = netpoll.New(); err != nil {
 			return err
 		}
+		if s.wpoller, err = netpoll.NewWritable(); err != nil {
+			_ = s.poller.Release()
+			s.poller = nil
+			return err
+		}
 	}
 	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
 	return nil
@@ -357,6 +366,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 func (s *Service) closeResources() {
 	if s.poller != nil {
 		_ = s.poller.Release()
+		_ = s.wpoller.Release()
 	}
 	s.hub.Close()
 }
@@ -496,6 +506,10 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	if c.polled {
 		_ = s.poller.Remove(c.fd)
 		c.polled = false
+	}
+	if c.wpolled {
+		_ = s.wpoller.Remove(c.fd)
+		c.wpolled = false
 	}
 	c.pollMu.Unlock()
 	c.sock.Close(code, reason, s.linger)

@@ -180,7 +180,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),
 		intFlag(catLimits, "api-address-rate-burst", d.APIAddressRateBurst, "HTTP API requests one source address may make at once"),
 		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
-		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time one write to a socket may take; a slower socket is closed"),
+		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time a socket may take nothing of the frames waiting for it (at most 1 MiB); a slower socket is closed"),
 
 		intFlag(catTuning, "read-workers", d.ReadWorkers, "sockets read at once"),
 		intFlag(catTuning, "write-workers", d.WriteWorkers, "sockets written to at once by the batch flusher"),

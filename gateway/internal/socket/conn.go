@@ -17,13 +17,22 @@ import (
 )
 
 // Conn is the transport of one WebSocket connection after its upgrade: it
-// reads client frames into a Decoder, writes server frames one at a time
-// with a deadline, and closes the connection as RFC 6455 asks.
+// reads client frames into a Decoder, writes server frames one at a time,
+// and closes the connection as RFC 6455 asks.
 //
 // Writes are serialized by a write lock that callers may also hold across
 // several frames (Lock, WriteTextLocked, Unlock), so that a reply is never
 // overtaken. One goroutine reads at a time. Close may be called from any
 // goroutine, once; after it every write fails with net.ErrClosed.
+//
+// A socket held by its descriptor alone (a netpoll.Conn, which has
+// WriteNow) is never waited for: a write gives the kernel what it takes
+// now and keeps the rest, with every frame written after it, in the
+// socket's backlog, in order. The write that starts a backlog says so
+// (stalled); its owner then has a writable poller report the socket and
+// calls Drain, until the backlog is written; Stalled says since when the
+// socket took nothing, for the owner to close one that takes nothing for
+// too long. Other sockets' writes wait, up to the write timeout.
 type Conn struct {
 	nc           net.Conn
 	raw          syscall.RawConn // nil when nc has no descriptor
@@ -31,6 +40,9 @@ type Conn struct {
 
 	wmu    sync.Mutex
 	closed atomic.Bool
+	// out is what waits for the kernel to take it; nil when nothing does.
+	// It is set and changed under wmu, and read without it by Stalled.
+	out atomic.Pointer[backlog]
 
 	// rmu is held by the goroutine reading the socket. A poller hands a
 	// socket to one reader at a time, but through the kernel; the mutex
@@ -38,6 +50,35 @@ type Conn struct {
 	rmu sync.Mutex
 	dec Decoder
 }
+
+// backlog is what a socket's writes left for the kernel to take.
+type backlog struct {
+	buf []byte
+	// since is when the socket last took some of it (or the backlog
+	// began), unix ns.
+	since atomic.Int64
+}
+
+// nowWriter is a socket that can be written without waiting.
+type nowWriter interface {
+	WriteNow(b []byte) (int, error)
+}
+
+// MaxBacklog bounds a socket's backlog: a frame that would make it larger
+// fails with ErrTooSlow. (The frame that starts a backlog is always taken,
+// whatever its size.)
+const MaxBacklog = 1 << 20
+
+// Errors of a socket too slow for its owner to keep (see IsTimeout).
+var (
+	// ErrTooSlow is the error of a write that would make a socket's
+	// backlog larger than MaxBacklog: its peer reads far slower than it
+	// is written to.
+	ErrTooSlow = errors.New("more than 1 MiB waits to be written")
+	// ErrStalled is for the owner of a socket that took nothing of its
+	// backlog for too long (see Stalled).
+	ErrStalled = errors.New("nothing written for the write timeout")
+)
 
 // New returns the transport of an upgraded connection. Writes that take
 // longer than writeTimeout fail (the peer does not read). The Conn owns nc
@@ -169,46 +210,114 @@ func (c *Conn) TryLock() bool { return c.wmu.TryLock() }
 // Unlock releases the write lock.
 func (c *Conn) Unlock() { c.wmu.Unlock() }
 
-// WriteText writes one text frame.
-func (c *Conn) WriteText(payload []byte) error {
+// WriteText writes one text frame (see WriteTextLocked).
+func (c *Conn) WriteText(payload []byte) (stalled bool, err error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return c.WriteTextLocked(payload)
 }
 
 // WriteTextLocked writes one text frame; the caller holds the write lock.
-// A write that fails leaves the frame stream cut: the caller closes the
-// connection (code 0). A deadline passing is reported as an error for
-// which IsTimeout is true: the peer does not read fast enough.
-func (c *Conn) WriteTextLocked(payload []byte) error {
+// stalled reports that the socket did not take all of it, and that the
+// rest waits in its backlog, which this write started (see Conn). A write
+// that fails leaves the frame stream cut: the caller closes the
+// connection (code 0). A socket too slow (the write's deadline passing,
+// or ErrTooSlow) fails with an error for which IsTimeout is true.
+func (c *Conn) WriteTextLocked(payload []byte) (stalled bool, err error) {
 	if c.closed.Load() {
-		return net.ErrClosed
+		return false, net.ErrClosed
 	}
 	fb := framePool.Get().(*bytes.Buffer)
 	fb.Reset()
 	_ = ws.WriteHeader(fb, ws.Header{Fin: true, OpCode: ws.OpText, Length: int64(len(payload))})
 	fb.Write(payload)
-	err := c.writeRaw(fb.Bytes(), c.writeTimeout)
+	stalled, err = c.writeLocked(fb.Bytes())
 	if fb.Cap() <= 64<<10 {
 		framePool.Put(fb)
 	}
-	return err
+	return stalled, err
 }
 
 // WriteControl writes a control frame (a pong), after any write in
-// progress: a pong is never dropped, and a peer that sends pings faster
-// than it reads fills its socket until a write times out, not the
-// server's memory.
-func (c *Conn) WriteControl(op ws.OpCode, payload []byte) error {
+// progress and what waits in the backlog (see WriteTextLocked): a pong is
+// never dropped, and a peer that sends pings faster than it reads fills
+// its socket until it is too slow, not the server's memory.
+func (c *Conn) WriteControl(op ws.OpCode, payload []byte) (stalled bool, err error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	return c.WriteControlLocked(op, payload)
+}
+
+// WriteControlLocked is WriteControl for a caller that holds the write
+// lock.
+func (c *Conn) WriteControlLocked(op ws.OpCode, payload []byte) (stalled bool, err error) {
 	if c.closed.Load() {
-		return net.ErrClosed
+		return false, net.ErrClosed
 	}
 	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
 	buf := bytes.NewBuffer(b[:0])
 	_ = ws.WriteFrame(buf, ws.NewFrame(op, true, payload))
-	return c.writeRaw(buf.Bytes(), c.writeTimeout)
+	return c.writeLocked(buf.Bytes())
+}
+
+// writeLocked writes the bytes of whole frames, b, which the caller may
+// reuse once it returns; the caller holds the write lock. See
+// WriteTextLocked.
+func (c *Conn) writeLocked(b []byte) (stalled bool, err error) {
+	nw, ok := c.nc.(nowWriter)
+	if !ok {
+		return false, c.writeRaw(b, c.writeTimeout)
+	}
+	if o := c.out.Load(); o != nil {
+		if len(o.buf)+len(b) > MaxBacklog {
+			return false, ErrTooSlow
+		}
+		o.buf = append(o.buf, b...)
+		return false, nil
+	}
+	n, err := nw.WriteNow(b)
+	if err != nil || n == len(b) {
+		return false, err
+	}
+	o := &backlog{buf: append([]byte(nil), b[n:]...)}
+	o.since.Store(time.Now().UnixNano())
+	c.out.Store(o)
+	return true, nil
+}
+
+// Drain writes what the kernel takes now of the socket's backlog, and
+// reports whether the backlog is written; the caller holds the write lock.
+// An error ends the connection as a failed write does.
+func (c *Conn) Drain() (done bool, err error) {
+	o := c.out.Load()
+	if o == nil {
+		return true, nil
+	}
+	if c.closed.Load() {
+		return false, net.ErrClosed
+	}
+	n, err := c.nc.(nowWriter).WriteNow(o.buf)
+	switch {
+	case err != nil:
+		return false, err
+	case n == len(o.buf):
+		c.out.Store(nil)
+		return true, nil
+	case n > 0:
+		o.buf = o.buf[n:]
+		o.since.Store(time.Now().UnixNano())
+	}
+	return false, nil
+}
+
+// Stalled returns since when the socket has taken nothing of its backlog
+// (unix ns), or 0 when it has none. It is safe to call without the write
+// lock.
+func (c *Conn) Stalled() int64 {
+	if o := c.out.Load(); o != nil {
+		return o.since.Load()
+	}
+	return 0
 }
 
 // writeRaw writes b with a deadline; the caller holds the write lock.
@@ -220,25 +329,27 @@ func (c *Conn) writeRaw(b []byte, timeout time.Duration) error {
 	return err
 }
 
-// IsTimeout reports whether err is a write deadline passing.
+// IsTimeout reports whether err says the socket is too slow: a write
+// deadline passing, ErrTooSlow or ErrStalled.
 func IsTimeout(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return errors.Is(err, ErrTooSlow) || errors.Is(err, ErrStalled) || errors.As(err, &ne) && ne.Timeout()
 }
 
 // Close ends the connection, once, and reports whether this call did.
 //
 // With code 0 the socket is closed at once: the peer is gone, or the
 // frame stream is cut. Otherwise the connection is closed as RFC 6455
-// §7.1.1 asks: after any write in progress, a close frame with code and
-// reason is sent, the write side is shut down, and what the peer still
+// §7.1.1 asks: after any write in progress and what waits in the backlog,
+// a close frame with code and reason is sent, the write side is shut down, and what the peer still
 // sends is read and thrown away until its own close frame or the end of
 // its stream, within l's bounds of time and bytes; only then is the socket
 // closed. Closing a socket with unread data makes the kernel answer with
 // a reset, which would destroy the close frame (and the error frames
 // before it) before the peer reads them. That part runs in the background
 // under l; when l is full or stopped, the socket is closed after a quick
-// read of what is already buffered.
+// read of what is already buffered (and with no close frame when its
+// backlog waits: its peer does not read).
 func (c *Conn) Close(code ws.StatusCode, reason string, l *Linger) bool {
 	if c.closed.Swap(true) {
 		return false
@@ -251,7 +362,9 @@ func (c *Conn) Close(code ws.StatusCode, reason string, l *Linger) bool {
 		return true
 	}
 	if c.wmu.TryLock() {
-		c.writeClose(code, reason)
+		if c.out.Load() == nil { // a peer that does not read gets no close frame
+			c.writeClose(code, reason)
+		}
 		c.wmu.Unlock()
 		c.closeWrite()
 		if c.rmu.TryLock() {
@@ -292,13 +405,23 @@ func (c *Conn) linger(code ws.StatusCode, reason string, l *Linger) {
 	}
 }
 
-// writeClose writes a close frame with a short deadline; the caller holds
-// the write lock. Its error is of no use: the socket is closed next.
+// writeClose writes what waits in the backlog and a close frame, within a
+// second; the caller holds the write lock. Its error is of no use: the
+// socket is closed next.
 func (c *Conn) writeClose(code ws.StatusCode, reason string) {
+	if err := c.nc.SetWriteDeadline(time.Now().Add(time.Second)); err != nil {
+		return
+	}
+	if o := c.out.Load(); o != nil {
+		if _, err := c.nc.Write(o.buf); err != nil {
+			return
+		}
+		c.out.Store(nil)
+	}
 	var b [ws.MaxHeaderSize + ws.MaxControlFramePayloadSize]byte
 	buf := bytes.NewBuffer(b[:0])
 	_ = ws.WriteFrame(buf, ws.NewCloseFrame(ws.NewCloseFrameBody(code, reason)))
-	_ = c.writeRaw(buf.Bytes(), time.Second)
+	_, _ = c.nc.Write(buf.Bytes())
 }
 
 // closeWrite shuts the write side down: the peer reads the close frame and
