@@ -2,9 +2,11 @@ package bench_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
@@ -283,5 +285,28 @@ func speedProbed(t *testing.T, get func(string) float64, what, things, seenFigur
 	}
 	if p99, all := get(what+" clear of slow spans p99"), get(what+" max"); p99 > all {
 		t.Errorf("p99 clear of slow spans %v ms, beyond the longest of all %v ms", p99, all)
+	}
+}
+
+// TestStartFailureStopsWhatStarted: when a process of the system does not
+// start (here a greendot that exits at once), the run fails with
+// ErrSystem, after stopping what it had started.
+func TestStartFailureStopsWhatStarted(t *testing.T) {
+	falseBin, err := exec.LookPath("false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bench.Run(context.Background(), bench.Config{
+		Scenario: "idle",
+		Conns:    10,
+		Workers:  1,
+		Gateways: 1,
+		Duration: time.Second,
+		Greendot: falseBin,
+		Worker:   []string{falseBin},
+		Logger:   slog.New(slog.DiscardHandler),
+	})
+	if !errors.Is(err, bench.ErrSystem) {
+		t.Fatalf("run with a greendot that exits at once: %v, want ErrSystem", err)
 	}
 }

@@ -76,9 +76,10 @@ func startSystem(ctx context.Context, cfg *Config, log *slog.Logger, dir string)
 		return nil, fmt.Errorf("%w: %v", ErrSystem, err)
 	}
 	s = &sut{cfg: cfg, log: log, sys: sys}
+	started := s // s itself is nil by the time a failure's defer runs
 	defer func() {
 		if err != nil {
-			s.stop()
+			started.stop()
 		}
 	}()
 	nc, err := sys.Connect("graph")
