@@ -16,23 +16,20 @@ import (
 // own registry, so that several gateways can run in one process (tests,
 // standalone mode).
 type gatewayMetrics struct {
-	upgrades    *prometheus.CounterVec // by result: accepted, or the refusal reason
-	msgsIn      *prometheus.CounterVec // by type
-	msgsOut     *prometheus.CounterVec // by type
-	closed      *prometheus.CounterVec // by reason
-	kvWrites    *prometheus.CounterVec // by kind: create, update, status, remove
-	kvErrors    *prometheus.CounterVec // by kind
-	kvLatency   *prometheus.HistogramVec
-	propagation prometheus.Histogram
-	slowCloses  prometheus.Counter
-	writeErrors atomic.Int64
-	// stalledSockets is how many sockets had a backlog at the last
-	// liveness sweep.
-	stalledSockets atomic.Int64
-	heartbeats     prometheus.Counter
-	eventsIn       prometheus.Counter
-	eventsDropped  prometheus.Counter
-	memoryTrims    prometheus.Counter
+	upgrades      *prometheus.CounterVec // by result: accepted, or the refusal reason
+	msgsIn        *prometheus.CounterVec // by type
+	msgsOut       *prometheus.CounterVec // by type
+	closed        *prometheus.CounterVec // by reason
+	kvWrites      *prometheus.CounterVec // by kind: create, update, status, remove
+	kvErrors      *prometheus.CounterVec // by kind
+	kvLatency     *prometheus.HistogramVec
+	propagation   prometheus.Histogram
+	slowCloses    prometheus.Counter
+	writeErrors   atomic.Int64
+	heartbeats    prometheus.Counter
+	eventsIn      prometheus.Counter
+	eventsDropped prometheus.Counter
+	memoryTrims   prometheus.Counter
 
 	statusConflicts prometheus.Counter
 	feedLate        prometheus.Counter
@@ -147,8 +144,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		"Users watched by at least one socket of this gateway (NATS subscriptions on presence.event.<user>).",
 		func() float64 { return float64(s.hub.Len()) })
 	f.GaugeFunc("greendot_gateway_stalled_sockets",
-		"Sockets whose peers read slower than they are written to: frames wait for the kernel to take them, and their changes coalesce meanwhile (counted every liveness sweep).",
-		func() float64 { return float64(m.stalledSockets.Load()) })
+		"Sockets whose peers read slower than they are written to: frames wait for the kernel to take them, and their changes coalesce meanwhile.",
+		func() float64 { return float64(s.stalls.len()) })
 	f.GaugeFunc("greendot_gateway_pending_deliveries",
 		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.scheduler.Pending()) })
 	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -950,9 +949,7 @@ func (r *registrar) createKeyAgain(ctx context.Context, c *conn, key presence.Le
 
 // sweep checks every connection of reg each sweep interval, until ctx is
 // canceled: it ends, with end, connections silent for the TTL and those
-// whose token expired, closes as too slow those whose sockets took
-// nothing of their backlogs for WriteTimeout, and marks idle those not
-// used for AwayAfter.
+// whose token expired, and marks idle those not used for AwayAfter.
 func (r *registrar) sweep(ctx context.Context, reg *registry, end func(*conn, endKind, ws.StatusCode, string)) {
 	t := time.NewTicker(r.sweepInterval())
 	defer t.Stop()
@@ -973,8 +970,7 @@ func (r *registrar) sweepInterval() time.Duration {
 }
 
 func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind, ws.StatusCode, string)) {
-	ttl, slow, away := int64(r.cfg.ConnTTL), int64(r.cfg.WriteTimeout), int64(r.cfg.AwayAfter)
-	stalled := 0
+	ttl, away := int64(r.cfg.ConnTTL), int64(r.cfg.AwayAfter)
 	reg.each(func(c *conn) {
 		if c.closed.Load() {
 			return
@@ -982,13 +978,6 @@ func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind,
 		if now-c.lastFrame.Load() > ttl {
 			end(c, endDead, 0, "no frame for the connection TTL")
 			return
-		}
-		if since := c.sock.Stalled(); since != 0 {
-			if now-since > slow {
-				c.writeFailed(socket.ErrStalled)
-				return
-			}
-			stalled++
 		}
 		if exp := c.expires.Load(); exp != 0 && now >= exp {
 			end(c, endClean, ws.StatusPolicyViolation, "token expired")
@@ -998,7 +987,6 @@ func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind,
 			r.setIdle(c, true)
 		}
 	})
-	r.metrics.stalledSockets.Store(int64(stalled))
 }
 
 // stop waits, at most until ctx ends, for every writer to have written;

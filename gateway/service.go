@@ -74,8 +74,10 @@ type Service struct {
 	online *onlineIndex
 	rooms  *roomHub
 	poller *netpoll.Poller
-	// wpoller reports stalled sockets once they can take more (stalled).
+	// wpoller reports stalled sockets once they can take more, and stalls
+	// holds them meanwhile (stalled).
 	wpoller *netpoll.Poller
+	stalls  stallSet
 	regSem  chan struct{} // upgrades being registered (MaxRegistering)
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
@@ -219,6 +221,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if s.poller != nil {
 		io.Go(s.pollLoop)
 		io.Go(s.writePollLoop)
+		io.Go(s.closeStalled)
 		io.Go(func(ctx context.Context) {
 			<-ctx.Done()
 			_ = s.poller.Close()  // wakes pollLoop
@@ -512,6 +515,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 		c.wpolled = false
 	}
 	c.pollMu.Unlock()
+	s.stalls.remove(c)
 	c.sock.Close(code, reason, s.linger)
 	if s.online != nil {
 		s.online.unsubscribe(c)

@@ -1,0 +1,151 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/greendot/greendot/gateway/internal/socket"
+	"github.com/greendot/greendot/internal/netpoll"
+)
+
+// stalled has the backlog of c's socket written once the socket can take
+// it: c's socket just left part of a frame for the kernel to take later
+// (socket.Conn), and c's changes wait in its box meanwhile, where they
+// coalesce, instead of piling up behind it. The writable poller reports
+// the socket when its peer has read (writePollLoop); closeStalled closes
+// it if it takes nothing for WriteTimeout. No goroutine waits for a slow
+// peer. The caller holds c's socket's write lock.
+func (s *Service) stalled(c *conn) {
+	c.box.Hold()
+	s.stalls.add(c)
+	if c.closed.Load() {
+		// end may have looked at the set before the add: it leaves
+		// nothing behind either way.
+		s.stalls.remove(c)
+		return
+	}
+	if s.wpoller == nil {
+		return // a socket that can stall has a descriptor: never here
+	}
+	s.awaitWritable(c)
+}
+
+// awaitWritable has the writable poller report c's socket once.
+func (s *Service) awaitWritable(c *conn) {
+	c.pollMu.Lock()
+	var err error
+	if fd, ok := c.sock.Fd(); ok && !c.closed.Load() {
+		c.fd = fd
+		if c.wpolled {
+			err = s.wpoller.Resume(fd, c.tag)
+		} else if err = s.wpoller.Add(fd, c.tag); err == nil {
+			c.wpolled = true
+		}
+	}
+	c.pollMu.Unlock()
+	if err != nil {
+		s.log.Error("poll socket for writing", "conn_id", c.connID, "err", err)
+		s.end(c, endClean, 0, "socket unusable")
+	}
+}
+
+// writePollLoop writes the backlogs of the sockets the writable poller
+// reports, until the poller is closed (see Serve).
+func (s *Service) writePollLoop(context.Context) {
+	events := make([]netpoll.Event, 0, 256)
+	for {
+		var err error
+		events, err = s.wpoller.Wait(events[:0], -1)
+		if err != nil {
+			if !errors.Is(err, netpoll.ErrClosed) {
+				s.log.Error("poll for writing", "err", err)
+			}
+			return
+		}
+		for _, ev := range events {
+			if c := s.registry.get(ev.Tag); c != nil {
+				s.drainSocket(c)
+			}
+		}
+	}
+}
+
+// drainSocket writes what c's socket takes of its backlog; once all of it
+// is written, c's changes are written again as they come.
+func (s *Service) drainSocket(c *conn) {
+	c.sock.Lock()
+	done, err := c.sock.Drain()
+	c.sock.Unlock()
+	switch {
+	case err != nil:
+		c.writeFailed(err)
+	case done:
+		s.stalls.remove(c)
+		c.release()
+	default:
+		s.awaitWritable(c)
+	}
+}
+
+// closeStalled closes, as too slow, the sockets that took nothing of
+// their backlogs for WriteTimeout, looking a tenth of it apart (50 ms to
+// 1 s), until ctx is canceled.
+func (s *Service) closeStalled(ctx context.Context) {
+	t := time.NewTicker(min(max(s.cfg.WriteTimeout/10, 50*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, c := range s.stalls.since(now.UnixNano() - int64(s.cfg.WriteTimeout)) {
+				c.writeFailed(socket.ErrStalled)
+			}
+		}
+	}
+}
+
+// stallSet holds the connections whose sockets stalled, until their
+// backlogs are written or they end: few, where a sweep of every
+// connection would touch every socket. It is safe for concurrent use.
+type stallSet struct {
+	mu    sync.Mutex
+	conns map[*conn]struct{}
+}
+
+func (st *stallSet) add(c *conn) {
+	st.mu.Lock()
+	if st.conns == nil {
+		st.conns = make(map[*conn]struct{})
+	}
+	st.conns[c] = struct{}{}
+	st.mu.Unlock()
+}
+
+func (st *stallSet) remove(c *conn) {
+	st.mu.Lock()
+	delete(st.conns, c)
+	st.mu.Unlock()
+}
+
+func (st *stallSet) len() int {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.conns)
+}
+
+// since returns the connections whose sockets have taken nothing since
+// before t (unix ns).
+func (st *stallSet) since(t int64) []*conn {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out []*conn
+	for c := range st.conns {
+		if at := c.sock.Stalled(); at != 0 && at < t {
+			out = append(out, c)
+		}
+	}
+	return out
+}
