@@ -25,6 +25,7 @@ type gatewayMetrics struct {
 	kvLatency     *prometheus.HistogramVec
 	propagation   prometheus.Histogram
 	slowCloses    prometheus.Counter
+	stalls        prometheus.Counter
 	writeErrors   atomic.Int64
 	heartbeats    prometheus.Counter
 	eventsIn      prometheus.Counter
@@ -81,6 +82,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Time from a status record being written to the presence_batch frame carrying it being written to a watcher's socket.", metrics.LatencyBuckets),
 		slowCloses: f.Counter("greendot_gateway_slow_socket_closes_total",
 			"Sockets closed because they could not take frames in time."),
+		stalls: f.Counter("greendot_gateway_socket_stalls_total",
+			"Times a socket did not take a frame whole, and its frames began to wait for the kernel to take them."),
 		heartbeats: f.Counter("greendot_gateway_heartbeats_total",
 			"Heartbeat messages and pings received."),
 		eventsIn: f.Counter("greendot_gateway_events_received_total",

@@ -19,6 +19,7 @@ import (
 // peer. The caller holds c's socket's write lock.
 func (s *Service) stalled(c *conn) {
 	c.box.Hold()
+	s.metrics.stalls.Inc()
 	s.stalls.add(c)
 	if c.closed.Load() {
 		// end may have looked at the set before the add: it leaves

@@ -4,12 +4,15 @@ package gateway_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,8 +28,9 @@ import (
 )
 
 // sloth is a client that stops reading: it reads what it must to set
-// itself up, then only writes. Its socket's receive buffer is small, set
-// before it connects, so that the gateway's side fills up soon.
+// itself up, then only writes. Its socket's receive buffer and segments
+// are small, set before it connects, so that the gateway's side fills up
+// soon (about 130 KB in all, against 1.6 MB with the defaults).
 type sloth struct {
 	nc net.Conn
 	rw io.ReadWriter
@@ -41,7 +45,11 @@ func dialSloth(t *testing.T, g *systest.Gateway, user string) *sloth {
 			nd := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
 				var serr error
 				if err := rc.Control(func(fd uintptr) {
-					serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+					serr = errors.Join(
+						syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096),
+						// Small segments keep the gateway's send buffer,
+						// which the kernel sizes by them, small too.
+						syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536))
 				}); err != nil {
 					return err
 				}
@@ -293,4 +301,209 @@ func TestStalledSocketClosed(t *testing.T) {
 	t.Logf("closed %v after it was seen stalled", time.Since(start).Round(time.Millisecond))
 	awaitOffline(t, sys, "sloth")
 	subscribeSelf(t, other, "alive")
+}
+
+// TestIntermittentReadersGetEveryFinalState: watchers that read in short
+// spells between pauses, while their room's frames keep their sockets
+// full and the users they watch keep changing, stall and are written
+// again many times over; each still ends with every user's final state,
+// and once they read, nothing stays stalled.
+func TestIntermittentReadersGetEveryFinalState(t *testing.T) {
+	const (
+		readers = 6
+		targets = 4
+		rounds  = 30
+	)
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.StartGateway(gateway.Config{
+		Policy:       gateway.PolicyEveryone,
+		WriteTimeout: 5 * time.Minute,
+		ConnTTL:      5 * time.Minute,
+		RateLimit:    1_000_000,
+		RateBurst:    1_000_000,
+		SignalRate:   1_000_000,
+		SignalBurst:  1_000_000,
+	})
+	var names []string
+	var users []*client.Conn
+	for i := range targets {
+		name := fmt.Sprintf("t%d", i)
+		c := sys.Dial(gw, name)
+		defer systest.KeepAlive(c, systest.Heartbeat)()
+		names, users = append(names, name), append(users, c)
+	}
+	sender := sys.Dial(gw, "sender")
+	defer systest.KeepAlive(sender, systest.Heartbeat)()
+	if err := sender.Send(map[string]any{"type": "join", "room": "doc:stall"}); err != nil {
+		t.Fatal(err)
+	}
+	systest.Await(t, sender, systest.EventTimeout, "room_state", func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeRoomState })
+
+	views := make([]*slowView, readers)
+	for i := range views {
+		s := dialSloth(t, gw, fmt.Sprintf("r%d", i))
+		if err := s.send(map[string]any{"type": "subscribe", "id": "w", "user_ids": names}); err != nil {
+			t.Fatal(err)
+		}
+		s.await(t, func(m protocol.ServerMessage) bool { return m.ID == "w" })
+		if err := s.send(map[string]any{"type": "join", "room": "doc:stall"}); err != nil {
+			t.Fatal(err)
+		}
+		s.await(t, func(m protocol.ServerMessage) bool { return m.Type == protocol.TypeRoomState })
+		views[i] = readInSpells(t, s, time.Duration(100+30*i)*time.Millisecond)
+	}
+
+	start := time.Now()
+	// Signals fill the readers' sockets while the targets change.
+	data := map[string]string{"d": strings.Repeat("s", 240)}
+	statuses := []string{"away", "busy", "online"}
+	tick := time.NewTicker(100 * time.Millisecond) // the load's pace
+	defer tick.Stop()
+	for round := range rounds {
+		<-tick.C
+		for i := range 500 {
+			if err := sender.Send(map[string]any{"type": "signal", "room": "doc:stall", "signal": fmt.Sprintf("s%d", i), "data": data}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, c := range users {
+			if err := c.SetStatus(statuses[(round+i)%len(statuses)]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	final := map[string]string{}
+	for i, c := range users {
+		st := []string{"busy", "away"}[i%2]
+		if err := c.SetStatus(st); err != nil {
+			t.Fatal(err)
+		}
+		final[names[i]] = st
+	}
+	stalls := metricValue(t, gw, "greendot_gateway_socket_stalls_total", nil)
+	t.Logf("%v stalls in %v", stalls, time.Since(start).Round(time.Millisecond))
+	if stalls < 2*readers {
+		t.Errorf("%v stalls of %d readers' sockets: the test did not stall them", stalls, readers)
+	}
+	for i, v := range views {
+		v.await(t, 60*time.Second, final, fmt.Sprintf("reader %d", i))
+	}
+	t.Logf("every reader has every final state after %v", time.Since(start).Round(time.Millisecond))
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := metricValue(t, gw, "greendot_gateway_stalled_sockets", nil); n != 0 {
+			return fmt.Errorf("%v sockets still stalled", n)
+		}
+		return nil
+	})
+	if got := metricValue(t, gw, "greendot_gateway_slow_socket_closes_total", nil); got != 0 {
+		t.Errorf("%v slow socket closes", got)
+	}
+}
+
+// slowView is what a client reading in spells has seen of the users it
+// watches: the newest status of each.
+type slowView struct {
+	mu     sync.Mutex
+	status map[string]string
+	err    error
+	seen   chan struct{} // a change, or the end
+}
+
+// readInSpells reads s's socket for 20 ms at a time, pause apart, until
+// the test ends, and keeps the statuses its frames carry.
+func readInSpells(t *testing.T, s *sloth, pause time.Duration) *slowView {
+	v := &slowView{status: map[string]string{}, seen: make(chan struct{}, 1)}
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		close(done)
+		_ = s.nc.Close()
+		_ = pr.Close()
+	})
+	go func() { // the socket, in spells, into the pipe
+		buf := make([]byte, 16<<10)
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(pause): // the client is busy: the socket fills
+			}
+			_ = s.nc.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+			for {
+				n, err := s.rw.Read(buf)
+				if n > 0 {
+					if _, werr := pw.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if ne, ok := err.(net.Error); ok && ne.Timeout() {
+					break
+				}
+				if err != nil {
+					pw.CloseWithError(err)
+					return
+				}
+			}
+		}
+	}()
+	go func() { // the frames, from the pipe
+		rw := struct {
+			io.Reader
+			io.Writer
+		}{bufio.NewReader(pr), io.Discard}
+		for {
+			p, _, err := wsutil.ReadServerData(rw)
+			if err == nil && !bytes.HasPrefix(p, []byte(`{"type":"room_signal"`)) {
+				var m protocol.ServerMessage
+				err = json.Unmarshal(p, &m)
+				v.mu.Lock()
+				for _, u := range m.Updates {
+					v.status[u.UserID] = string(u.Status)
+				}
+				v.mu.Unlock()
+			}
+			if err != nil {
+				v.mu.Lock()
+				v.err = err
+				v.mu.Unlock()
+			}
+			select {
+			case v.seen <- struct{}{}:
+			default:
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return v
+}
+
+// await waits until v has seen want of every user.
+func (v *slowView) await(t *testing.T, timeout time.Duration, want map[string]string, who string) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		v.mu.Lock()
+		missing := ""
+		for u, st := range want {
+			if v.status[u] != st {
+				missing += fmt.Sprintf(" %s %q (want %q)", u, v.status[u], st)
+			}
+		}
+		err := v.err
+		v.mu.Unlock()
+		if missing == "" {
+			return
+		}
+		if err != nil {
+			t.Fatalf("%s: %v; has%s", who, err, missing)
+		}
+		select {
+		case <-v.seen:
+		case <-deadline.C:
+			t.Fatalf("%s after %v: has%s", who, timeout, missing)
+		}
+	}
 }
