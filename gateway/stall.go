@@ -78,12 +78,16 @@ func (s *Service) writePollLoop(context.Context) {
 func (s *Service) drainSocket(c *conn) {
 	c.sock.Lock()
 	done, err := c.sock.Drain()
+	if done {
+		// Under the lock: a write that stalls the socket again right
+		// after it must find it out of the set, and put it back.
+		s.stalls.remove(c)
+	}
 	c.sock.Unlock()
 	switch {
 	case err != nil:
 		c.writeFailed(err)
 	case done:
-		s.stalls.remove(c)
 		c.release()
 	default:
 		s.awaitWritable(c)
