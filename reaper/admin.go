@@ -11,11 +11,14 @@ import (
 )
 
 // ErrNotReady means the reaper has not opened its buckets or finished its
-// sweep at start yet, or is stopping.
+// sweep at start yet, or is stopping. Ready wraps it with what the reaper
+// waits for: "reaper: not ready: start-up sweep under way (12345 records
+// read)".
 var ErrNotReady = errors.New("reaper: not ready")
 
 // Ready reports whether the reaper runs: its buckets are open, its sweep
-// at start has finished, and its NATS connection is up. It is safe for
+// at start has finished, and its NATS connection is up; if not, its error
+// says what it waits for (see durable.Consumer.Ready). It is safe for
 // concurrent use; --metrics-listen serves it on GET /readyz.
 func (s *Service) Ready(ctx context.Context) error {
 	return s.consumer.Ready(ctx)

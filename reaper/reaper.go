@@ -44,7 +44,19 @@ type Service struct {
 	queue atomic.Int64
 	// sweepMu keeps sweeps (periodic and on request) one at a time.
 	sweepMu sync.Mutex
+	// swept counts the records (leases, status records, connection and
+	// room keys) the sweep under way, or the last one, has read.
+	swept atomic.Int64
+	// startup is how the start-up sweep goes, for Ready.
+	startup startupState
 	rejoin  rejoin
+}
+
+// startupState is how the start-up sweep goes: the error of its last
+// attempt, if one failed, and whether it waits to try again.
+type startupState struct {
+	failed  atomic.Pointer[error]
+	waiting atomic.Bool
 }
 
 // rejoin tells when the reaper's NATS connection last came back.
@@ -125,13 +137,14 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			AckWait:       cfg.AckWait,
 			MaxAckPending: 1000,
 		},
-		Admin:    s.adminConfig(),
-		NotReady: ErrNotReady,
-		Opened:   s.opened,
-		Prepare:  s.startupSweep,
-		Work:     s.work,
-		Handle:   s.handleLease,
-		Loops:    loops,
+		Admin:     s.adminConfig(),
+		NotReady:  ErrNotReady,
+		Opened:    s.opened,
+		Prepare:   s.startupSweep,
+		Preparing: s.startupProgress,
+		Work:      s.work,
+		Handle:    s.handleLease,
+		Loops:     loops,
 		More: []durable.Stream{{
 			// Keys of the earlier shape (two tokens), which end by
 			// expiring: what is left of a deployment being upgraded.
@@ -510,10 +523,30 @@ func (s *Service) startupSweep(ctx context.Context) error {
 			return ctx.Err()
 		}
 		s.log.Error("start-up sweep", "err", err)
-		if err := sleep.For(ctx, wait); err != nil {
-			return err
+		s.startup.failed.Store(&err)
+		s.startup.waiting.Store(true)
+		slept := sleep.For(ctx, wait)
+		s.startup.waiting.Store(false)
+		if slept != nil {
+			return slept
 		}
 		wait = min(2*wait, 10*time.Second)
+	}
+}
+
+// startupProgress says how the start-up sweep goes, for Ready while it
+// runs: how many records it has read, and the error of its last attempt
+// if one failed.
+func (s *Service) startupProgress() string {
+	read := s.swept.Load()
+	p := s.startup.failed.Load()
+	switch {
+	case p == nil:
+		return fmt.Sprintf("start-up sweep under way (%d records read)", read)
+	case s.startup.waiting.Load():
+		return fmt.Sprintf("start-up sweep failed after %d records read, retrying: %v", read, *p)
+	default:
+		return fmt.Sprintf("start-up sweep under way again (%d records read); the last attempt failed: %v", read, *p)
 	}
 }
 
@@ -546,10 +579,12 @@ func (s *Service) sweepLoop(ctx context.Context) {
 // epoch of its own), and a connection its gateway registered again under a
 // new lease has a record entry naming the new one.
 func (s *Service) sweep(ctx context.Context) (int, error) {
+	s.swept.Store(0)
 	leases, err := s.store.Leases(ctx)
 	if err != nil {
 		return 0, err
 	}
+	s.swept.Add(int64(len(leases)))
 	over := newLeaseCheck(s.store, leases, s.rejoinWait)
 	type seen struct {
 		userID string
@@ -558,6 +593,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	var records []seen
 	legacy := false
 	err = s.store.ScanStatus(ctx, func(userID string, rec presence.Record, _ uint64) error {
+		s.swept.Add(1)
 		if len(rec.Conns) == 0 {
 			return nil
 		}
@@ -573,6 +609,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	live := make(map[string]struct{})
 	if legacy {
 		err = s.store.ScanConns(ctx, func(userID, connID string, _ presence.ConnRecord, _ uint64) error {
+			s.swept.Add(1)
 			live[presence.ConnKey(userID, connID)] = struct{}{}
 			return nil
 		})
@@ -639,6 +676,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	// failed half-way, or that nobody saw.
 	orphans := make(map[[2]string]bool)
 	err = s.store.ScanLeaseConns(ctx, func(c presence.LeaseConn) error {
+		s.swept.Add(1)
 		if _, ok := leases[presence.LeaseKey(c.Gateway, c.Epoch)]; !ok {
 			orphans[[2]string{c.Gateway, c.Epoch}] = true
 		}
@@ -674,6 +712,7 @@ func (s *Service) sweepRooms(ctx context.Context, live map[string]presence.Lease
 	if err != nil {
 		return err
 	}
+	s.swept.Add(int64(len(keys)))
 	orphans := make(map[[2]string][]presence.RoomEntry)
 	for _, e := range keys {
 		if _, ok := live[presence.LeaseKey(e.Member.Gateway, e.Member.Epoch)]; !ok {

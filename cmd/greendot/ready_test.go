@@ -194,8 +194,9 @@ func TestStandaloneStopsBeingReadyFirst(t *testing.T) {
 // status records the reaper's sweep at start cannot read for a while (their
 // stream takes no more consumers, so the sweep's listing fails, and the
 // reaper tries again): the start outlasts many log intervals, each line
-// naming the reaper as GET /readyz does, without failing, and prints the
-// ready line once the sweep can go through. The wait has no deadline; a
+// naming the reaper as GET /readyz does, with its sweep and why it failed,
+// without failing, and prints the ready line once the sweep can go
+// through. The wait has no deadline; a
 // sweep of a large store takes long the same way.
 func TestStandaloneWaitsForItsParts(t *testing.T) {
 	defer func(d time.Duration) { waitLogEvery = d }(waitLogEvery)
@@ -236,7 +237,8 @@ func TestStandaloneWaitsForItsParts(t *testing.T) {
 	}
 
 	p = start(t, args...)
-	waiting := regexp.MustCompile(`msg="waiting for a part to be ready" waited=\S+ part=reaper err="reaper: not ready"`)
+	// Each says what the reaper waits for: its sweep, which failed.
+	waiting := regexp.MustCompile(`msg="waiting for a part to be ready" waited=\S+ part=reaper err="reaper: not ready: start-up sweep [^"]*maximum consumers limit reached"`)
 	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if n := len(waiting.FindAllString(p.stderr.String(), -1)); n < 5 {
 			return fmt.Errorf("%d lines say the start waits for the reaper, want 5; stderr:\n%s", n, p.stderr)

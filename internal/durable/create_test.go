@@ -41,11 +41,17 @@ func TestCreateConsumerTriesAgain(t *testing.T) {
 	c := &Consumer{log: slog.New(slog.DiscardHandler)}
 	synctest.Test(t, func(t *testing.T) {
 		js := &unansweredJS{errs: []error{context.DeadlineExceeded, fmt.Errorf("request: %w", nats.ErrTimeout), nats.ErrNoResponders}}
-		if _, err := c.createConsumer(context.Background(), js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}); err != nil {
+		var told []error
+		if _, err := c.createConsumer(context.Background(), js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}, func(err error) { told = append(told, err) }); err != nil {
 			t.Fatal(err)
 		}
 		if js.calls != 4 {
 			t.Fatalf("%d calls, want 4 (3 unanswered, then created)", js.calls)
+		}
+		// Each unanswered request is told, for Ready to say why the
+		// start waits.
+		if len(told) != 3 || !errors.Is(told[0], context.DeadlineExceeded) || !errors.Is(told[1], nats.ErrTimeout) || !errors.Is(told[2], nats.ErrNoResponders) {
+			t.Errorf("told %v, want the 3 unanswered requests' errors", told)
 		}
 		for i, want := range []time.Duration{retryFirst, 2 * retryFirst, 4 * retryFirst} {
 			if got := js.at[i+1].Sub(js.at[i]); got != want {
@@ -56,7 +62,7 @@ func TestCreateConsumerTriesAgain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		refused := errors.New("nats: API error: code=400 err_code=10012 consumer create failed")
 		js := &unansweredJS{errs: []error{refused}}
-		if _, err := c.createConsumer(context.Background(), js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}); !errors.Is(err, refused) || js.calls != 1 {
+		if _, err := c.createConsumer(context.Background(), js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}, nil); !errors.Is(err, refused) || js.calls != 1 {
 			t.Errorf("a refusal: %v after %d calls, want it at once", err, js.calls)
 		}
 	})
@@ -68,7 +74,7 @@ func TestCreateConsumerTriesAgain(t *testing.T) {
 		js := &unansweredJS{errs: errs}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		if _, err := c.createConsumer(ctx, js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}); err == nil || ctx.Err() == nil {
+		if _, err := c.createConsumer(ctx, js, "KV_x", jetstream.ConsumerConfig{Durable: "d"}, nil); err == nil || ctx.Err() == nil {
 			t.Errorf("tries went on past the start's end: %v", err)
 		}
 	})

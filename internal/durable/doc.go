@@ -12,6 +12,10 @@
 //  5. start the process's admin micro service;
 //  6. start the process's work, consume, and start its loops;
 //
+// Until it is ready, Ready's error says which step it waits for, with the
+// last failure of a step tried again, and the preparation's progress when
+// the process tells it (Config.Preparing).
+//
 // While it runs, a consumer that goes (deleted by an operator, or lost by
 // the cluster), and would otherwise never deliver again, is created again
 // and read from anew; the process is not ready until it is.

@@ -20,7 +20,8 @@ import (
 )
 
 // ErrNotReady is what Ready returns while the process is not ready, unless
-// Config.NotReady names another error.
+// Config.NotReady names another error; Ready wraps it with what the
+// process waits for, once Run has been called.
 var ErrNotReady = errors.New("not ready")
 
 // ErrInvalidConfig wraps every error of New about its Config.
@@ -62,7 +63,8 @@ type Config struct {
 	// the Consumer's Ready.
 	Admin admin.ServiceConfig
 	// NotReady is the error Ready returns before the process is ready and
-	// once it is stopping; nil means ErrNotReady.
+	// once it is stopping, wrapped with what it waits for; nil means
+	// ErrNotReady.
 	NotReady error
 
 	// Opened, if set, is called with the store once the buckets are open,
@@ -74,6 +76,11 @@ type Config struct {
 	// the process (the reaper's start-up sweep). Run returns its error,
 	// unless ctx was canceled.
 	Prepare func(ctx context.Context) error
+	// Preparing, if set, says how the preparation is going, for Ready
+	// while Prepare runs ("start-up sweep under way (12 records read)");
+	// "" says "preparing". It is called from any goroutine, and must be
+	// quick.
+	Preparing func() string
 	// Work, if set, runs on a goroutine of its own from before consuming
 	// starts until the consumer is drained: it does what Handle and the
 	// loops hand it. Its ctx is canceled once nothing more can be handed
@@ -137,11 +144,18 @@ type Consumer struct {
 	notReady error
 	// ready holds the store while the process is ready.
 	ready atomic.Pointer[presence.Store]
+	// step says what Run does while the process is not ready, for Ready:
+	// nil before Run, then each step of the start ("opening its
+	// buckets"), then "stopping" and "stopped". preparing is set while
+	// Config.Prepare runs, whose Config.Preparing then says more.
+	step      atomic.Pointer[string]
+	preparing atomic.Bool
 	// stalled names the consumers that stopped delivering while the
-	// process runs and are being created again (see recreate): the
-	// process is not ready meanwhile.
+	// process runs and are being created again (see recreate), each with
+	// the last error of its creation (nil before one failed): the process
+	// is not ready meanwhile.
 	stalledMu sync.Mutex
-	stalled   map[string]bool
+	stalled   map[string]error
 	// fatal carries what stops the process as a failure (see recreate).
 	fatal chan error
 }
@@ -171,7 +185,7 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 			return nil, fmt.Errorf("%w: consumer %q on %q: want a bucket, a durable name, a handler, a pull limit of 0 or more and a pull period of 0 or more (without pull options)", ErrInvalidConfig, m.Consumer.Durable, m.Bucket)
 		}
 	}
-	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady, stalled: make(map[string]bool), fatal: make(chan error, 1)}
+	c := &Consumer{nc: nc, cfg: cfg, log: cfg.Logger, notReady: cfg.NotReady, stalled: make(map[string]error), fatal: make(chan error, 1)}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -187,39 +201,73 @@ func New(nc *nats.Conn, cfg Config) (*Consumer, error) {
 // Ready reports whether the process runs: its buckets are open, its
 // preparation has finished, it is not stopping, every one of its
 // consumers delivers (none is being created again), and its NATS
-// connection is up.
+// connection is up. When it is not ready, its error (Config.NotReady)
+// says what the process waits for: the step of its start under way and
+// the last failure of a step tried again, the preparation's progress, or
+// the consumer being created again and why that failed last.
 func (c *Consumer) Ready(ctx context.Context) error {
 	store := c.ready.Load()
 	if store == nil {
+		if why := c.waitingFor(); why != "" {
+			return fmt.Errorf("%w: %s", c.notReady, why)
+		}
 		return c.notReady
 	}
-	if name := c.firstStalled(); name != "" {
+	if name, err := c.firstStalled(); name != "" {
+		if err != nil {
+			return fmt.Errorf("%w: consumer %s stopped delivering; creating it again, which failed: %v", c.notReady, name, err)
+		}
 		return fmt.Errorf("%w: consumer %s stopped delivering; creating it again", c.notReady, name)
 	}
 	return store.Ready(ctx)
 }
 
-// setStalled notes whether the consumer named name (durable and stream)
-// stopped delivering and is being created again.
-func (c *Consumer) setStalled(name string, stalled bool) {
+// waitingFor says what the process, not ready, waits for; "" before Run.
+func (c *Consumer) waitingFor() string {
+	if c.preparing.Load() && c.cfg.Preparing != nil {
+		if why := c.cfg.Preparing(); why != "" {
+			return why
+		}
+	}
+	if step := c.step.Load(); step != nil {
+		return *step
+	}
+	return ""
+}
+
+// setStep notes the step of Run under way, for Ready.
+func (c *Consumer) setStep(format string, args ...any) {
+	step := fmt.Sprintf(format, args...)
+	c.step.Store(&step)
+}
+
+// setStalled notes that the consumer named name (durable and stream)
+// stopped delivering and is being created again, and the last error of
+// its creation (nil before one failed).
+func (c *Consumer) setStalled(name string, err error) {
 	c.stalledMu.Lock()
 	defer c.stalledMu.Unlock()
-	if stalled {
-		c.stalled[name] = true
-	} else {
-		delete(c.stalled, name)
-	}
+	c.stalled[name] = err
+}
+
+// delivers notes that the consumer named name delivers again.
+func (c *Consumer) delivers(name string) {
+	c.stalledMu.Lock()
+	defer c.stalledMu.Unlock()
+	delete(c.stalled, name)
 }
 
 // firstStalled returns the name of a stalled consumer, the first in
-// order, or "" when every consumer delivers.
-func (c *Consumer) firstStalled() string {
+// order, and the last error of its creation, or "" when every consumer
+// delivers.
+func (c *Consumer) firstStalled() (string, error) {
 	c.stalledMu.Lock()
 	defer c.stalledMu.Unlock()
 	if len(c.stalled) == 0 {
-		return ""
+		return "", nil
 	}
-	return slices.Sorted(maps.Keys(c.stalled))[0]
+	name := slices.Sorted(maps.Keys(c.stalled))[0]
+	return name, c.stalled[name]
 }
 
 // Run opens the buckets, creates the consumer, prepares, starts the admin
@@ -231,6 +279,8 @@ func (c *Consumer) firstStalled() string {
 // found created again since the buckets were opened (an error that wraps
 // presence.ErrStoreReplaced; see recreate). Every goroutine Run starts has exited when it returns.
 func (c *Consumer) Run(ctx context.Context) error {
+	defer c.setStep("stopped")
+	c.setStep("opening its buckets")
 	store, err := presence.Open(ctx, c.nc, c.cfg.Buckets)
 	if err != nil {
 		return startErr(ctx, err)
@@ -245,18 +295,26 @@ func (c *Consumer) Run(ctx context.Context) error {
 	conses := make([]jetstream.Consumer, len(streams))
 	for i, st := range streams {
 		stream := st.streamName()
-		cons, err := c.createConsumer(ctx, store.JetStream(), stream, st.Consumer)
+		c.setStep("creating consumer %s on %s", st.Consumer.Durable, stream)
+		cons, err := c.createConsumer(ctx, store.JetStream(), stream, st.Consumer, func(err error) {
+			c.setStep("creating consumer %s on %s, which got no answer in time; trying again: %v", st.Consumer.Durable, stream, err)
+		})
 		if err != nil {
 			return startErr(ctx, fmt.Errorf("consumer %s on %s: %w", st.Consumer.Durable, stream, err))
 		}
 		conses[i] = cons
 	}
 	if c.cfg.Prepare != nil {
-		if err := c.cfg.Prepare(ctx); err != nil {
+		c.setStep("preparing")
+		c.preparing.Store(true)
+		err := c.cfg.Prepare(ctx)
+		c.preparing.Store(false)
+		if err != nil {
 			return startErr(ctx, err)
 		}
 	}
 
+	c.setStep("starting its admin service")
 	ops, err := admin.Start(c.nc, c.cfg.Admin)
 	if err != nil {
 		return err
@@ -292,6 +350,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	for i, st := range streams {
 		r, err := c.startReader(store.JetStream(), conses[i], st)
 		if err != nil {
+			c.setStep("stopping")
 			c.ready.Store(nil)
 			c.stopAdmin(ops)
 			drain()
@@ -315,6 +374,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	case <-ctx.Done():
 	case failed = <-c.fatal:
 	}
+	c.setStep("stopping")
 	c.ready.Store(nil)
 	c.stopAdmin(ops)
 	stopLoops()
@@ -344,14 +404,17 @@ const flushTimeout = 10 * time.Second
 // createConsumer creates or updates a durable consumer of stream,
 // trying again while the server does not answer in time (a cluster still
 // electing its leaders, or too busy), with a pause that doubles from
-// retryFirst to retryMost, until ctx ends. Any other error is returned at
-// once.
-func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+// retryFirst to retryMost, until ctx ends; each time, it tells unanswered
+// (if set) the error. Any other error is returned at once.
+func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, unanswered func(error)) (jetstream.Consumer, error) {
 	var pause time.Duration
 	for {
 		cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
-		if err == nil || ctx.Err() != nil || !unanswered(err) {
+		if err == nil || ctx.Err() != nil || !isUnanswered(err) {
 			return cons, err
+		}
+		if unanswered != nil {
+			unanswered(err)
 		}
 		pause = nextRetry(pause)
 		c.log.Warn("create the durable consumer: no answer in time; trying again", "consumer", cfg.Durable, "stream", stream, "err", err, "retry_in", pause)
@@ -361,9 +424,9 @@ func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, s
 	}
 }
 
-// unanswered reports whether err says that a JetStream request got no
+// isUnanswered reports whether err says that a JetStream request got no
 // answer in time, rather than an answer that refused it.
-func unanswered(err error) bool {
+func isUnanswered(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
 }
 

@@ -177,8 +177,8 @@ func TestLifecycle(t *testing.T) {
 	if j.index("loop stopped") > j.index("work stopped") {
 		t.Errorf("work stopped before the loops: %v", j.list())
 	}
-	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) {
-		t.Errorf("Ready after Run = %v, want the configured NotReady", err)
+	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) || !strings.Contains(err.Error(), "stopped") {
+		t.Errorf("Ready after Run = %v, want the configured NotReady, saying it stopped", err)
 	}
 	inst, err := adminclient.Instances(ctx, nc, "greendot-durable-test", 300*time.Millisecond)
 	if err != nil || len(inst) != 0 {
@@ -238,46 +238,59 @@ func TestNewRefusesIncompleteConfig(t *testing.T) {
 }
 
 // TestPrepareBeforeReady: the process is not ready while its preparation
-// runs, and a preparation that fails ends Run with its error, with nothing
-// started.
+// runs, and says so, with the preparation's progress when it tells it;
+// a preparation that fails ends Run with its error, with nothing started.
 func TestPrepareBeforeReady(t *testing.T) {
 	srv := natstest.RunServer(t)
 	ctx := context.Background()
-	var j journal
-	cfg := testConfig(&j, make(chan string, 10))
-	entered, release := make(chan struct{}), make(chan struct{})
-	cfg.Prepare = func(context.Context) error {
-		close(entered)
-		<-release
-		return nil
-	}
-	c, err := durable.New(natstest.Connect(t, srv), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("Prepare not called within 20s")
-	}
-	if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) {
-		t.Errorf("Ready while preparing = %v, want the configured NotReady", err)
-	}
-	close(release)
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return c.Ready(ctx) })
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run = %v", err)
+	for _, tc := range []struct {
+		name      string
+		preparing func() string
+		want      string
+	}{
+		{"silent", nil, "test: not ready: preparing"},
+		{"silent for now", func() string { return "" }, "test: not ready: preparing"},
+		{"telling", func() string { return "12 records read" }, "test: not ready: 12 records read"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var j journal
+			cfg := testConfig(&j, make(chan string, 10))
+			entered, release := make(chan struct{}), make(chan struct{})
+			cfg.Prepare = func(context.Context) error {
+				close(entered)
+				<-release
+				return nil
+			}
+			cfg.Preparing = tc.preparing
+			c, err := durable.New(natstest.Connect(t, srv), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(runCtx) }()
+			select {
+			case <-entered:
+			case <-time.After(20 * time.Second):
+				t.Fatal("Prepare not called within 20s")
+			}
+			if err := c.Ready(ctx); !errors.Is(err, errTestNotReady) || err.Error() != tc.want {
+				t.Errorf("Ready while preparing = %v, want the configured NotReady: %q", err, tc.want)
+			}
+			close(release)
+			natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error { return c.Ready(ctx) })
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run = %v", err)
+			}
+		})
 	}
 
 	failure := errors.New("cannot prepare")
 	var j2 journal
-	cfg = testConfig(&j2, make(chan string, 10))
+	cfg := testConfig(&j2, make(chan string, 10))
 	cfg.Prepare = func(context.Context) error { return failure }
-	c, err = durable.New(natstest.Connect(t, srv), cfg)
+	c, err := durable.New(natstest.Connect(t, srv), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -182,8 +182,9 @@ func TestNotReadyWhileConsumerMissing(t *testing.T) {
 			g.deleteConsumer("durable-test")
 			natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 				err := g.c.Ready(ctx)
-				if !errors.Is(err, errTestNotReady) || !strings.Contains(err.Error(), "durable-test") {
-					return fmt.Errorf("Ready = %v, want the configured NotReady naming the missing consumer", err)
+				if !errors.Is(err, errTestNotReady) || !strings.Contains(err.Error(), "durable-test") ||
+					!strings.Contains(err.Error(), "maximum consumers limit reached") {
+					return fmt.Errorf("Ready = %v, want the configured NotReady naming the missing consumer and why it cannot be created", err)
 				}
 				return nil
 			})

@@ -130,12 +130,12 @@ func (c *Consumer) gone(ctx context.Context, cons jetstream.Consumer) bool {
 // configuration says (DeliverPolicy), as one made at a first start does.
 func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stream, start func(jetstream.Consumer) error) jetstream.Consumer {
 	name := st.Consumer.Durable + " on " + st.streamName()
-	c.setStalled(name, true)
-	defer c.setStalled(name, false)
+	c.setStalled(name, nil)
+	defer c.delivers(name)
 	c.log.Warn("the durable consumer stopped delivering: creating it again", "consumer", st.Consumer.Durable, "stream", st.streamName())
 	var pause time.Duration
 	for {
-		cons, err := c.createConsumer(ctx, js, st.streamName(), st.Consumer)
+		cons, err := c.createConsumer(ctx, js, st.streamName(), st.Consumer, func(err error) { c.setStalled(name, err) })
 		if err == nil && c.replaced(ctx, st.Bucket) {
 			return nil
 		}
@@ -149,6 +149,7 @@ func (c *Consumer) recreate(ctx context.Context, js jetstream.JetStream, st Stre
 		if ctx.Err() != nil {
 			return nil
 		}
+		c.setStalled(name, err)
 		pause = nextRetry(pause)
 		c.log.Error("create the durable consumer again", "consumer", st.Consumer.Durable, "stream", st.streamName(), "err", err, "retry_in", pause)
 		if sleep.For(ctx, pause) != nil {
