@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 // It is safe for concurrent use.
 type lease struct {
 	store *presence.Store
+	log   *slog.Logger
 	ttl   time.Duration
 	every time.Duration
 
@@ -34,6 +36,32 @@ type lease struct {
 	// changed is closed and replaced whenever held or acked change, to
 	// wake those waiting for a fresh lease.
 	changed chan struct{}
+	// takeErr is the error of the last attempt of the take under way,
+	// and takeFailed the number of its attempts that failed: nil and 0
+	// while no take fails.
+	takeErr    error
+	takeFailed int
+}
+
+// takeLogEvery is the least time between two logs of a take's failed
+// attempts: a long outage logs a line this often, with the number of
+// attempts, rather than one per attempt.
+const takeLogEvery = 10 * time.Second
+
+// throttle lets the first of a run of events through, then at most one
+// every period: a log line that a long outage would repeat.
+type throttle struct {
+	period time.Duration
+	last   time.Time // of the last event let through; zero before
+}
+
+// allow reports whether the event at now goes through.
+func (t *throttle) allow(now time.Time) bool {
+	if !t.last.IsZero() && now.Sub(t.last) < t.period {
+		return false
+	}
+	t.last = now
+	return true
 }
 
 // errLeaseLost means the gateway's lease ended: its connections are being
@@ -43,9 +71,10 @@ var errLeaseLost = errors.New("the gateway's lease was lost; its connections are
 // errLeaseReleased means the gateway released its lease: it is stopping.
 var errLeaseReleased = errors.New("the gateway's lease was released")
 
-func newLease(store *presence.Store, gatewayID, addr string, ttl time.Duration) *lease {
+func newLease(store *presence.Store, log *slog.Logger, gatewayID, addr string, ttl time.Duration) *lease {
 	return &lease{
 		store:   store,
+		log:     log,
 		ttl:     ttl,
 		every:   min(time.Second, ttl/4),
 		rec:     presence.LeaseRecord{Gateway: gatewayID, Addr: addr},
@@ -54,11 +83,17 @@ func newLease(store *presence.Store, gatewayID, addr string, ttl time.Duration) 
 }
 
 // take creates a lease with a new epoch, trying until it succeeds or ctx
-// ends, and returns the epoch.
+// ends, and returns the epoch. A failed attempt is logged, the first at
+// once and then at most one line every takeLogEvery, with the number of
+// attempts; takeFailure says why meanwhile, for Ready.
 func (l *lease) take(ctx context.Context) (string, error) {
 	rec := l.record()
 	rec.Epoch, rec.Started = nuid.Next(), time.Now().UnixMilli()
+	key := presence.LeaseKey(rec.Gateway, rec.Epoch)
+	defer l.tookOrGaveUp()
 	backoff := 100 * time.Millisecond
+	failed := 0
+	logs := throttle{period: takeLogEvery}
 	for {
 		rev, err := l.store.CreateLease(ctx, rec, l.ttl)
 		if err == nil {
@@ -66,10 +101,20 @@ func (l *lease) take(ctx context.Context) (string, error) {
 			l.rec, l.rev, l.held, l.acked = rec, rev, true, time.Now()
 			l.wakeLocked()
 			l.mu.Unlock()
+			if failed > 0 {
+				l.log.Info("took the gateway's lease after failed attempts", "lease", key, "attempts", failed+1)
+			}
 			return rec.Epoch, nil
 		}
 		if ctx.Err() != nil {
 			return "", ctx.Err()
+		}
+		failed++
+		l.mu.Lock()
+		l.takeErr, l.takeFailed = err, failed
+		l.mu.Unlock()
+		if logs.allow(time.Now()) {
+			l.log.Warn("take the gateway's lease: failed; trying again", "lease", key, "attempts", failed, "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -78,6 +123,29 @@ func (l *lease) take(ctx context.Context) (string, error) {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// tookOrGaveUp notes that no take is under way any more.
+func (l *lease) tookOrGaveUp() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.takeErr, l.takeFailed = nil, 0
+}
+
+// takeFailure returns why the take under way has not succeeded yet: the
+// error of its last attempt, with the number of attempts that failed; nil
+// when no take is under way, or its attempts have not failed.
+func (l *lease) takeFailure() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.takeErr == nil {
+		return nil
+	}
+	attempts := "attempts"
+	if l.takeFailed == 1 {
+		attempts = "attempt"
+	}
+	return fmt.Errorf("taking its lease: %w (%d %s failed)", l.takeErr, l.takeFailed, attempts)
 }
 
 func (l *lease) record() presence.LeaseRecord {

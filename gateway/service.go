@@ -93,6 +93,9 @@ type Service struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	served   atomic.Bool
+	// lease is the registrar's lease, once open has made it: while the
+	// gateway starts, Ready asks it why its take waits.
+	lease atomic.Pointer[lease]
 	// fatal carries what stops the gateway as a failure (see replaced).
 	fatal chan error
 }
@@ -328,6 +331,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		return err
 	}
 	s.keys.onEnd, s.keys.onNewLease, s.keys.onReplaced = s.endRooms, s.kickAllRooms, s.replaced
+	s.lease.Store(s.keys.lease)
 	// The self events of this gateway's own writes go to its sockets
 	// without a round trip through NATS.
 	s.keys.events.HandOver(s.cfg.ID, s.handSelf)
@@ -607,15 +611,26 @@ func (s *Service) resyncUsers(ctx context.Context, users []string) {
 }
 
 // Ready reports whether the gateway serves: NATS connected, buckets
-// present, not draining.
+// present, its lease held and its connections registered under it, not
+// draining. While it cannot take its lease, at start or after losing it,
+// its error says why: "unavailable: starting: taking its lease: <the
+// last attempt's error> (3 attempts failed)".
 func (s *Service) Ready(ctx context.Context) error {
 	if !s.ready.Load() {
 		if s.draining.Load() {
 			return fmt.Errorf("%w: draining", ErrUnavailable)
 		}
+		if l := s.lease.Load(); l != nil {
+			if why := l.takeFailure(); why != nil {
+				return fmt.Errorf("%w: starting: %w", ErrUnavailable, why)
+			}
+		}
 		return fmt.Errorf("%w: starting", ErrUnavailable)
 	}
 	if err := s.keys.ready(); err != nil {
+		if why := s.keys.lease.takeFailure(); why != nil {
+			return fmt.Errorf("%w: %w", err, why)
+		}
 		return err
 	}
 	return s.store.Ready(ctx)

@@ -1,0 +1,189 @@
+package gateway_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/presence"
+)
+
+// syncBuffer is a log's output, written by the gateway's goroutines and
+// read by the test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// takeWarning is the line a failed attempt to take the lease may log.
+const takeWarning = `level=WARN msg="take the gateway's lease: failed; trying again"`
+
+// attemptsRE finds in a readiness error how many attempts to take the
+// lease failed.
+var attemptsRE = regexp.MustCompile(`\((\d+) attempts? failed\)`)
+
+// TestLeaseTakeFailures starts a gateway while the leases' stream is full
+// (it takes no new message: its limit of messages is reached, and it
+// discards new ones), so that it cannot take its lease: it logs why, the
+// first failed attempt at once and no line per attempt after it, and its
+// Ready names the lease and the error, until the stream takes messages
+// again; then it serves. Once it serves, the stream fills up again and an
+// operator deletes its lease: the gateway finds it lost and cannot take a
+// new one, which its Ready says beside the loss, until the stream takes
+// messages again.
+func TestLeaseTakeFailures(t *testing.T) {
+	srv := natstest.RunServer(t)
+	ctx := context.Background()
+	operator, err := presence.Open(ctx, natstest.Connect(t, srv), presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := operator.JetStream()
+	// fill limits the leases' stream to the messages it holds, at least
+	// one, and returns a function that lifts the limit.
+	fill := func() (lift func()) {
+		t.Helper()
+		st, err := js.Stream(ctx, presence.StreamName(presence.LeasesBucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := st.CachedInfo()
+		if info.Config.Discard != jetstream.DiscardNew || info.State.Msgs == 0 {
+			t.Fatalf("leases' stream discards %v and holds %d messages; want it to refuse new ones once full, holding some", info.Config.Discard, info.State.Msgs)
+		}
+		cfg := info.Config
+		full := cfg
+		full.MaxMsgs = int64(info.State.Msgs)
+		if _, err := js.UpdateStream(ctx, full); err != nil {
+			t.Fatal(err)
+		}
+		return func() {
+			t.Helper()
+			if _, err := js.UpdateStream(ctx, cfg); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Another gateway's lease is the stream's one message.
+	if _, err := operator.CreateLease(ctx, presence.LeaseRecord{Gateway: "other", Epoch: "e1"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	lift := fill()
+
+	var logs syncBuffer
+	gw, err := gateway.New(natstest.Connect(t, srv), gateway.Config{
+		DevAuth: true,
+		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- gw.Serve(serveCtx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the gateway did not stop within 30s")
+		}
+	})
+
+	// Ready says why, until several attempts have failed.
+	start := time.Now()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		err := gw.Ready(ctx)
+		m := attemptsRE.FindStringSubmatch(fmt.Sprint(err))
+		if !errors.Is(err, gateway.ErrUnavailable) || !strings.Contains(err.Error(), "starting: taking its lease") ||
+			!strings.Contains(err.Error(), "maximum messages exceeded") || m == nil {
+			return fmt.Errorf("Ready = %v; want unavailable, taking its lease, with the error and the attempts", err)
+		}
+		if n, _ := strconv.Atoi(m[1]); n < 4 {
+			return fmt.Errorf("Ready = %v; want 4 attempts failed or more", err)
+		}
+		t.Logf("Ready while starting: %v", err)
+		return nil
+	})
+	// The first failure is logged with its error; the others only every
+	// 10 s, with the number of attempts.
+	lines := strings.Count(logs.String(), takeWarning)
+	if most := 1 + int(time.Since(start)/(10*time.Second)); lines < 1 || lines > most {
+		t.Errorf("%d lines log failed attempts to take the lease, want 1 to %d:\n%s", lines, most, logs.String())
+	}
+	if !strings.Contains(logs.String(), takeWarning+` svc=gateway lease=`) || !regexp.MustCompile(`attempts=1 err=".*maximum messages exceeded`).MatchString(logs.String()) {
+		t.Errorf("the first failure's line lacks the lease or the error:\n%s", logs.String())
+	}
+
+	lift()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error { return gw.Ready(ctx) })
+	if !strings.Contains(logs.String(), `msg="took the gateway's lease after failed attempts"`) {
+		t.Errorf("the lease taken at last is not logged:\n%s", logs.String())
+	}
+
+	// The lease is lost while the stream is full again: the refreshes of
+	// the lease go on (they replace its message), the take of a new one
+	// cannot.
+	lift = fill()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		for _, l := range mustLeases(t, operator) {
+			if l.Gateway == gw.ID() {
+				return operator.DeleteLease(ctx, l.Gateway, l.Epoch, 0)
+			}
+		}
+		return errors.New("no lease of the gateway's listed")
+	})
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		err := gw.Ready(ctx)
+		if !errors.Is(err, gateway.ErrUnavailable) || !strings.Contains(err.Error(), "lease was lost") ||
+			!strings.Contains(err.Error(), "taking its lease") || !strings.Contains(err.Error(), "maximum messages exceeded") {
+			return fmt.Errorf("Ready = %v; want unavailable, its lease lost, and why it cannot take a new one", err)
+		}
+		t.Logf("Ready with its lease lost: %v", err)
+		return nil
+	})
+	lift()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error { return gw.Ready(ctx) })
+}
+
+// mustLeases returns the live leases.
+func mustLeases(t *testing.T, store *presence.Store) map[string]presence.LeaseRecord {
+	t.Helper()
+	leases, err := store.Leases(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leases
+}
