@@ -201,9 +201,10 @@ type Config struct {
 	// WriteTimeout is how long a socket may take nothing of the frames
 	// that wait for it before it is closed as too slow: a write never
 	// waits for a slow peer, what the kernel does not take waits in the
-	// socket's backlog (at most 1 MiB) and the socket's changes coalesce
-	// meanwhile. (Where the gateway has no poller, off Linux, each write
-	// waits, for at most this long.) Zero means 10s.
+	// socket's backlog (at most 1 MiB), the socket's changes coalesce and
+	// it is not read meanwhile (nor ended by the TTL). (Where the gateway
+	// has no poller, off Linux, each write waits, for at most this long.)
+	// Zero means 10s.
 	WriteTimeout time.Duration
 	// ReadWorkers bounds how many sockets are read at once: the goroutines
 	// that read readable sockets, started as needed and kept; zero means

@@ -48,10 +48,12 @@ type conn struct {
 	// readable one; wpolled: the writable one, once the socket stalled),
 	// resuming it, and removing it before it is closed, so that a closed
 	// descriptor's number, reused by a new socket, is never touched.
+	// rpaused says it is not read while it is stalled.
 	pollMu  sync.Mutex
 	fd      int
 	polled  bool
 	wpolled bool
+	rpaused bool
 
 	lastFrame    atomic.Int64                    // unix ns of the newest frame from the client
 	lastActivity atomic.Int64                    // unix ns of the newest sign of use

@@ -35,6 +35,29 @@ func (s *Service) Stalled(userID string) bool {
 	return false
 }
 
+// Backlog returns the most bytes that wait in the backlog of a
+// connection of a user (socket.Conn.Backlog).
+func (s *Service) Backlog(userID string) int {
+	n := 0
+	for _, c := range s.registry.userConns(userID) {
+		n = max(n, c.sock.Backlog())
+	}
+	return n
+}
+
+// LastFrame returns when the gateway last read a frame from a connection
+// of a user (the latest of them); the zero time when it holds none.
+func (s *Service) LastFrame(userID string) time.Time {
+	var at int64
+	for _, c := range s.registry.userConns(userID) {
+		at = max(at, c.lastFrame.Load())
+	}
+	if at == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, at)
+}
+
 // HoldRegistrations takes n of the MaxRegistering places, as n upgrades
 // being registered would, until release is called.
 func (s *Service) HoldRegistrations(n int) (release func()) {

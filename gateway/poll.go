@@ -121,14 +121,21 @@ func (s *Service) readSockets(b readBatch, rb *socket.ReadBuffer) {
 }
 
 // readAndResume reads a readable socket and, if its connection is still
-// open, gives it back to the poller.
+// open, gives it back to the poller; but not while the socket is stalled
+// (see stalled): a peer that does not read what it is sent is not read
+// either until it has, so that the answers to what it sends do not pile
+// up in its backlog.
 func (s *Service) readAndResume(c *conn, rb *socket.ReadBuffer) {
 	if !s.readEnded(c, c.sock.ReadReady(rb, s.cfg.MaxMessageSize, c)) {
 		return
 	}
 	c.pollMu.Lock()
 	var err error
-	if !c.closed.Load() {
+	switch {
+	case c.closed.Load():
+	case c.sock.Stalled() != 0:
+		c.rpaused = true // drainSocket resumes it
+	default:
 		err = s.poller.Resume(c.fd, c.tag)
 	}
 	c.pollMu.Unlock()

@@ -948,8 +948,9 @@ func (r *registrar) createKeyAgain(ctx context.Context, c *conn, key presence.Le
 }
 
 // sweep checks every connection of reg each sweep interval, until ctx is
-// canceled: it ends, with end, connections silent for the TTL and those
-// whose token expired, and marks idle those not used for AwayAfter.
+// canceled: it ends, with end, connections silent for the TTL (but for
+// stalled ones, which are not read) and those whose token expired, and
+// marks idle those not used for AwayAfter.
 func (r *registrar) sweep(ctx context.Context, reg *registry, end func(*conn, endKind, ws.StatusCode, string)) {
 	t := time.NewTicker(r.sweepInterval())
 	defer t.Stop()
@@ -975,7 +976,9 @@ func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind,
 		if c.closed.Load() {
 			return
 		}
-		if now-c.lastFrame.Load() > ttl {
+		// A stalled socket is not read (see Service.stalled): its
+		// peer's frames wait, and the write timeout judges it instead.
+		if now-c.lastFrame.Load() > ttl && c.sock.Stalled() == 0 {
 			end(c, endDead, 0, "no frame for the connection TTL")
 			return
 		}

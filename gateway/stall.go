@@ -13,10 +13,13 @@ import (
 // stalled has the backlog of c's socket written once the socket can take
 // it: c's socket just left part of a frame for the kernel to take later
 // (socket.Conn), and c's changes wait in its box meanwhile, where they
-// coalesce, instead of piling up behind it. The writable poller reports
-// the socket when its peer has read (writePollLoop); closeStalled closes
-// it if it takes nothing for WriteTimeout. No goroutine waits for a slow
-// peer. The caller holds c's socket's write lock.
+// coalesce, instead of piling up behind it; nor is the socket read
+// meanwhile, once what was read of it is handled (readAndResume), so that
+// the answers to what its peer sends do not pile up either. The writable
+// poller reports the socket when its peer has read (writePollLoop);
+// closeStalled closes it if it takes nothing for WriteTimeout. No
+// goroutine waits for a slow peer. The caller holds c's socket's write
+// lock.
 func (s *Service) stalled(c *conn) {
 	c.box.Hold()
 	s.metrics.stalls.Inc()
@@ -88,9 +91,29 @@ func (s *Service) drainSocket(c *conn) {
 	case err != nil:
 		c.writeFailed(err)
 	case done:
+		s.resumeReading(c)
 		c.release()
 	default:
 		s.awaitWritable(c)
+	}
+}
+
+// resumeReading has the poller report c's socket again when its reading
+// was paused while it was stalled (see readAndResume).
+func (s *Service) resumeReading(c *conn) {
+	c.pollMu.Lock()
+	var err error
+	if c.rpaused && !c.closed.Load() {
+		c.rpaused = false
+		// Its peer has just read all it was sent: it is alive, and its
+		// own frames wait to be read. The TTL counts from now, so that
+		// the sweep does not end it in the moment before they are.
+		c.lastFrame.Store(nowNano())
+		err = s.poller.Resume(c.fd, c.tag)
+	}
+	c.pollMu.Unlock()
+	if err != nil {
+		s.end(c, endClean, 0, "socket unusable")
 	}
 }
 

@@ -310,6 +310,16 @@ func (c *Conn) Drain() (done bool, err error) {
 	return false, nil
 }
 
+// Backlog returns how many bytes wait in the socket's backlog.
+func (c *Conn) Backlog() int {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if o := c.out.Load(); o != nil {
+		return len(o.buf)
+	}
+	return 0
+}
+
 // Stalled returns since when the socket has taken nothing of its backlog
 // (unix ns), or 0 when it has none. It is safe to call without the write
 // lock.
