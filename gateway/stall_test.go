@@ -5,6 +5,7 @@ package gateway_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -112,6 +113,21 @@ func (s *sloth) await(t *testing.T, match func(protocol.ServerMessage) bool) {
 	}
 }
 
+// stallSystem starts a system and a gateway of cfg under the everyone
+// policy, whose clients may send as fast as they can (rate limits lifted),
+// and whose connections live for 5 minutes without a frame unless
+// cfg.ConnTTL says otherwise: what a peer that does not read holds up
+// shows, and the TTL closes no one.
+func stallSystem(t *testing.T, cfg gateway.Config) (*systest.System, *systest.Gateway) {
+	t.Helper()
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	cfg.Policy = gateway.PolicyEveryone
+	cfg.ConnTTL = cmp.Or(cfg.ConnTTL, 5*time.Minute)
+	cfg.RateLimit, cfg.RateBurst = 1_000_000, 1_000_000
+	cfg.SignalRate, cfg.SignalBurst = 1_000_000, 1_000_000
+	return sys, sys.StartGateway(cfg)
+}
+
 // stallWithSignals has s and sender join a room, and sender send signals
 // there until s's socket stalls: s no longer reads, and signals of
 // distinct names, 250 bytes of data each, come to it in room_signal
@@ -153,16 +169,9 @@ func stallWithSignals(t *testing.T, gw *systest.Gateway, s *sloth, sender *clien
 // read and answered. Once it stalls it is not read either, so what waits
 // for it stays small, whatever it sends; the write timeout closes it.
 func TestSlowPeerHoldsNoReader(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.StartGateway(gateway.Config{
-		Policy:       gateway.PolicyEveryone,
+	sys, gw := stallSystem(t, gateway.Config{
 		ReadWorkers:  1,
 		WriteTimeout: 3 * time.Second,
-		// The TTL closes no socket here, silent or not: what a peer that
-		// does not read holds up shows.
-		ConnTTL:   5 * time.Minute,
-		RateLimit: 1_000_000,
-		RateBurst: 1_000_000,
 	})
 	other := sys.Dial(gw, "other")
 	defer systest.KeepAlive(other, systest.Heartbeat)()
@@ -230,18 +239,9 @@ func TestSlowPeerHoldsNoReader(t *testing.T) {
 // change at once; it waits with its changes coalesced (the stalled
 // sockets' gauge) until it reads or the write timeout closes it.
 func TestSlowPeerHoldsNoWriter(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.StartGateway(gateway.Config{
-		Policy:       gateway.PolicyEveryone,
+	sys, gw := stallSystem(t, gateway.Config{
 		WriteWorkers: 1,
 		WriteTimeout: 5 * time.Minute,
-		// The TTL closes no socket here, silent or not: what a peer that
-		// does not read holds up shows.
-		ConnTTL:     5 * time.Minute,
-		RateLimit:   1_000_000,
-		RateBurst:   1_000_000,
-		SignalRate:  1_000_000,
-		SignalBurst: 1_000_000,
 	})
 	watcher := sys.Dial(gw, "watcher")
 	defer systest.KeepAlive(watcher, systest.Heartbeat)()
@@ -249,12 +249,10 @@ func TestSlowPeerHoldsNoWriter(t *testing.T) {
 	defer systest.KeepAlive(target, systest.Heartbeat)()
 	sender := sys.Dial(gw, "sender")
 	defer systest.KeepAlive(sender, systest.Heartbeat)()
-	for _, c := range []*client.Conn{watcher} {
-		if err := c.Subscribe("w", "target"); err != nil {
-			t.Fatal(err)
-		}
-		systest.Await(t, c, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool { return m.ID == "w" })
+	if err := watcher.Subscribe("w", "target"); err != nil {
+		t.Fatal(err)
 	}
+	systest.Await(t, watcher, systest.EventTimeout, "presence_init", func(m protocol.ServerMessage) bool { return m.ID == "w" })
 
 	s := dialSloth(t, gw, "sloth")
 	if err := s.send(map[string]any{"type": "subscribe", "id": "w", "user_ids": []string{"target"}}); err != nil {
@@ -296,15 +294,8 @@ func TestSlowPeerHoldsNoWriter(t *testing.T) {
 // wait in its box, and it sends nothing to be answered. Only the write
 // timeout can close it.)
 func TestStalledSocketClosed(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.StartGateway(gateway.Config{
-		Policy:       gateway.PolicyEveryone,
+	sys, gw := stallSystem(t, gateway.Config{
 		WriteTimeout: 2 * time.Second,
-		ConnTTL:      5 * time.Minute,
-		RateLimit:    1_000_000,
-		RateBurst:    1_000_000,
-		SignalRate:   1_000_000,
-		SignalBurst:  1_000_000,
 	})
 	other := sys.Dial(gw, "other")
 	defer systest.KeepAlive(other, systest.Heartbeat)()
@@ -334,15 +325,8 @@ func TestIntermittentReadersGetEveryFinalState(t *testing.T) {
 		targets = 4
 		rounds  = 30
 	)
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.StartGateway(gateway.Config{
-		Policy:       gateway.PolicyEveryone,
+	sys, gw := stallSystem(t, gateway.Config{
 		WriteTimeout: 5 * time.Minute,
-		ConnTTL:      5 * time.Minute,
-		RateLimit:    1_000_000,
-		RateBurst:    1_000_000,
-		SignalRate:   1_000_000,
-		SignalBurst:  1_000_000,
 	})
 	var names []string
 	var users []*client.Conn
@@ -533,14 +517,9 @@ func (v *slowView) await(t *testing.T, timeout time.Duration, want map[string]st
 // timeout judges it), and once its peer reads again it is read again and
 // lives on.
 func TestStalledPeerIsNotDead(t *testing.T) {
-	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
-	gw := sys.StartGateway(gateway.Config{
-		Policy:       gateway.PolicyEveryone,
-		WriteTimeout: time.Minute, // the TTL is systest.TTL
-		RateLimit:    1_000_000,
-		RateBurst:    1_000_000,
-		SignalRate:   1_000_000,
-		SignalBurst:  1_000_000,
+	sys, gw := stallSystem(t, gateway.Config{
+		ConnTTL:      systest.TTL,
+		WriteTimeout: time.Minute,
 	})
 	sender := sys.Dial(gw, "sender")
 	defer systest.KeepAlive(sender, systest.Heartbeat)()

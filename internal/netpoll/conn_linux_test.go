@@ -147,20 +147,27 @@ func TestConnCloseWakesWriter(t *testing.T) {
 	}
 }
 
+// fdOf returns the descriptor of c.
+func fdOf(t *testing.T, c *netpoll.Conn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
 // polled returns the descriptor of a detached server end, a poller that
 // watches it with tag (released when the test ends; the test closes it),
 // and the client end.
 func polled(t *testing.T, tag uint64) (int, *netpoll.Poller, net.Conn) {
 	t.Helper()
 	c, _, client := pair(t)
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		t.Fatal(err)
-	}
+	fd := fdOf(t, c)
 	p, err := netpoll.New()
 	if err != nil {
 		t.Fatal(err)
@@ -261,14 +268,7 @@ func TestPollerWait(t *testing.T) {
 // WriteNow fails.
 func TestWriteNow(t *testing.T) {
 	c, _, client := pair(t)
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	if err := raw.Control(func(f uintptr) { fd = int(f) }); err != nil {
-		t.Fatal(err)
-	}
+	fd := fdOf(t, c)
 	p, err := netpoll.NewWritable()
 	if err != nil {
 		t.Fatal(err)
