@@ -1,7 +1,6 @@
 package gateway_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,27 +16,9 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/syncbuf"
 	"github.com/greendot/greendot/pkg/presence"
 )
-
-// syncBuffer is a log's output, written by the gateway's goroutines and
-// read by the test.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // takeWarning is the line a failed attempt to take the lease may log.
 const takeWarning = `level=WARN msg="take the gateway's lease: failed; trying again"`
@@ -95,7 +75,7 @@ func TestLeaseTakeFailures(t *testing.T) {
 	}
 	lift := fill()
 
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	gw, err := gateway.New(natstest.Connect(t, srv), gateway.Config{
 		DevAuth: true,
 		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),

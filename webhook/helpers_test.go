@@ -22,6 +22,7 @@ import (
 
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/syncbuf"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
@@ -295,7 +296,7 @@ type running struct {
 	svc    *webhook.Service
 	cancel context.CancelFunc
 	done   chan error
-	logs   *syncBuffer
+	logs   *syncbuf.Buffer
 }
 
 // start runs a webhooks process with cfg (URL and Secret filled in from
@@ -309,7 +310,7 @@ func start(t *testing.T, e *env, rc *receiver, cfg webhook.Config) *running {
 func startOn(t *testing.T, nc *nats.Conn, rc *receiver, cfg webhook.Config) *running {
 	t.Helper()
 	cfg.URL, cfg.Secret = rc.URL, secret
-	r := &running{logs: &syncBuffer{}, done: make(chan error, 1)}
+	r := &running{logs: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	cfg.Logger = slog.New(slog.NewJSONHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	svc, err := webhook.New(nc, cfg)
 	if err != nil {
@@ -381,22 +382,4 @@ func series(name string, labels []string) string {
 		pairs = append(pairs, fmt.Sprintf("%s=%q", labels[i], labels[i+1]))
 	}
 	return name + "{" + strings.Join(pairs, ",") + "}"
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger and the test at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,42 +1,22 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/syncbuf"
 )
-
-// syncBuffer is an output stream that a running command writes to while
-// the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // proc is a command running in the test process, as main runs it.
 type proc struct {
 	args           []string
-	stdout, stderr *syncBuffer
+	stdout, stderr *syncbuf.Buffer
 	cancel         context.CancelFunc
 	done           chan int
 	code           int
@@ -51,7 +31,7 @@ type proc struct {
 func start(t *testing.T, args ...string) *proc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &proc{args: args, stdout: &syncBuffer{}, stderr: &syncBuffer{}, cancel: cancel, done: make(chan int, 1)}
+	p := &proc{args: args, stdout: &syncbuf.Buffer{}, stderr: &syncbuf.Buffer{}, cancel: cancel, done: make(chan int, 1)}
 	go func() { p.done <- run(ctx, append([]string{"greendot"}, args...), p.stdout, p.stderr) }()
 	t.Cleanup(func() {
 		if !p.exited {

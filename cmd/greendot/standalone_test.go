@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/syncbuf"
 	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
@@ -317,7 +318,7 @@ func buildBinary(t *testing.T) string {
 type binary struct {
 	cmd    *exec.Cmd
 	addr   string // the gateway's host:port
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	exited chan error // cmd.Wait's error, once it exited
 }
 
@@ -326,7 +327,7 @@ type binary struct {
 func startBinary(t *testing.T, bin string, extra ...string) *binary {
 	t.Helper()
 	args := append([]string{"standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0"}, extra...)
-	b := &binary{cmd: exec.Command(bin, args...), stderr: &syncBuffer{}, exited: make(chan error, 1)}
+	b := &binary{cmd: exec.Command(bin, args...), stderr: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	stdout, err := b.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +506,7 @@ func TestStandaloneDrainOutlastsStopTimeout(t *testing.T) {
 func TestStandaloneStoppedWhileStarting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	if code := run(ctx, []string{"greendot", "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", ""}, &stdout, &stderr); code != 0 {
 		t.Errorf("exit code %d after a stop while starting, want 0; stderr:\n%s", code, stderr.String())
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/syncbuf"
 	"github.com/greendot/greendot/internal/version"
 	"github.com/greendot/greendot/pkg/admin"
 )
@@ -57,7 +58,7 @@ func TestStampedVersion(t *testing.T) {
 
 	srv := natstest.RunServer(t)
 	reaper := exec.Command(bin, "reaper", "--nats-url", srv.ClientURL())
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	reaper.Stdout, reaper.Stderr = &logs, &logs
 	if err := reaper.Start(); err != nil {
 		t.Fatal(err)

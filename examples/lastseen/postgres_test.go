@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/syncbuf"
 	"github.com/greendot/greendot/internal/tooltest"
 )
 
@@ -37,24 +36,6 @@ func postgresBin() (string, bool) {
 		return "", false
 	}
 	return dir, true
-}
-
-// lockedBuffer keeps a server's log for the test's failure messages.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startPostgres creates a PostgreSQL cluster in a temporary directory,
@@ -88,7 +69,7 @@ func startPostgres(t *testing.T) *pgxpool.Pool {
 	if out, err := run("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync").CombinedOutput(); err != nil {
 		t.Fatalf("initdb: %v\n%s", err, out)
 	}
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	srv := run("postgres", "-D", data, "-k", dir, "-c", "listen_addresses=", "-c", "fsync=off",
 		"-c", "full_page_writes=off", "-c", "synchronous_commit=off")
 	srv.Stdout, srv.Stderr = &log, &log
