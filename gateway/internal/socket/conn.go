@@ -80,9 +80,10 @@ var (
 	ErrStalled = errors.New("nothing written for the write timeout")
 )
 
-// New returns the transport of an upgraded connection. Writes that take
-// longer than writeTimeout fail (the peer does not read). The Conn owns nc
-// and closes it in Close.
+// New returns the transport of an upgraded connection. Where nc cannot be
+// written without waiting (see Conn), writes that take longer than
+// writeTimeout fail (the peer does not read). The Conn owns nc and closes
+// it in Close.
 func New(nc net.Conn, writeTimeout time.Duration) *Conn {
 	c := &Conn{nc: nc, writeTimeout: writeTimeout}
 	if sc, ok := nc.(syscall.Conn); ok {
