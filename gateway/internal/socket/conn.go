@@ -239,18 +239,10 @@ func (c *Conn) WriteTextLocked(payload []byte) (stalled bool, err error) {
 	return stalled, err
 }
 
-// WriteControl writes a control frame (a pong), after any write in
-// progress and what waits in the backlog (see WriteTextLocked): a pong is
-// never dropped, and a peer that sends pings faster than it reads fills
-// its socket until it is too slow, not the server's memory.
-func (c *Conn) WriteControl(op ws.OpCode, payload []byte) (stalled bool, err error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.WriteControlLocked(op, payload)
-}
-
-// WriteControlLocked is WriteControl for a caller that holds the write
-// lock.
+// WriteControlLocked writes a control frame (a pong), after what waits in
+// the backlog (see WriteTextLocked); the caller holds the write lock. A
+// pong is never dropped, and a peer that sends pings faster than it reads
+// fills its socket until it is too slow, not the server's memory.
 func (c *Conn) WriteControlLocked(op ws.OpCode, payload []byte) (stalled bool, err error) {
 	if c.closed.Load() {
 		return false, net.ErrClosed

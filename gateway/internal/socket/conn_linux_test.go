@@ -100,10 +100,10 @@ func TestWritesNeverWait(t *testing.T) {
 		}
 	}
 	written += 3
-	c.Unlock()
-	if stalled, err := c.WriteControl(ws.OpPong, []byte("hb")); stalled || err != nil {
+	if stalled, err := c.WriteControlLocked(ws.OpPong, []byte("hb")); stalled || err != nil {
 		t.Fatalf("a pong behind the backlog: stalled %v, %v", stalled, err)
 	}
+	c.Unlock()
 	if stalls != 1 {
 		t.Errorf("%d writes said they stalled the socket, want 1", stalls)
 	}
