@@ -237,14 +237,12 @@ func (c *conn) writeFailed(err error) {
 	}
 	c.env.metrics.writeErrors.Add(1)
 	reason := "write failed"
-	switch {
-	case errors.Is(err, socket.ErrTooSlow), errors.Is(err, socket.ErrStalled):
-		reason = "too slow: " + err.Error()
-	case socket.IsTimeout(err):
-		reason = "too slow: write timed out"
-	}
 	if socket.IsTimeout(err) {
 		c.env.metrics.slowCloses.Inc()
+		reason = "too slow: write timed out"
+		if errors.Is(err, socket.ErrTooSlow) || errors.Is(err, socket.ErrStalled) {
+			reason = "too slow: " + err.Error()
+		}
 	}
 	c.env.end(c, endClean, 0, reason)
 }
