@@ -39,35 +39,23 @@ func (s *Service) deliver(batch []*item) bool {
 	first := time.Now()
 	backoff := s.cfg.MinBackoff
 	for attempt := 1; ; attempt++ {
-		if err := s.limiter.Wait(s.quitting); err != nil {
-			return false
-		}
-		status, retryAfter, err := s.post(body, attempt)
-		s.metrics.attempts.Inc()
+		a, ok := s.attempt(body, attempt)
 		switch {
-		case s.quitting.Err() != nil:
+		case !ok:
 			return false
-		case err == nil && status >= 200 && status < 300:
+		case a.delivered():
 			s.delivered(batch, attempt)
 			return true
-		case err == nil && permanent(status):
-			s.metrics.failures.WithLabelValues(failureReason(status, nil)).Inc()
-			s.deadLetter(batch, attempt, status, "refused")
+		case a.refused():
+			s.deadLetter(batch, attempt, a.status, "refused")
 			return true
 		}
-		reason := failureReason(status, err)
-		s.metrics.failures.WithLabelValues(reason).Inc()
-		wait := backoff + rand.N(backoff/5+1)
-		if retryAfter > 0 {
-			// MaxBackoff bounds it too: an endpoint that asks for more
-			// than the time left would have the batch given up at once.
-			wait = min(retryAfter, s.cfg.MaxBackoff)
-		}
+		wait := s.retryWait(backoff, a.retryAfter)
 		if time.Since(first)+wait > s.cfg.GiveUpAfter {
-			s.deadLetter(batch, attempt, status, fmt.Sprintf("gave up after %v: %s", time.Since(first).Round(time.Millisecond), reason))
+			s.deadLetter(batch, attempt, a.status, fmt.Sprintf("gave up after %v: %s", time.Since(first).Round(time.Millisecond), failureReason(a.status, a.err)))
 			return true
 		}
-		s.log.Warn("webhook delivery failed; retrying", "attempt", attempt, "status", status, "err", err,
+		s.log.Warn("webhook delivery failed; retrying", "attempt", attempt, "status", a.status, "err", a.err,
 			"retry_in", wait.Round(time.Millisecond), "events", len(batch), "first_rev", batch[0].ev.Rev)
 		t := time.NewTimer(wait)
 		select {
@@ -79,6 +67,53 @@ func (s *Service) deliver(batch []*item) bool {
 		backoff = min(backoff*2, s.cfg.MaxBackoff)
 	}
 }
+
+// answer is how the endpoint answered one attempt: its status and
+// Retry-After, or the error that kept the answer from being read.
+type answer struct {
+	status     int
+	retryAfter time.Duration
+	err        error
+}
+
+// delivered reports whether the endpoint took the batch (2xx).
+func (a answer) delivered() bool { return a.err == nil && a.status >= 200 && a.status < 300 }
+
+// refused reports whether the endpoint refused the batch for good.
+func (a answer) refused() bool { return a.err == nil && permanent(a.status) }
+
+// attempt POSTs body as attempt n, under the rate limit, and counts it,
+// and its failure if it failed. It reports false, counting no failure,
+// when the process stops before or while it is made.
+func (s *Service) attempt(body []byte, n int) (answer, bool) {
+	if err := s.limiter.Wait(s.quitting); err != nil {
+		return answer{}, false
+	}
+	var a answer
+	a.status, a.retryAfter, a.err = s.post(body, n)
+	s.metrics.attempts.Inc()
+	if s.quitting.Err() != nil {
+		return a, false
+	}
+	if !a.delivered() {
+		s.metrics.failures.WithLabelValues(failureReason(a.status, a.err)).Inc()
+	}
+	return a, true
+}
+
+// retryWait is how long to wait before trying again after a failure:
+// backoff with up to a fifth more at random, or the endpoint's
+// Retry-After, bounded by MaxBackoff (an endpoint that asks for more than
+// the time left would have its batch given up at once).
+func (s *Service) retryWait(backoff, retryAfter time.Duration) time.Duration {
+	if retryAfter > 0 {
+		return min(retryAfter, s.cfg.MaxBackoff)
+	}
+	return backoff + rand.N(backoff/5+1)
+}
+
+// userRev names a user's revision as user@rev, for logs.
+func userRev(user string, rev uint64) string { return user + "@" + strconv.FormatUint(rev, 10) }
 
 // encode returns a batch's JSON body.
 func encode(batch []*item) ([]byte, error) {
@@ -217,7 +252,7 @@ func (s *Service) delivered(batch []*item, attempts int) {
 func (s *Service) deadLetter(batch []*item, attempts, status int, reason string) {
 	users := make([]string, len(batch))
 	for i, it := range batch {
-		users[i] = it.ev.UserID + "@" + strconv.FormatUint(it.ev.Rev, 10)
+		users[i] = userRev(it.ev.UserID, it.ev.Rev)
 		s.settle(it.seq)
 		_ = it.msg.Term()
 		s.held.remove(it.msg)

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -146,7 +144,7 @@ func (s *Service) remember(batch []*item) {
 			continue
 		}
 		if len(r.users) >= r.limit {
-			over = append(over, u+"@"+strconv.FormatUint(it.ev.Rev, 10))
+			over = append(over, userRev(u, it.ev.Rev))
 			continue
 		}
 		r.push(u, &remembered{rev: it.ev.Rev, since: now})
@@ -228,17 +226,12 @@ func (s *Service) resyncRound() bool {
 		s.resyncFailed(users, 0, 0)
 		return true
 	}
-	if err := s.limiter.Wait(s.quitting); err != nil {
-		s.requeue(users)
-		return false
-	}
-	status, retryAfter, err := s.post(body, 1)
-	s.metrics.attempts.Inc()
+	a, ok := s.attempt(body, 1)
 	switch {
-	case s.quitting.Err() != nil:
+	case !ok:
 		s.requeue(users)
 		return false
-	case err == nil && status >= 200 && status < 300:
+	case a.delivered():
 		for _, u := range users {
 			r.forget(u)
 		}
@@ -249,15 +242,13 @@ func (s *Service) resyncRound() bool {
 		s.resyncWent()
 		return true
 	}
-	reason := failureReason(status, err)
-	s.metrics.failures.WithLabelValues(reason).Inc()
-	if err == nil && permanent(status) {
+	if a.refused() {
 		r.refused = true
 		r.size = max(r.size/2, 1)
 	}
-	s.resyncFailed(users, status, retryAfter)
+	s.resyncFailed(users, a.status, a.retryAfter)
 	if len(r.users) > 0 {
-		s.log.Warn("webhook resync failed; retrying", "status", status, "err", err, "users", len(users),
+		s.log.Warn("webhook resync failed; retrying", "status", a.status, "err", a.err, "users", len(users),
 			"retry_in", time.Until(r.due).Round(time.Millisecond), "next_users", r.size)
 	}
 	return true
@@ -341,7 +332,7 @@ func (s *Service) resyncFailed(users []string, status int, retryAfter time.Durat
 		switch {
 		case !ok:
 		case now.Sub(m.since) >= s.cfg.GiveUpAfter:
-			gaveUp = append(gaveUp, u+"@"+strconv.FormatUint(m.rev, 10))
+			gaveUp = append(gaveUp, userRev(u, m.rev))
 			r.forget(u)
 		default:
 			r.push(u, m)
@@ -355,11 +346,7 @@ func (s *Service) resyncFailed(users []string, status int, retryAfter time.Durat
 	if len(r.users) == 0 {
 		return
 	}
-	wait := r.backoff + rand.N(r.backoff/5+1)
-	if retryAfter > 0 {
-		wait = min(retryAfter, s.cfg.MaxBackoff)
-	}
-	r.due = now.Add(wait)
+	r.due = now.Add(s.retryWait(r.backoff, retryAfter))
 	r.backoff = min(2*r.backoff, s.cfg.MaxBackoff)
 }
 
@@ -372,7 +359,7 @@ func (s *Service) abandonResync() {
 	}
 	users := make([]string, 0, len(r.users))
 	for u, m := range r.users {
-		users = append(users, u+"@"+strconv.FormatUint(m.rev, 10))
+		users = append(users, userRev(u, m.rev))
 	}
 	slices.Sort(users)
 	s.log.Error("webhook resync abandoned: the process stops; these users' current state is not sent",
@@ -386,7 +373,7 @@ func keysOf(events []Event) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(ev.UserID + "@" + strconv.FormatUint(ev.Rev, 10))
+		b.WriteString(userRev(ev.UserID, ev.Rev))
 	}
 	return b.String()
 }
