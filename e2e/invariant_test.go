@@ -18,6 +18,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -150,7 +151,7 @@ func newStress(t *testing.T, seed uint64) *stress {
 		grace:     systest.Grace,
 		heartbeat: systest.Heartbeat,
 		// Sweeps run all the time, so that they race with everything else.
-		reaperCfg: reaper.Config{SweepInterval: time.Second, Logger: systest.Logger()},
+		reaperCfg: reaper.Config{SweepInterval: time.Second, Logger: testlog.New(t)},
 	}
 	s.sys = systest.Start(t, systest.Options{Reaper: s.reaperCfg})
 	s.gws = []*systest.Gateway{s.sys.Gateway()}

@@ -34,15 +34,15 @@ func TestNATSBackEmpty(t *testing.T) {
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: 3 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second, ackWait: 3 * time.Second, replicas: 1}
-	reaperProc, err := system.StartReaper(conn("reaper", cl.urlsAs("reaper")), reaper.Config{
-		Logger: testLogger("reaper"), Buckets: presence.BucketOptions{Replicas: 1}, SweepInterval: 5 * time.Second, AckWait: tm.ackWait,
+	reaperProc, err := system.StartReaper(conn(t, "reaper", cl.urlsAs("reaper")), reaper.Config{
+		Logger: testLogger(t, "reaper"), Buckets: presence.BucketOptions{Replicas: 1}, SweepInterval: 5 * time.Second, AckWait: tm.ackWait,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	replacedAtEnd(t, reaperProc)
-	fanoutProc, err := system.StartFanout(conn("fanout", cl.urlsAs("fanout")), fanout.Config{
-		Logger: testLogger("fanout"), Buckets: presence.BucketOptions{Replicas: 1}, AckWait: tm.ackWait,
+	fanoutProc, err := system.StartFanout(conn(t, "fanout", cl.urlsAs("fanout")), fanout.Config{
+		Logger: testLogger(t, "fanout"), Buckets: presence.BucketOptions{Replicas: 1}, AckWait: tm.ackWait,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func TestNATSBackEmpty(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := system.StartGateway(conn("gw", cl.urlsAs("gateway")), gatewayConfig("gw", tm), gwLn)
+	gw, err := system.StartGateway(conn(t, "gw", cl.urlsAs("gateway")), gatewayConfig(t, "gw", tm), gwLn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestNATSBackEmpty(t *testing.T) {
 		return nil
 	}
 	waitFor(t, 60*time.Second, "the gateway stopped, saying its buckets were replaced", func() error { return stopped(gw.Proc) })
-	newGW, err := system.StartGateway(conn("gw3", cl.urlsAs("gateway")), gatewayConfig("gw3", tm), ln)
+	newGW, err := system.StartGateway(conn(t, "gw3", cl.urlsAs("gateway")), gatewayConfig(t, "gw3", tm), ln)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,21 +22,16 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 )
 
-// verbose turns on the logs of servers, services and child processes.
-var verbose = os.Getenv("GREENDOT_TEST_LOG") != ""
-
-// testLogger returns the logger of in-process services: quiet unless
-// GREENDOT_TEST_LOG is set.
-func testLogger(name string) *slog.Logger {
-	if verbose {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("proc", name)
-	}
-	return slog.New(slog.DiscardHandler)
+// testLogger returns the logger of the in-process service name: its lines
+// are shown with a test that fails (see package testlog).
+func testLogger(tb testing.TB, name string) *slog.Logger {
+	return testlog.New(tb, "proc", name)
 }
 
 // tick calls fn every period until stop is closed or fn reports false.
@@ -399,7 +394,7 @@ const greendotAccount = "GREENDOT"
 // reconnect behaviour every greendot process has.
 func (c *natsCluster) connect(name string) *nats.Conn {
 	c.tb.Helper()
-	nc, err := natsconn.Connect(natsconn.Options{URL: c.urls(), Name: name, User: "operator", Password: rolePasswords["operator"], Logger: testLogger(name)})
+	nc, err := natsconn.Connect(natsconn.Options{URL: c.urls(), Name: name, User: "operator", Password: rolePasswords["operator"], Logger: testLogger(c.tb, name)})
 	if err != nil {
 		c.tb.Fatal(err)
 	}
@@ -440,15 +435,15 @@ func stopAtEnd(tb testing.TB, p *system.Proc) {
 }
 
 // conn says how an in-process service named name connects to urls.
-func conn(name, urls string) natsconn.Options {
-	return natsconn.Options{URL: urls, Name: name, Logger: testLogger(name)}
+func conn(tb testing.TB, name, urls string) natsconn.Options {
+	return natsconn.Options{URL: urls, Name: name, Logger: testLogger(tb, name)}
 }
 
 // gatewayConfig is the gateway configuration of the fault tests: dev auth,
 // short batches, and the given timings.
-func gatewayConfig(id string, t timings) gateway.Config {
+func gatewayConfig(tb testing.TB, id string, t timings) gateway.Config {
 	cfg := gateway.Config{
-		Logger:            testLogger(id),
+		Logger:            testLogger(tb, id),
 		Buckets:           presence.BucketOptions{Replicas: t.replicas},
 		ID:                id,
 		ConnTTL:           t.ttl,
@@ -472,7 +467,7 @@ func startGateway(tb testing.TB, urls, id string, t timings) *system.Gateway {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g, err := system.StartGateway(conn(id, urls), gatewayConfig(id, t), ln)
+	g, err := system.StartGateway(conn(tb, id, urls), gatewayConfig(tb, id, t), ln)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -486,8 +481,8 @@ func startGateway(tb testing.TB, urls, id string, t timings) *system.Gateway {
 // startReaper runs a reaper in the test process, until the test ends.
 func startReaper(tb testing.TB, urls, name string, t timings) *system.Proc {
 	tb.Helper()
-	p, err := system.StartReaper(conn(name, urls), reaper.Config{
-		Logger:        testLogger(name),
+	p, err := system.StartReaper(conn(tb, name, urls), reaper.Config{
+		Logger:        testLogger(tb, name),
 		Buckets:       presence.BucketOptions{Replicas: t.replicas},
 		SweepInterval: cmp.Or(t.sweep, 5*time.Second),
 		AckWait:       t.ackWait,
@@ -502,8 +497,8 @@ func startReaper(tb testing.TB, urls, name string, t timings) *system.Proc {
 // startFanout runs a fanout in the test process, until the test ends.
 func startFanout(tb testing.TB, urls, name string, t timings) *system.Proc {
 	tb.Helper()
-	p, err := system.StartFanout(conn(name, urls), fanout.Config{
-		Logger:  testLogger(name),
+	p, err := system.StartFanout(conn(tb, name, urls), fanout.Config{
+		Logger:  testLogger(tb, name),
 		Buckets: presence.BucketOptions{Replicas: t.replicas},
 		AckWait: t.ackWait,
 	})
@@ -552,7 +547,7 @@ func startChild(tb testing.TB, name string, args ...string) *system.Child {
 		Args: append(args, "--log-format", "json", "--log-level", "debug"),
 		Env:  append(os.Environ(), "GREENDOT_NATS_PASSWORD=", "GREENDOT_NATS_USER="),
 	}
-	if verbose {
+	if testlog.Verbose {
 		o.Echo = os.Stderr
 	}
 	c, err := system.StartChild(o)

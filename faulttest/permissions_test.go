@@ -18,6 +18,7 @@ import (
 
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/internal/testlog"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -90,7 +91,7 @@ func (v *violations) Handle(_ context.Context, r slog.Record) error {
 		v.lines = append(v.lines, r.Message)
 		v.mu.Unlock()
 	}
-	if verbose {
+	if testlog.Verbose {
 		fmt.Println("[nats]", r.Message)
 	}
 	return nil
@@ -148,7 +149,7 @@ func connectAs(tb testing.TB, c *natsCluster, user string, extra ...nats.Option)
 	nc, err := natsconn.Connect(natsconn.Options{
 		URL: c.urls(), Name: "faulttest " + user,
 		User: user, Password: rolePasswords[user],
-		Logger: testLogger(user), Extra: extra,
+		Logger: testLogger(tb, user), Extra: extra,
 	})
 	if err != nil {
 		tb.Fatalf("connect as %s: %v", user, err)
@@ -594,8 +595,8 @@ var hookSecret = []byte("faulttest webhook secret 0123456789")
 // to url, until the test ends, and waits until it is ready.
 func startWebhooks(tb testing.TB, urls, url string, t timings) *system.Proc {
 	tb.Helper()
-	p, err := system.StartWebhooks(conn("webhooks", urls), webhook.Config{
-		Logger:    testLogger("webhooks"),
+	p, err := system.StartWebhooks(conn(tb, "webhooks", urls), webhook.Config{
+		Logger:    testLogger(tb, "webhooks"),
 		Buckets:   presence.BucketOptions{Replicas: t.replicas},
 		URL:       url,
 		Secret:    hookSecret,

@@ -49,7 +49,7 @@ func TestNATSStalled(t *testing.T) {
 		}
 		return err
 	})
-	nc, err := natsconn.Connect(natsconn.Options{URL: url, Name: "faulttest operator", Logger: testLogger("operator")})
+	nc, err := natsconn.Connect(natsconn.Options{URL: url, Name: "faulttest operator", Logger: testLogger(t, "operator")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/tcpproxy"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/web"
@@ -91,7 +92,7 @@ func startDemo(t *testing.T) *demoSystem {
 		HeartbeatInterval: browserHeartbeat,
 		OfflineGrace:      browserGrace,
 		BatchInterval:     20 * time.Millisecond,
-		Static:            web.Handler(web.Options{Demo: true, Store: store, Logger: systest.Logger()}),
+		Static:            web.Handler(web.Options{Demo: true, Store: store, Logger: testlog.New(t)}),
 	}
 	sys := systest.Start(t, systest.Options{Server: srv, Gateway: cfg})
 	return &demoSystem{System: sys, store: store, cfg: cfg}

@@ -25,6 +25,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/metrics"
@@ -65,10 +66,10 @@ func startScene(t *testing.T) *scene {
 	sc.gw2 = sys.StartGateway(gateway.Config{})
 
 	sc.reaper = runService(t, srv, "ops reaper", func(nc *nats.Conn) (svc, error) {
-		return reaper.New(nc, reaper.Config{Logger: systest.Logger(), SweepInterval: time.Minute})
+		return reaper.New(nc, reaper.Config{Logger: testlog.New(t), SweepInterval: time.Minute})
 	}).(*reaper.Service)
 	sc.fanout = runService(t, srv, "ops fanout", func(nc *nats.Conn) (svc, error) {
-		return fanout.New(nc, fanout.Config{Logger: systest.Logger()})
+		return fanout.New(nc, fanout.Config{Logger: testlog.New(t)})
 	}).(*fanout.Service)
 	// The app's backend, which hears every transition.
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
@@ -79,7 +80,7 @@ func startScene(t *testing.T) *scene {
 		t.Fatal(err)
 	}
 	runService(t, srv, "ops webhooks", func(nc *nats.Conn) (svc, error) {
-		return webhook.New(nc, webhook.Config{Logger: systest.Logger(), URL: backend.URL, Secret: []byte("ops-page-secret-0123")})
+		return webhook.New(nc, webhook.Config{Logger: testlog.New(t), URL: backend.URL, Secret: []byte("ops-page-secret-0123")})
 	})
 	sc.hosts = map[string]string{
 		"127.0.0.1:8080": sc.gw1.Addr,

@@ -9,9 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -81,15 +80,6 @@ const stopTimeout = 30 * time.Second
 // readyTimeout bounds the wait for a gateway to be ready.
 const readyTimeout = 30 * time.Second
 
-// Logger returns a logger for services under test: quiet unless
-// GREENDOT_TEST_LOG is set.
-func Logger() *slog.Logger {
-	if os.Getenv("GREENDOT_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.DiscardHandler)
-}
-
 // Start runs a system that stops when the test ends.
 func Start(tb testing.TB, opts Options) *System {
 	tb.Helper()
@@ -109,18 +99,20 @@ func Start(tb testing.TB, opts Options) *System {
 	if g.Tokens == nil {
 		g.DevAuth = true
 	}
+	// The services' lines are shown with a test that fails.
+	log := testlog.New(tb)
 	if g.Logger == nil {
-		g.Logger = Logger()
+		g.Logger = log
 	}
 	if opts.Reaper.Logger == nil {
-		opts.Reaper.Logger = Logger()
+		opts.Reaper.Logger = log
 	}
 	if opts.Fanout.Logger == nil {
-		opts.Fanout.Logger = Logger()
+		opts.Fanout.Logger = log
 	}
 	so := system.Options{
 		Name:        "systest",
-		Logger:      Logger(),
+		Logger:      log,
 		StopTimeout: stopTimeout,
 		// Tests that restart or cut NATS want services back quickly.
 		NATSOptions: []nats.Option{nats.ReconnectWait(50 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second)},
@@ -216,7 +208,7 @@ func (s *System) StartFanout() {
 func (s *System) StartWebhooks(cfg webhook.Config) *system.Proc {
 	s.tb.Helper()
 	if cfg.Logger == nil {
-		cfg.Logger = Logger()
+		cfg.Logger = testlog.New(s.tb)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
