@@ -50,10 +50,13 @@ type conn struct {
 	// descriptor's number, reused by a new socket, is never touched.
 	// rpaused says it is not read while it is stalled.
 	pollMu  sync.Mutex
-	fd      int
+	fd      int32
 	polled  bool
 	wpolled bool
 	rpaused bool
+	// due is the tick on which the gateway's dueRing looks at it next; 0
+	// while none will. Under the ring's lock.
+	due int64
 
 	lastFrame    atomic.Int64                    // unix ns of the newest frame from the client
 	lastActivity atomic.Int64                    // unix ns of the newest sign of use

@@ -230,6 +230,7 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
 	}
+	s.due.at(c, s.nextLook(c, nowNano(), false))
 	// The newest own state known, not only the registration's: another
 	// device's change written meanwhile may have gone by (listed).
 	self := s.keys.listed(c, reg)

@@ -200,6 +200,8 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		return
 	}
 	c.expires.Store(exp.UnixNano())
+	// A token may expire sooner than the one it replaces.
+	s.due.at(c, exp.UnixNano())
 	// The new rooms claim replaces the old one: the rooms it no longer
 	// allows are left, with room_denied frames, in order with the
 	// connection's other room requests.

@@ -32,8 +32,8 @@ func (s *Service) watchSocket(c *conn) {
 	c.pollMu.Lock()
 	var err error
 	if !c.closed.Load() {
-		c.fd = fd
-		if err = s.poller.Add(c.fd, c.tag); err == nil {
+		c.fd = int32(fd)
+		if err = s.poller.Add(int(c.fd), c.tag); err == nil {
 			c.polled = true
 		}
 	}
@@ -136,7 +136,7 @@ func (s *Service) readAndResume(c *conn, rb *socket.ReadBuffer) {
 	case c.sock.Stalled() != 0:
 		c.rpaused = true // drainSocket resumes it
 	default:
-		err = s.poller.Resume(c.fd, c.tag)
+		err = s.poller.Resume(int(c.fd), c.tag)
 	}
 	c.pollMu.Unlock()
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gobwas/ws"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
@@ -945,51 +944,6 @@ func (r *registrar) createKeyAgain(ctx context.Context, c *conn, key presence.Le
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
-}
-
-// sweep checks every connection of reg each sweep interval, until ctx is
-// canceled: it ends, with end, connections silent for the TTL (but for
-// stalled ones, which are not read) and those whose token expired, and
-// marks idle those not used for AwayAfter.
-func (r *registrar) sweep(ctx context.Context, reg *registry, end func(*conn, endKind, ws.StatusCode, string)) {
-	t := time.NewTicker(r.sweepInterval())
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case now := <-t.C:
-			r.sweepOnce(reg, now.UnixNano(), end)
-		}
-	}
-}
-
-// sweepInterval is how often connections are checked: often enough to see
-// a dead one soon after its TTL.
-func (r *registrar) sweepInterval() time.Duration {
-	return min(max(r.cfg.ConnTTL/10, 50*time.Millisecond), 500*time.Millisecond)
-}
-
-func (r *registrar) sweepOnce(reg *registry, now int64, end func(*conn, endKind, ws.StatusCode, string)) {
-	ttl, away := int64(r.cfg.ConnTTL), int64(r.cfg.AwayAfter)
-	reg.each(func(c *conn) {
-		if c.closed.Load() {
-			return
-		}
-		// A stalled socket is not read (see Service.stalled): its
-		// peer's frames wait, and the write timeout judges it instead.
-		if now-c.lastFrame.Load() > ttl && c.sock.Stalled() == 0 {
-			end(c, endDead, 0, "no frame for the connection TTL")
-			return
-		}
-		if exp := c.expires.Load(); exp != 0 && now >= exp {
-			end(c, endClean, ws.StatusPolicyViolation, "token expired")
-			return
-		}
-		if now-c.lastActivity.Load() > away {
-			r.setIdle(c, true)
-		}
-	})
 }
 
 // stop waits, at most until ctx ends, for every writer to have written;

@@ -11,8 +11,8 @@ import (
 )
 
 // registry holds every open connection: by tag (the poller's), sharded so
-// that the poller, the sweeper and new connections rarely wait for each
-// other, and by user, for self events, per-user limits, kicks and the
+// that the poller, the walks of every connection and new connections
+// rarely wait for each other, and by user, for self events, per-user limits, kicks and the
 // authorizer. It is safe for concurrent use.
 type registry struct {
 	next   atomic.Uint64

@@ -874,6 +874,37 @@ func TestTokenExpiresOnLiveSocket(t *testing.T) {
 	by.check(t)
 }
 
+// TestRenewedTokenExpiringSoonerCloses: a token sent with auth that
+// expires before the one it replaces closes the socket at its own expiry,
+// though nothing else about the connection is due for a TTL of 20 s.
+func TestRenewedTokenExpiringSoonerCloses(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{ConnTTL: 20 * time.Second, HeartbeatInterval: 5 * time.Second}})
+	gw := sys.Gateway()
+	c, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Abort()
+	stop := systest.KeepAlive(c, systest.Heartbeat)
+	defer stop()
+
+	exp := time.Now().Add(2 * time.Second).Truncate(time.Second) // exp is whole seconds
+	if time.Until(exp) < 500*time.Millisecond {
+		exp = exp.Add(time.Second)
+	}
+	if err := c.Send(protocol.ClientMessage{Type: protocol.TypeAuth, ID: "r1", Token: secToken(t, "alice", exp)}); err != nil {
+		t.Fatal(err)
+	}
+	code, _ := awaitClose(t, c, time.Until(exp)+5*time.Second)
+	closedAt := time.Now()
+	if code != protocol.ClosePolicy {
+		t.Errorf("closed with %d, want %d", code, protocol.ClosePolicy)
+	}
+	if closedAt.Before(exp) {
+		t.Errorf("closed %v before the token expired", exp.Sub(closedAt))
+	}
+}
+
 func TestHTTPAPIAuth(t *testing.T) {
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
 	gw := sys.Gateway()

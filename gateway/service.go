@@ -78,7 +78,10 @@ type Service struct {
 	// holds them meanwhile (stalled).
 	wpoller *netpoll.Poller
 	stalls  stallSet
-	regSem  chan struct{} // upgrades being registered (MaxRegistering)
+	// due has each connection looked at when its TTL, its token or
+	// AwayAfter may have run out (lookAt).
+	due    *dueRing
+	regSem chan struct{} // upgrades being registered (MaxRegistering)
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
@@ -189,7 +192,7 @@ func (s *Service) Conns() int { return s.registry.len() }
 //     online index), the poller;
 //  2. the core: the event dispatcher, the scheduler of writes, the
 //     graph watcher, the online index, the watcher of the NATS connection;
-//  3. the sockets' loops: reading (the poller) and liveness (the sweep);
+//  3. the sockets' loops: reading (the poller) and liveness (due);
 //  4. serving: the HTTP server, the accept loop, the admin service.
 //
 // Stopping runs 4, then drains the sockets, then 3, then waits for the
@@ -217,7 +220,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	// close alive.
 	io := newGroup()
 	defer io.stop()
-	io.Go(func(ctx context.Context) { s.keys.sweep(ctx, s.registry, s.end) })
+	io.Go(func(ctx context.Context) { s.due.run(ctx, s.lookAt) })
 	if s.cfg.MemoryTrimInterval > 0 {
 		io.Go(func(ctx context.Context) { s.memoryTrim(ctx, s.cfg.MemoryTrimInterval) })
 	}
@@ -366,6 +369,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		}
 	}
 	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
+	s.due = newDueRing(lookStep(s.cfg.ConnTTL), s.cfg.ConnTTL, nowNano())
 	return nil
 }
 
@@ -511,11 +515,11 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	}
 	c.pollMu.Lock()
 	if c.polled {
-		_ = s.poller.Remove(c.fd)
+		_ = s.poller.Remove(int(c.fd))
 		c.polled = false
 	}
 	if c.wpolled {
-		_ = s.wpoller.Remove(c.fd)
+		_ = s.wpoller.Remove(int(c.fd))
 		c.wpolled = false
 	}
 	c.pollMu.Unlock()

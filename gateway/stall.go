@@ -41,7 +41,7 @@ func (s *Service) awaitWritable(c *conn) {
 	c.pollMu.Lock()
 	var err error
 	if fd, ok := c.sock.Fd(); ok && !c.closed.Load() {
-		c.fd = fd
+		c.fd = int32(fd)
 		if c.wpolled {
 			err = s.wpoller.Resume(fd, c.tag)
 		} else if err = s.wpoller.Add(fd, c.tag); err == nil {
@@ -107,9 +107,9 @@ func (s *Service) resumeReading(c *conn) {
 		c.rpaused = false
 		// Its peer has just read all it was sent: it is alive, and its
 		// own frames wait to be read. The TTL counts from now, so that
-		// the sweep does not end it in the moment before they are.
+		// it is not ended as silent in the moment before they are.
 		c.lastFrame.Store(nowNano())
-		err = s.poller.Resume(c.fd, c.tag)
+		err = s.poller.Resume(int(c.fd), c.tag)
 	}
 	c.pollMu.Unlock()
 	if err != nil {
