@@ -32,9 +32,8 @@ type dueRing struct {
 	// slots[t % len] holds the connections due on tick t, for the ticks
 	// from next on; a connection whose due is another tick (it was put
 	// earlier since) or that is closed is left over, and skipped. (One
-	// that ended is held until its tick, at most the ring's span: about
-	// 600 bytes for at most a TTL, where finding it in its slot would cost
-	// every end a walk of the slot.)
+	// that ended is held until its tick, at most the ring's span, where
+	// finding it in its slot would cost every end a walk of the slot.)
 	slots [][]*conn
 	// next is the tick to look at next.
 	next int64
