@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -17,6 +19,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/syncbuf"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -43,36 +46,7 @@ func TestLeaseTakeFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js := operator.JetStream()
-	// fill limits the leases' stream to the messages it holds, at least
-	// one, and returns a function that lifts the limit.
-	fill := func() (lift func()) {
-		t.Helper()
-		st, err := js.Stream(ctx, presence.StreamName(presence.LeasesBucket))
-		if err != nil {
-			t.Fatal(err)
-		}
-		info := st.CachedInfo()
-		if info.Config.Discard != jetstream.DiscardNew || info.State.Msgs == 0 {
-			t.Fatalf("leases' stream discards %v and holds %d messages; want it to refuse new ones once full, holding some", info.Config.Discard, info.State.Msgs)
-		}
-		cfg := info.Config
-		full := cfg
-		full.MaxMsgs = int64(info.State.Msgs)
-		if _, err := js.UpdateStream(ctx, full); err != nil {
-			t.Fatal(err)
-		}
-		return func() {
-			t.Helper()
-			if _, err := js.UpdateStream(ctx, cfg); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	// Another gateway's lease is the stream's one message.
-	if _, err := operator.CreateLease(ctx, presence.LeaseRecord{Gateway: "other", Epoch: "e1"}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
+	fill := func() (lift func()) { return fillLeases(t, operator) }
 	lift := fill()
 
 	var logs syncbuf.Buffer
@@ -156,6 +130,128 @@ func TestLeaseTakeFailures(t *testing.T) {
 	})
 	lift()
 	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error { return gw.Ready(ctx) })
+}
+
+// fillLeases limits the leases' stream to the messages it holds (another
+// gateway's lease, made if there is none), so that it refuses new ones:
+// no gateway can take a lease. It returns a function that lifts the
+// limit.
+func fillLeases(t *testing.T, operator *presence.Store) (lift func()) {
+	t.Helper()
+	ctx := context.Background()
+	js := operator.JetStream()
+	st, err := js.Stream(ctx, presence.StreamName(presence.LeasesBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.CachedInfo().State.Msgs == 0 {
+		if _, err := operator.CreateLease(ctx, presence.LeaseRecord{Gateway: "other", Epoch: "e1"}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info := st.CachedInfo()
+	if info.Config.Discard != jetstream.DiscardNew || info.State.Msgs == 0 {
+		t.Fatalf("leases' stream discards %v and holds %d messages; want it to refuse new ones once full, holding some", info.Config.Discard, info.State.Msgs)
+	}
+	cfg := info.Config
+	full := cfg
+	full.MaxMsgs = int64(info.State.Msgs)
+	if _, err := js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestProbesAnsweredWhileStarting starts a gateway that cannot take its
+// lease: while it waits, GET /healthz answers 200, GET /readyz 503 with
+// what it waits for, GET /metrics its metrics, and a WebSocket upgrade
+// 503; once it has its lease, /readyz answers 200 and clients connect.
+func TestProbesAnsweredWhileStarting(t *testing.T) {
+	srv := natstest.RunServer(t)
+	ctx := context.Background()
+	operator, err := presence.Open(ctx, natstest.Connect(t, srv), presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lift := fillLeases(t, operator)
+	gw, err := gateway.New(natstest.Connect(t, srv), gateway.Config{DevAuth: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	serveCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- gw.Serve(serveCtx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the gateway did not stop within 30s")
+		}
+	})
+	base := "http://" + ln.Addr().String()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	get := func(path string) (int, string, error) {
+		resp, err := hc.Get(base + path)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body), err
+	}
+
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		code, body, err := get("/readyz")
+		if err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "taking its lease") || !strings.Contains(body, "maximum messages exceeded") {
+			return fmt.Errorf("GET /readyz = %d %q, %v; want 503 saying it waits for its lease, and why", code, body, err)
+		}
+		return nil
+	})
+	if code, body, err := get("/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("GET /healthz = %d %q, %v; want 200", code, body, err)
+	}
+	if code, body, err := get("/metrics"); err != nil || code != http.StatusOK || !strings.Contains(body, "greendot_gateway_") {
+		t.Errorf("GET /metrics = %d, %v; want 200 and the gateway's metrics:\n%.300s", code, err, body)
+	}
+	if code, body, err := get("/api/presence/users/alice?user=bob"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(body, "starting") {
+		t.Errorf("GET /api/presence/users/alice = %d %q, %v; want 503, starting", code, body, err)
+	}
+	if c, err := client.Dial(ctx, "ws://"+ln.Addr().String()+gateway.WebSocketPath+"?user=alice", client.Options{Timeout: 5 * time.Second}); err == nil || !strings.Contains(err.Error(), "503") {
+		if c != nil {
+			c.Abort()
+		}
+		t.Errorf("a WebSocket dial while starting: %v; want refused with 503", err)
+	}
+
+	lift()
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		code, body, err := get("/readyz")
+		if err != nil || code != http.StatusOK {
+			return fmt.Errorf("GET /readyz = %d %q, %v; want 200", code, body, err)
+		}
+		return nil
+	})
+	c, err := client.Dial(ctx, "ws://"+ln.Addr().String()+gateway.WebSocketPath+"?user=alice", client.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("dial once started: %v", err)
+	}
+	c.Abort()
 }
 
 // mustLeases returns the live leases.

@@ -195,13 +195,17 @@ func (s *Service) Conns() int { return s.registry.len() }
 //  3. the sockets' loops: reading (the poller) and liveness (due);
 //  4. serving: the HTTP server, the accept loop, the admin service.
 //
-// Stopping runs 4, then drains the sockets, then 3, then waits for the
-// connections' last writes and closes, then 2.
+// Until 4, the listener answers probes, and refuses the rest with 503
+// (serveStarting). Stopping runs 4, then drains the sockets, then 3, then
+// waits for the connections' last writes and closes, then 2.
 func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if s.served.Swap(true) {
 		return errors.New("gateway: Serve called twice")
 	}
 	defer ln.Close()
+	// Until it serves, probes get answers (serveStarting).
+	stopStarting := sync.OnceFunc(s.serveStarting(ln))
+	defer stopStarting()
 
 	// 1. Resources.
 	if err := s.open(ctx, ln.Addr().String()); err != nil {
@@ -252,6 +256,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		BaseContext:       func(net.Listener) context.Context { return core.ctx },
 	}
 	httpLn := newChanListener(ln.Addr())
+	stopStarting()
 	var served, handshakes sync.WaitGroup
 	served.Go(func() { _ = httpSrv.Serve(httpLn) })
 	accepted := make(chan error, 1)
