@@ -31,25 +31,7 @@ const maxFriends = 5000
 // httpHandler returns the gateway's HTTP API.
 func (s *Service) httpHandler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	ready := s.Ready
-	if s.cfg.Readyz != nil {
-		ready = s.cfg.Readyz
-	}
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := ready(r.Context()); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, metrics.Unavailable(err))
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
-	})
-	var gathered prometheus.Gatherer = s.reg
-	if s.cfg.Metrics != nil {
-		gathered = s.cfg.Metrics
-	}
-	mux.Handle("GET /metrics", metrics.Handler(gathered))
+	s.handleProbes(mux, true)
 	// Each API path answers its method, a preflight, and any other
 	// method 405; a path under /api/ that is none of them answers 404.
 	api := func(method, path string, h http.HandlerFunc) {
@@ -81,6 +63,35 @@ func (s *Service) httpHandler() http.Handler {
 type apiError struct {
 	Error   string `json:"error"`
 	Message string `json:"message,omitempty"`
+}
+
+// handleProbes has mux answer GET /healthz (200 while the process runs),
+// GET /readyz (200 when the gateway, or Config.Readyz, says it is ready
+// and it serves; 503 with the reason otherwise) and GET /metrics.
+func (s *Service) handleProbes(mux *http.ServeMux, serving bool) {
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	ready := s.Ready
+	if s.cfg.Readyz != nil {
+		ready = s.cfg.Readyz
+	}
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		err := ready(r.Context())
+		if err == nil && !serving {
+			err = errors.New("the gateway is starting")
+		}
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, metrics.Unavailable(err))
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
+	var gathered prometheus.Gatherer = s.reg
+	if s.cfg.Metrics != nil {
+		gathered = s.cfg.Metrics
+	}
+	mux.Handle("GET /metrics", metrics.Handler(gathered))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/gateway"
@@ -50,30 +51,9 @@ func TestLeaseTakeFailures(t *testing.T) {
 	lift := fill()
 
 	var logs syncbuf.Buffer
-	gw, err := gateway.New(natstest.Connect(t, srv), gateway.Config{
+	gw, _ := serveGateway(t, srv, gateway.Config{
 		DevAuth: true,
 		Logger:  slog.New(slog.NewTextHandler(&logs, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- gw.Serve(serveCtx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the gateway did not stop within 30s")
-		}
 	})
 
 	// Ready says why, until several attempts have failed.
@@ -132,6 +112,35 @@ func TestLeaseTakeFailures(t *testing.T) {
 	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error { return gw.Ready(ctx) })
 }
 
+// serveGateway runs a gateway with cfg on srv, on a loopback listener,
+// until the test ends, without waiting for it to be ready.
+func serveGateway(t *testing.T, srv *server.Server, cfg gateway.Config) (*gateway.Service, net.Listener) {
+	t.Helper()
+	gw, err := gateway.New(natstest.Connect(t, srv), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gw.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("the gateway did not stop within 30s")
+		}
+	})
+	return gw, ln
+}
+
 // fillLeases limits the leases' stream to the messages it holds (another
 // gateway's lease, made if there is none), so that it refuses new ones:
 // no gateway can take a lease. It returns a function that lifts the
@@ -182,28 +191,7 @@ func TestProbesAnsweredWhileStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	lift := fillLeases(t, operator)
-	gw, err := gateway.New(natstest.Connect(t, srv), gateway.Config{DevAuth: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	serveCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- gw.Serve(serveCtx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Errorf("the gateway did not stop within 30s")
-		}
-	})
+	_, ln := serveGateway(t, srv, gateway.Config{DevAuth: true})
 	base := "http://" + ln.Addr().String()
 	hc := &http.Client{Timeout: 5 * time.Second}
 	get := func(path string) (int, string, error) {

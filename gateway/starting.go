@@ -8,10 +8,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/greendot/greendot/pkg/metrics"
 )
 
 // deadliner is a listener whose Accept a deadline can interrupt, as a TCP
@@ -37,27 +33,8 @@ func (s *Service) serveStarting(ln net.Listener) (stop func()) {
 	if !ok {
 		return func() {}
 	}
-	ready := s.Ready
-	if s.cfg.Readyz != nil {
-		ready = s.cfg.Readyz
-	}
-	var gathered prometheus.Gatherer = s.reg
-	if s.cfg.Metrics != nil {
-		gathered = s.cfg.Metrics
-	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		err := ready(r.Context())
-		if err == nil {
-			// Every part is ready, but the gateway does not serve yet.
-			err = errors.New("the gateway is starting")
-		}
-		writeJSON(w, http.StatusServiceUnavailable, metrics.Unavailable(err))
-	})
-	mux.Handle("GET /metrics", metrics.Handler(gathered))
+	s.handleProbes(mux, false)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is starting; try again")
