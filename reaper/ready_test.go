@@ -40,24 +40,7 @@ func TestReadyNamesTheStartupSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := reaper.New(natstest.Connect(t, w.srv), reaper.Config{Buckets: w.opts})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- r.Run(runCtx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(patience):
-			t.Errorf("reaper did not stop within %v", patience)
-		}
-	})
+	r, _ := w.runReaper(natstest.Connect(t, w.srv), reaper.Config{})
 
 	// The lease and every status record were read before the listing
 	// failed.

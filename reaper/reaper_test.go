@@ -55,8 +55,17 @@ func (w *world) startReaper(cfg reaper.Config) (stop func()) {
 }
 
 // startReaperOn is startReaper over the connection nc, and returns the
-// reaper too.
+// reaper too, once it is ready.
 func (w *world) startReaperOn(nc *nats.Conn, cfg reaper.Config) (r *reaper.Service, stop func()) {
+	w.t.Helper()
+	r, stop = w.runReaper(nc, cfg)
+	natstest.CheckFor(w.t, patience, 10*time.Millisecond, func() error { return r.Ready(context.Background()) })
+	return r, stop
+}
+
+// runReaper runs a reaper with cfg over the buckets of w on nc until the
+// test ends, or stop, without waiting for it to be ready.
+func (w *world) runReaper(nc *nats.Conn, cfg reaper.Config) (r *reaper.Service, stop func()) {
 	w.t.Helper()
 	cfg.Buckets = w.opts
 	r, err := reaper.New(nc, cfg)
@@ -81,7 +90,6 @@ func (w *world) startReaperOn(nc *nats.Conn, cfg reaper.Config) (r *reaper.Servi
 		})
 	}
 	w.t.Cleanup(stop)
-	natstest.CheckFor(w.t, patience, 10*time.Millisecond, func() error { return r.Ready(ctx) })
 	return r, stop
 }
 
