@@ -17,12 +17,12 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // The stress test's size. It runs in CI with -race on a two-core machine,

@@ -12,9 +12,9 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system"
 )
 
 // TestNATSBackEmpty: the NATS server comes back without its storage (a

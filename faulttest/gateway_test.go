@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system"
 )
 
 // TestGatewayKilled kills a gateway process with SIGKILL on a three-node

@@ -21,11 +21,11 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system"
 )
 
 // testLogger returns the logger of the in-process service name: its lines

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system"
 )
 
 // TestNATSNodeKilled kills one node of a three-node JetStream cluster in

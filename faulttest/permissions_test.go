@@ -17,19 +17,19 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/adminclient"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/internal/testlog"
+	"github.com/greendot/greendot/system"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/webhook"
 )
 

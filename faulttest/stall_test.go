@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system"
 )
 
 // TestNATSStalled stops an out-of-process NATS server (SIGSTOP) for twice

@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // apiAnswer is what TestAPIRateLimit reads of an HTTP API answer.

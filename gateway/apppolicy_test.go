@@ -17,10 +17,10 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // appSecret is the secret the gateways under test share with the app.

@@ -3,9 +3,9 @@ package gateway_test
 import (
 	"testing"
 
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 func TestTwoUsersSeeEachOther(t *testing.T) {

@@ -7,9 +7,9 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestQuietSocketIsNotHeldForAnInterval checks the flusher's two rules

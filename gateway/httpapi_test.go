@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/web"
 )
 

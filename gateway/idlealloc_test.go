@@ -11,8 +11,8 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestIdleHeartbeatsAllocateNothing: reading the heartbeats of idle

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // leaseOf returns the key of a gateway's lease, and its record.

@@ -10,7 +10,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // garbage holds what TestMemoryGivenBackWhenQuiet lets go.

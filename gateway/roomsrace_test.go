@@ -7,10 +7,10 @@ import (
 	"testing"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // putRoomKey writes a room key of m, as its gateway would, and returns

@@ -23,9 +23,9 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // sloth is a client that stops reading: it reads what it must to set

@@ -5,9 +5,9 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestSubscribeFailureChangesNothing: a subscribe answered with error

@@ -9,10 +9,10 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // watchToken returns a valid token for sub whose watch claim is watch

@@ -20,11 +20,11 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/web"
 )
 

@@ -16,7 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/web"
 )
 

@@ -24,7 +24,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/greendot/greendot/internal/bench"
+	"github.com/greendot/greendot/cmd/greendot-bench/internal/bench"
 )
 
 func main() {

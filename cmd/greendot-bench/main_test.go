@@ -9,7 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/greendot/greendot/internal/bench"
+	"github.com/greendot/greendot/cmd/greendot-bench/internal/bench"
 )
 
 // parse runs the command's flags on args (without the program name) and

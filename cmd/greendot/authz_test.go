@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestStandaloneAppPolicy runs standalone with --policy app asking an HTTP

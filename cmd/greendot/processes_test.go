@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestProcesses runs a gateway, a reaper and a fanout as separate commands

@@ -17,10 +17,10 @@ import (
 
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // readyz returns the status and the decoded body of the standalone's GET

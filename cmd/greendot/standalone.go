@@ -16,10 +16,10 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system"
 	"github.com/greendot/greendot/web"
 	"github.com/greendot/greendot/webhook"
 )

@@ -21,11 +21,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/internal/syncbuf"
-	"github.com/greendot/greendot/internal/system"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // devReadyRE matches the line standalone mode prints when it serves with

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestWebhooksProcess runs greendot webhooks as its own command beside a

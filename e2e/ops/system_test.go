@@ -24,7 +24,6 @@ import (
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/client"
@@ -32,6 +31,7 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/webhook"
 )
 

@@ -20,10 +20,10 @@ import (
 
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/webhook"
 )
 

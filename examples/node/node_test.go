@@ -26,12 +26,12 @@ import (
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/internal/tcpproxy"
 	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // The tests run presence.js with Node.js as a child process against a

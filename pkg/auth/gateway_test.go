@@ -10,9 +10,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // TestGatewayAcceptsVerifiedTokens runs a gateway with a Verifier and

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/systest"
 	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/system/systest"
 )
 
 // roomSays describes what c knows of a room: each user with the names in

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/internal/bench"
-	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/cmd/greendot-bench/internal/bench"
+	"github.com/greendot/greendot/system"
 )
 
 // build builds the commands the bench runs as processes: greendot, whose

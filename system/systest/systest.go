@@ -19,12 +19,12 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/reaper"
+	"github.com/greendot/greendot/system"
 	"github.com/greendot/greendot/webhook"
 )
 

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/sleep"
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system"
 )
 
 // Run runs cfg.Scenario cfg.Repeat times, each on a fresh system, and

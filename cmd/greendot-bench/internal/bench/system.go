@@ -19,8 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/greendot/greendot/internal/system"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/system"
 )
 
 // readyTimeout bounds the wait for a started process to be ready.

@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/greendot/greendot/internal/system"
+	"github.com/greendot/greendot/system"
 )
 
 // workerHandle is the orchestrator's end of one worker.
