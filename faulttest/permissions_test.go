@@ -226,6 +226,25 @@ func TestPermissions(t *testing.T) {
 	expectViews(t, 10*time.Second, "busy bob again", []*liveClient{alice, carol, erin}, truth{"bob": presence.Busy})
 	// The webhooks process tells the app's backend.
 	hooks.Await(t, "bob", presence.Busy)
+	// A batch the backend refuses for good is a dead letter: the process
+	// then reads its users' records and sends their current state, which
+	// is the only way bob's newest revision, refused, reaches the backend.
+	_, rev, err := store.Status(ctx, "bob")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks.AwaitRev(t, "bob", rev)
+	hooks.Refuse("bob")
+	if err := bob.setStatus(presence.Away, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, rev, err = store.Status(ctx, "bob"); err != nil {
+		t.Fatal(err)
+	}
+	hooks.AwaitRev(t, "bob", rev)
+	if err := bob.setStatus(presence.Busy, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 
 	// The app invalidates its answers about bob through a gateway's HTTP
 	// API: the gateway publishes it, every app gateway hears it and asks

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,7 +19,7 @@ import (
 
 // HookSink is an app's webhook endpoint for tests: it keeps the events of
 // every delivery whose signature verifies with its secret, and answers 400
-// to any other.
+// to any other; told to (Refuse), it refuses a good one for good too.
 type HookSink struct {
 	// URL is where the webhooks process is to POST.
 	URL string
@@ -27,6 +28,8 @@ type HookSink struct {
 	mu     sync.Mutex
 	events []webhook.Event
 	bad    []string
+	// refuse is the user whose next delivery is refused; "" for none.
+	refuse string
 }
 
 // NewHookSink serves a HookSink that checks signatures with secret until
@@ -47,6 +50,11 @@ func NewHookSink(tb testing.TB, secret []byte) *HookSink {
 			w.WriteHeader(http.StatusBadRequest)
 			return
 		}
+		if s.refuse != "" && slices.ContainsFunc(b.Events, func(ev webhook.Event) bool { return ev.UserID == s.refuse }) {
+			s.refuse = ""
+			w.WriteHeader(http.StatusUnprocessableEntity)
+			return
+		}
 		s.events = append(s.events, b.Events...)
 	}))
 	tb.Cleanup(srv.Close)
@@ -54,9 +62,34 @@ func NewHookSink(tb testing.TB, secret []byte) *HookSink {
 	return s
 }
 
+// Refuse has the next good delivery that carries an event of user
+// answered 422, which the webhooks process takes as refused for good: its
+// batch is a dead letter.
+func (s *HookSink) Refuse(user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse = user
+}
+
 // Await waits up to 30s for an event saying user has status; a delivery
-// refused meanwhile fails the test.
+// refused meanwhile for a bad signature or body fails the test.
 func (s *HookSink) Await(tb testing.TB, user string, status presence.Status) {
+	tb.Helper()
+	s.await(tb, fmt.Sprintf("%s %s", user, status), func(ev webhook.Event) bool {
+		return ev.UserID == user && ev.Status == status
+	})
+}
+
+// AwaitRev waits up to 30s for an event of user at revision rev or a
+// later one, like Await.
+func (s *HookSink) AwaitRev(tb testing.TB, user string, rev uint64) {
+	tb.Helper()
+	s.await(tb, fmt.Sprintf("%s@%d or later", user, rev), func(ev webhook.Event) bool {
+		return ev.UserID == user && ev.Rev >= rev
+	})
+}
+
+func (s *HookSink) await(tb testing.TB, what string, match func(webhook.Event) bool) {
 	tb.Helper()
 	natstest.CheckFor(tb, 30*time.Second, 10*time.Millisecond, func() error {
 		s.mu.Lock()
@@ -64,11 +97,9 @@ func (s *HookSink) Await(tb testing.TB, user string, status presence.Status) {
 		if len(s.bad) > 0 {
 			tb.Fatalf("deliveries refused: %v", s.bad)
 		}
-		for _, ev := range s.events {
-			if ev.UserID == user && ev.Status == status {
-				return nil
-			}
+		if slices.ContainsFunc(s.events, match) {
+			return nil
 		}
-		return fmt.Errorf("no webhook event %s %s among %+v", user, status, s.events)
+		return fmt.Errorf("no webhook event %s among %+v", what, s.events)
 	})
 }
