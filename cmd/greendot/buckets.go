@@ -28,9 +28,11 @@ func bucketsCommand() *cli.Command {
 			"(the bucket keeps 10 per user, and greendot's writers wait for the copy before they would drop one\n" +
 			"not copied yet), so that a receiver outage shorter than that loses none. A writer that found no feed\n" +
 			"looks for it again after a second: create it before the webhooks processes start.\n" +
-			"It costs one more JetStream write per status change: create it only if webhooks run.",
+			"It costs one more JetStream write per status change: create it only if webhooks run. --feed also\n" +
+			"creates the bucket presence_webhook_resync, where the webhooks processes keep the users of their\n" +
+			"dead letters until their current state is sent.",
 		Flags: concat(natsFlags(), ownEnv("buckets",
-			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume, or bring it up to date"),
+			boolFlag(catProcess, "feed", "also create the stream presence_feed that greendot webhooks consume and their bucket presence_webhook_resync, or bring them up to date"),
 			durationFlag(catProcess, "feed-max-age", presence.DefaultFeedMaxAge, "how long presence_feed keeps a revision (with --feed): the longest receiver outage that loses nothing; unless it is given, an existing feed keeps its own"),
 		), logFlags()),
 		OnUsageError: usageError,
@@ -73,10 +75,21 @@ func runBuckets(c *cli.Context) error {
 		if _, err := presence.EnsureFeed(ctx, store.JetStream(), buckets, maxAge); err != nil {
 			return err
 		}
+		if _, err := presence.EnsureBucket(ctx, store.JetStream(), presence.WebhookResyncBucket, buckets); err != nil {
+			return err
+		}
+	}
+	names := []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket}
+	// The webhooks' bucket, when it exists.
+	switch _, err := store.JetStream().KeyValue(ctx, presence.WebhookResyncBucket); {
+	case err == nil:
+		names = append(names, presence.WebhookResyncBucket)
+	case !errors.Is(err, jetstream.ErrBucketNotFound):
+		return fmt.Errorf("bucket %q: %w", presence.WebhookResyncBucket, err)
 	}
 	w := tabwriter.NewWriter(c.App.Writer, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, "bucket\treplicas\thistory\tstorage\tvalues\tbytes")
-	for _, name := range []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket} {
+	for _, name := range names {
 		kv, err := store.JetStream().KeyValue(ctx, name)
 		if err != nil {
 			return fmt.Errorf("bucket %q: %w", name, err)

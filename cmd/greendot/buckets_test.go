@@ -32,19 +32,23 @@ func TestBucketsCommand(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", bad, code, stderr)
 		}
 	}
-	// With --feed, the stream presence_feed too, with its max age; then
-	// without --feed, it is still shown, as it is.
+	// With --feed, the stream presence_feed too, with its max age, and
+	// the webhooks' bucket; then without --feed, they are still shown, as
+	// they are.
 	for _, args := range [][]string{{"--feed", "--feed-max-age", "1h"}, {"--feed", "--feed-max-age", "1h"}, nil} {
 		code, stdout, stderr := runOnce(t, append([]string{"buckets", "--nats-url", url}, args...)...)
 		if code != 0 {
 			t.Fatalf("buckets %v: exit %d; stderr:\n%s", args, code, stderr)
 		}
 		lines := strings.Split(strings.TrimSpace(stdout), "\n")
-		if len(lines) != 9 || !strings.HasPrefix(lines[7], "stream ") {
+		if len(lines) != 10 || !strings.HasPrefix(lines[8], "stream ") {
 			t.Fatalf("buckets %v output:\n%s", args, stdout)
 		}
-		if f := strings.Fields(lines[8]); len(f) != 7 || f[0] != "presence_feed" || f[1] != "1" || f[2] != "1h0m0s" || f[3] != "file" {
-			t.Errorf("buckets %v: line %q, want presence_feed with 1 replica, kept 1h, on file storage", args, lines[8])
+		if f := strings.Fields(lines[6]); len(f) != 6 || f[0] != "presence_webhook_resync" || f[1] != "1" || f[3] != "file" {
+			t.Errorf("buckets %v: line %q, want presence_webhook_resync with 1 replica on file storage", args, lines[6])
+		}
+		if f := strings.Fields(lines[9]); len(f) != 7 || f[0] != "presence_feed" || f[1] != "1" || f[2] != "1h0m0s" || f[3] != "file" {
+			t.Errorf("buckets %v: line %q, want presence_feed with 1 replica, kept 1h, on file storage", args, lines[9])
 		}
 	}
 }

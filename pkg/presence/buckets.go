@@ -34,8 +34,9 @@ type BucketOptions struct {
 	// Storage is the storage type of new buckets; the zero value is file
 	// storage. An existing bucket keeps the storage it was created with.
 	Storage jetstream.StorageType
-	// MarkerTTL is the LimitMarkerTTL of ConnsBucket and RoomsBucket; zero means
-	// DefaultMarkerTTL. At least one second.
+	// MarkerTTL is the LimitMarkerTTL of ConnsBucket, RoomsBucket and
+	// WebhookResyncBucket; zero means DefaultMarkerTTL. At least one
+	// second.
 	MarkerTTL time.Duration
 }
 
@@ -94,6 +95,10 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 		cfg.LimitMarkerTTL = o.markerTTL()
 	case GraphBucket:
 		cfg.Description = "greendot: follows.<a>.<b> edges and settings.<user> privacy settings"
+	case WebhookResyncBucket:
+		// A purged key's marker carries the marker TTL, as in RoomsBucket.
+		cfg.Description = "greendot: one key per user of a webhook dead letter whose current state is still to be sent, <consumer>.<user>"
+		cfg.LimitMarkerTTL = o.markerTTL()
 	default:
 		return cfg, fmt.Errorf("unknown bucket %q", bucket)
 	}

@@ -40,6 +40,22 @@ const (
 // header (FeedRevision).
 const FeedStream = "presence_feed"
 
+// WebhookResyncBucket is the optional bucket where the webhooks processes
+// keep the users of their dead letters whose current state is still to be
+// sent: one key per consumer and user, "<consumer>.<user>" (ResyncKey),
+// its value the newest revision of the user dead-lettered
+// ({"rev":4017}), its time that of the user's last dead letter. A key is
+// written when a batch with its user is dead-lettered, and purged once
+// the user's current state went through or was given up; a process
+// reads its consumer's keys when it starts and when it is handed the
+// consumer, so that no user is forgotten when a process stops or dies.
+const WebhookResyncBucket = "presence_webhook_resync"
+
+// ResyncKey returns the WebhookResyncBucket key of a user of a dead
+// letter of consumer's; ResyncKey(consumer, ">") is the filter of all of
+// consumer's.
+func ResyncKey(consumer, userID string) string { return consumer + "." + userID }
+
 // Durable consumer names, on the streams behind the buckets ("KV_" + bucket).
 const (
 	// ReaperConsumer is the durable consumer on LeasesBucket's stream (and
