@@ -173,12 +173,17 @@ func TestPermissions(t *testing.T) {
 	defer cancel()
 
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 5 * time.Second, replicas: 3}
-	// The operator creates the feed the webhooks read, as `greendot
-	// buckets --feed` does.
+	// The operator creates the feed the webhooks read, and the bucket
+	// they keep the users of their dead letters in, as `greendot buckets
+	// --feed` does.
 	waitFor(t, 60*time.Second, "create "+presence.FeedStream, func() error {
 		short, done := context.WithTimeout(ctx, 10*time.Second)
 		defer done()
-		_, err := presence.EnsureFeed(short, store.JetStream(), presence.BucketOptions{Replicas: tm.replicas}, 0)
+		opts := presence.BucketOptions{Replicas: tm.replicas}
+		if _, err := presence.EnsureFeed(short, store.JetStream(), opts, 0); err != nil {
+			return err
+		}
+		_, err := presence.EnsureBucket(short, store.JetStream(), presence.WebhookResyncBucket, opts)
 		return err
 	})
 	url := cl.urlsAs
@@ -446,7 +451,7 @@ func TestPermissions(t *testing.T) {
 		viol.await(t, "Publish Violation", "fanout", subj)
 	})
 
-	t.Run("webhooks cannot write a bucket or touch a stream", func(t *testing.T) {
+	t.Run("webhooks cannot write a bucket but their keys of dead letters, or touch a stream", func(t *testing.T) {
 		nc := connectAs(t, cl, "webhooks")
 		js, err := jetstream.New(nc)
 		if err != nil {
@@ -466,6 +471,9 @@ func TestPermissions(t *testing.T) {
 			presence.KeySubject(presence.GraphBucket, presence.FollowKey("mallory", "bob")),
 			presence.KeySubject(presence.ConnsBucket, presence.ConnKey("bob", "forged")),
 			presence.KeySubject(presence.LeasesBucket, presence.LeaseKey("gw", "forged")),
+			// Only its own consumer's keys of the users of dead letters.
+			presence.KeySubject(presence.WebhookResyncBucket, presence.ResyncKey("another", "bob")),
+			"$JS.API.STREAM.PURGE." + presence.StreamName(presence.WebhookResyncBucket),
 			"presence.event.bob",
 			presence.PublishedSubject, // a forged report would keep the fanout from publishing
 			"$JS.API.STREAM.PURGE." + presence.FeedStream,

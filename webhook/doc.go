@@ -22,9 +22,10 @@
 // (4xx other than 408 and 429), or still failing after GiveUpAfter, is
 // dead-lettered: counted, logged with its users and revisions, and never
 // sent again. So that the endpoint does not keep those users as the dead
-// letter found them, the process remembers them (in memory, up to a bound)
-// and once the endpoint takes deliveries again sends each one's current
-// record, read from presence_status, at its current revision (see
+// letter found them, the process remembers them (up to a bound, and in
+// the bucket presence_webhook_resync, where the next process takes them
+// over) and once the endpoint takes deliveries again sends each one's
+// current record, read from presence_status, at its current revision (see
 // resync.go).
 //
 // Order: the consumer hands out at most BatchSize revisions before they

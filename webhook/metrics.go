@@ -45,7 +45,7 @@ func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
 		deadEvents: f.Counter("greendot_webhook_dead_letter_events_total",
 			"Events in the batches given up."),
 		resyncUsers: f.CounterVec("greendot_webhook_resync_users_total",
-			"Users of dead-lettered batches, by what became of them: sent (their current state delivered), superseded (a newer event of theirs delivered first), gone (no record to send), given_up (their current state still not delivered --give-up-after after their last dead letter), overflow (not remembered: the process remembered as many as it may).", "result"),
+			"Users of dead-lettered batches, by what became of them: sent (their current state delivered), superseded (a newer event of theirs delivered first), gone (no record to send), given_up (their current state still not delivered --give-up-after after their last dead letter), overflow (not remembered: the process remembered as many as it may), taken_over (remembered from presence_webhook_resync, where an earlier process, or another of the consumer's, kept them).", "result"),
 		lag: f.Histogram("greendot_webhook_lag_seconds",
 			"Time from a status record being written to the endpoint acknowledging its event.", lagBuckets),
 	}

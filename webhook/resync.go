@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -35,9 +38,15 @@ import (
 // to one, so that a user the endpoint will never take holds no other up;
 // rounds that go through grow back.
 //
-// The users are remembered in the process's memory only: a process that
-// stops forgets them (it logs them), and the process that takes over
-// never knew them; the dead-letter log lines name them.
+// The users are kept in presence_webhook_resync too, one key per consumer
+// and user (its revision, its time that of the last dead letter), written
+// with the dead letter and purged once the user is forgotten. A process
+// takes its consumer's keys when it starts and when it is handed the
+// consumer (it takes over from one that stopped or died), so that no
+// user is lost with a process. More than one process may then send a
+// user's current state, which is safe: each event carries the record's
+// current revision. A user whose key could not be written lives in the
+// process's memory only; the process logs them when it stops.
 
 // maxResync bounds how many users of dead-lettered batches a process
 // remembers; a variable so that tests can lower it.
@@ -67,6 +76,9 @@ type resync struct {
 	// endpoint takes does not bring the next round forward then.
 	refused bool
 
+	// gone are the users forgotten whose keys are still to be purged.
+	gone []string
+
 	// pending is len(users), for the metric and the info endpoint.
 	pending atomic.Int64
 }
@@ -76,6 +88,20 @@ type remembered struct {
 	rev    uint64    // the newest revision of the user dead-lettered
 	since  time.Time // when the last batch with the user was dead-lettered
 	ticket uint64    // the user's entry in the queue
+	// stored says the user's key in presence_webhook_resync says rev.
+	stored bool
+}
+
+// resyncValue is the value of a key in presence_webhook_resync.
+type resyncValue struct {
+	Rev uint64 `json:"rev"`
+}
+
+// keptUser is a user as a key in presence_webhook_resync has them.
+type keptUser struct {
+	user  string
+	rev   uint64
+	since time.Time
 }
 
 type queued struct {
@@ -107,8 +133,12 @@ func (r *resync) push(user string, m *remembered) {
 	r.pending.Store(int64(len(r.users)))
 }
 
-// forget drops a user. Once none is left the rounds start afresh.
+// forget drops a user, and notes their key for purging. Once none is left
+// the rounds start afresh.
 func (r *resync) forget(user string) {
+	if m, ok := r.users[user]; ok && m.stored {
+		r.gone = append(r.gone, user)
+	}
 	delete(r.users, user)
 	r.pending.Store(int64(len(r.users)))
 	if len(r.users) == 0 {
@@ -130,17 +160,50 @@ func (r *resync) take(n int) []string {
 	return users
 }
 
-// remember notes the users of a dead-lettered batch, and when none was
-// remembered before, has the first round go MinBackoff later. Users beyond
-// the bound are counted and logged, not remembered.
+// adopt adds the users kept in presence_webhook_resync (by this process,
+// or by another of the consumer's) that it does not remember: each as its
+// key has it, unless its last dead letter was giveUp ago or more, or the
+// bound is reached. It returns how many it added, and the users given up
+// (whose keys it notes for purging) and those beyond the bound (whose
+// keys stay), as user@rev.
+func (r *resync) adopt(kept []keptUser, now time.Time, giveUp time.Duration) (added int, gaveUp, over []string) {
+	for _, k := range kept {
+		if m, ok := r.users[k.user]; ok {
+			if k.rev >= m.rev {
+				m.rev, m.stored = k.rev, true
+			}
+			continue
+		}
+		switch {
+		case now.Sub(k.since) >= giveUp:
+			gaveUp = append(gaveUp, userRev(k.user, k.rev))
+			r.gone = append(r.gone, k.user)
+		case len(r.users) >= r.limit:
+			over = append(over, userRev(k.user, k.rev))
+		default:
+			r.push(k.user, &remembered{rev: k.rev, since: k.since, stored: true})
+			added++
+		}
+	}
+	return added, gaveUp, over
+}
+
+// remember notes the users of a dead-lettered batch, and keeps them in
+// presence_webhook_resync; when none was remembered before, it has the
+// first round go MinBackoff later. Users beyond the bound are counted and
+// logged, not remembered.
 func (s *Service) remember(batch []*item) {
+	// A user forgotten earlier and dead-lettered again keeps their key.
+	s.purgeForgotten()
 	r := &s.resync
 	now := time.Now()
-	var over []string
+	var over, touched []string
 	for _, it := range batch {
 		u := it.ev.UserID
 		if m, ok := r.users[u]; ok {
 			m.rev, m.since = max(m.rev, it.ev.Rev), now
+			m.stored = false
+			touched = append(touched, u)
 			continue
 		}
 		if len(r.users) >= r.limit {
@@ -148,7 +211,9 @@ func (s *Service) remember(batch []*item) {
 			continue
 		}
 		r.push(u, &remembered{rev: it.ev.Rev, since: now})
+		touched = append(touched, u)
 	}
+	s.keep(touched)
 	if len(over) > 0 {
 		s.metrics.resyncUsers.WithLabelValues("overflow").Add(float64(len(over)))
 		s.log.Error("webhook resync full: users of a dead letter not remembered; their current state will not be sent",
@@ -168,6 +233,7 @@ func (s *Service) resyncDelivered(batch []*item) {
 	if len(r.users) == 0 {
 		return
 	}
+	defer s.purgeForgotten()
 	for _, it := range batch {
 		if m, ok := r.users[it.ev.UserID]; ok && it.ev.Rev > m.rev {
 			r.forget(it.ev.UserID)
@@ -197,6 +263,7 @@ func (s *Service) resyncRound() bool {
 	if r.due.IsZero() || time.Now().Before(r.due) {
 		return true
 	}
+	defer s.purgeForgotten()
 	users := r.take(r.size)
 	if len(users) == 0 {
 		return true
@@ -264,7 +331,7 @@ func (s *Service) current(users []string) ([]Event, error) {
 	if store == nil {
 		return nil, ErrNotReady
 	}
-	ctx, cancel := context.WithTimeout(s.quitting, max(s.cfg.Timeout, 5*time.Second))
+	ctx, cancel := context.WithTimeout(s.quitting, s.natsTimeout())
 	defer cancel()
 	events := make([]Event, 0, len(users))
 	for _, u := range users {
@@ -351,19 +418,175 @@ func (s *Service) resyncFailed(users []string, status int, retryAfter time.Durat
 }
 
 // abandonResync logs the users still remembered when the process stops:
-// nobody will send their current state.
+// those kept in presence_webhook_resync, which the next process takes,
+// and those not, whose current state nobody will send.
 func (s *Service) abandonResync() {
 	r := &s.resync
-	if len(r.users) == 0 {
+	var lost []string
+	kept := 0
+	for u, m := range r.users {
+		if m.stored {
+			kept++
+			continue
+		}
+		lost = append(lost, userRev(u, m.rev))
+	}
+	if kept > 0 {
+		s.log.Info("webhook resync: the process stops; users whose current state is still to be sent are kept in "+
+			presence.WebhookResyncBucket+" for the next process", "count", kept)
+	}
+	if len(lost) > 0 {
+		slices.Sort(lost)
+		s.log.Error("webhook resync abandoned: the process stops; these users' current state is not sent",
+			"count", len(lost), "users", strings.Join(lost, ","))
+	}
+}
+
+// natsTimeout bounds a resync's reads and writes in NATS.
+func (s *Service) natsTimeout() time.Duration { return max(s.cfg.Timeout, 5*time.Second) }
+
+// prepare binds presence_webhook_resync, creating it if it is missing, and
+// takes the users the consumer's processes kept there, before the process
+// becomes ready.
+func (s *Service) prepare(ctx context.Context) error {
+	kv, err := presence.EnsureBucket(ctx, *s.js.Load(), presence.WebhookResyncBucket, s.cfg.Buckets)
+	if err != nil {
+		return fmt.Errorf("%w (the webhooks processes keep the users of their dead letters there: `greendot buckets --feed` creates it)", err)
+	}
+	s.resyncKV = kv
+	kept, err := s.listKept(ctx)
+	if err != nil {
+		return err
+	}
+	s.takeKept(kept)
+	return nil
+}
+
+// reloadResync takes the users kept in presence_webhook_resync again, for
+// a process just handed the consumer: the one before it may have kept
+// more since this one started.
+func (s *Service) reloadResync() {
+	if s.resyncKV == nil {
 		return
 	}
-	users := make([]string, 0, len(r.users))
-	for u, m := range r.users {
-		users = append(users, userRev(u, m.rev))
+	ctx, cancel := context.WithTimeout(s.quitting, s.natsTimeout())
+	defer cancel()
+	kept, err := s.listKept(ctx)
+	if err != nil {
+		if s.quitting.Err() == nil {
+			s.log.Warn("webhook resync: cannot read the users kept by the processes before this one; the next start takes them", "err", err)
+		}
+		return
 	}
-	slices.Sort(users)
-	s.log.Error("webhook resync abandoned: the process stops; these users' current state is not sent",
-		"count", len(users), "users", strings.Join(users, ","))
+	s.takeKept(kept)
+}
+
+// listKept reads the consumer's keys in presence_webhook_resync. A key
+// that names no user, or whose value is not a resyncValue, is logged and
+// left.
+func (s *Service) listKept(ctx context.Context) ([]keptUser, error) {
+	bad := func(err error) error {
+		return fmt.Errorf("read %s: %w", presence.WebhookResyncBucket, err)
+	}
+	w, err := s.resyncKV.WatchFiltered(ctx, []string{presence.ResyncKey(s.cfg.Consumer, ">")}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, bad(err)
+	}
+	defer func() { _ = w.Stop() }()
+	prefix := presence.ResyncKey(s.cfg.Consumer, "")
+	var kept []keptUser
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, bad(errors.New("the listing stopped"))
+			}
+			if e == nil {
+				return kept, nil
+			}
+			user, _ := strings.CutPrefix(e.Key(), prefix)
+			var v resyncValue
+			if err := json.Unmarshal(e.Value(), &v); err != nil || !presence.ValidUserID(user) || v.Rev == 0 {
+				s.log.Warn("webhook resync: ignoring a key that is not a user's", "bucket", presence.WebhookResyncBucket, "key", e.Key(), "value", string(e.Value()))
+				continue
+			}
+			kept = append(kept, keptUser{user: user, rev: v.Rev, since: e.Created()})
+		case <-ctx.Done():
+			return nil, bad(ctx.Err())
+		}
+	}
+}
+
+// takeKept remembers the users kept that this process does not, gives up
+// those whose last dead letter is GiveUpAfter old, and has a round go at
+// once if it took any.
+func (s *Service) takeKept(kept []keptUser) {
+	r := &s.resync
+	now := time.Now()
+	added, gaveUp, over := r.adopt(kept, now, s.cfg.GiveUpAfter)
+	defer s.purgeForgotten()
+	if added > 0 {
+		s.metrics.resyncUsers.WithLabelValues("taken_over").Add(float64(added))
+		s.log.Info("webhook resync: users of earlier dead letters taken over from "+presence.WebhookResyncBucket,
+			"count", added, "remembered", len(r.users))
+		r.due, r.backoff, r.refused = now, s.cfg.MinBackoff, false
+	}
+	if len(gaveUp) > 0 {
+		s.metrics.resyncUsers.WithLabelValues("given_up").Add(float64(len(gaveUp)))
+		s.log.Error("webhook resync given up: users' current state not delivered", "count", len(gaveUp), "users", strings.Join(gaveUp, ","))
+	}
+	if len(over) > 0 {
+		s.metrics.resyncUsers.WithLabelValues("overflow").Add(float64(len(over)))
+		s.log.Error("webhook resync full: users kept by an earlier process not remembered; their keys stay for the next start",
+			"limit", r.limit, "count", len(over), "users", strings.Join(over, ","))
+	}
+}
+
+// keep writes the keys of users just remembered. A user whose key is not
+// written stays remembered in memory only.
+func (s *Service) keep(users []string) {
+	if s.resyncKV == nil || len(users) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.quitting, s.natsTimeout())
+	defer cancel()
+	for i, u := range users {
+		m, ok := s.resync.users[u]
+		if !ok || m.stored {
+			continue
+		}
+		val, _ := json.Marshal(resyncValue{Rev: m.rev}) // cannot fail
+		if _, err := s.resyncKV.Put(ctx, presence.ResyncKey(s.cfg.Consumer, u), val); err != nil {
+			s.log.Warn("webhook resync: cannot keep users of a dead letter in "+presence.WebhookResyncBucket+
+				"; they are remembered by this process only", "err", err, "users", len(users)-i)
+			return
+		}
+		m.stored = true
+	}
+}
+
+// purgeForgotten purges the keys of the users forgotten. A key left (NATS
+// failed) costs a later process one more send of the user's current state.
+func (s *Service) purgeForgotten() {
+	r := &s.resync
+	if len(r.gone) == 0 {
+		return
+	}
+	gone := r.gone
+	r.gone = nil
+	store := s.store.Load()
+	if s.resyncKV == nil || store == nil || s.quitting.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.quitting, s.natsTimeout())
+	defer cancel()
+	for i, u := range gone {
+		if err := s.resyncKV.Purge(ctx, presence.ResyncKey(s.cfg.Consumer, u), jetstream.PurgeTTL(store.MarkerTTL())); err != nil {
+			s.log.Warn("webhook resync: cannot purge the keys of users forgotten; a later process sends their current state again",
+				"bucket", presence.WebhookResyncBucket, "err", err, "users", len(gone)-i)
+			return
+		}
+	}
 }
 
 // keysOf names events as user@rev, for logs.

@@ -3,6 +3,7 @@ package webhook_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -10,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
@@ -284,19 +287,101 @@ func TestResyncGivenUp(t *testing.T) {
 	})
 }
 
-// TestResyncAbandonedOnStop: a process that stops while it remembers users
-// logs them: nobody will send their current state.
-func TestResyncAbandonedOnStop(t *testing.T) {
+// keptRev returns the revision alice's key in presence_webhook_resync
+// says for the consumer "webhooks", or 0 when it has none.
+func (e *env) keptRev(t *testing.T, user string) uint64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	kv, err := e.store.JetStream().KeyValue(ctx, presence.WebhookResyncBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry, err := kv.Get(ctx, presence.ResyncKey(presence.WebhooksConsumer, user))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Rev uint64 `json:"rev"`
+	}
+	if err := json.Unmarshal(entry.Value(), &v); err != nil {
+		t.Fatalf("%s %s: %v", presence.WebhookResyncBucket, entry.Key(), err)
+	}
+	return v.Rev
+}
+
+// TestResyncKeptForTheNextProcess: a process that stops while it
+// remembers a user of a dead letter leaves them in
+// presence_webhook_resync; the next process takes them and sends their
+// current state once the endpoint takes deliveries, and their key goes.
+func TestResyncKeptForTheNextProcess(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
-	rc.down(http.StatusBadRequest)
-	r := start(t, e, rc, fast())
+	down := rc.down(http.StatusBadRequest)
+	one := start(t, e, rc, fast())
 	a1 := e.put(t, "alice", presence.Online, 1, 100)
-	r.awaitMetric(t, "greendot_webhook_resync_pending_users", 1)
-	r.stop(t)
-	if logs := r.logs.String(); !strings.Contains(logs, "resync abandoned") || !strings.Contains(logs, at("alice", a1)) {
-		t.Errorf("logs do not name %s as abandoned:\n%s", at("alice", a1), logs)
+	one.awaitMetric(t, "greendot_webhook_resync_pending_users", 1)
+	if rev := e.keptRev(t, "alice"); rev != a1 {
+		t.Fatalf("alice's key says revision %d, want %d", rev, a1)
 	}
+	one.stop(t)
+	if logs := one.logs.String(); strings.Contains(logs, "resync abandoned") || !strings.Contains(logs, "kept in "+presence.WebhookResyncBucket) {
+		t.Errorf("the logs do not say alice is kept for the next process:\n%s", logs)
+	}
+
+	down.Store(false)
+	two := start(t, e, rc, fast())
+	got := rc.waitAccepted(t, at("alice", a1))
+	if want := []string{at("alice", a1)}; !slices.Equal(keys(got), want) {
+		t.Errorf("accepted %v, want %v: alice's current state, sent by the second process", keys(got), want)
+	}
+	two.awaitMetric(t, "greendot_webhook_resync_users_total", 1, "result", "taken_over")
+	two.awaitMetric(t, "greendot_webhook_resync_users_total", 1, "result", "sent")
+	two.awaitMetric(t, "greendot_webhook_resync_pending_users", 0)
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		if rev := e.keptRev(t, "alice"); rev != 0 {
+			return fmt.Errorf("alice's key still says %d", rev)
+		}
+		return nil
+	})
+}
+
+// TestResyncTakenOverByTheNextPinned: of two processes on the consumer,
+// the one serving it dead-letters alice and stops; the other, started
+// before the dead letter, takes her from presence_webhook_resync once it
+// is handed the consumer, and sends her current state.
+func TestResyncTakenOverByTheNextPinned(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	down := rc.down(http.StatusBadRequest)
+	procs := []*running{start(t, e, rc, fast()), start(t, e, rc, fast())}
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	var serving, other *running
+	natstest.CheckFor(t, wait, 10*time.Millisecond, func() error {
+		for i, r := range procs {
+			if r.metric("greendot_webhook_resync_pending_users") == 1 {
+				serving, other = r, procs[1-i]
+				return nil
+			}
+		}
+		return errors.New("neither remembers alice")
+	})
+	if rev := e.keptRev(t, "alice"); rev != a1 {
+		t.Fatalf("alice's key says revision %d, want %d", rev, a1)
+	}
+	serving.stop(t)
+
+	down.Store(false)
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	got := rc.waitAccepted(t, at("alice", a1), at("bob", b1))
+	if !slices.Contains(keys(got), at("alice", a1)) {
+		t.Errorf("accepted %v, want alice's current state among them", keys(got))
+	}
+	other.awaitMetric(t, "greendot_webhook_resync_users_total", 1, "result", "taken_over")
+	other.awaitMetric(t, "greendot_webhook_resync_users_total", 1, "result", "sent")
 }
 
 // TestResyncTwoCopies: with two processes on the consumer, the one that

@@ -42,8 +42,10 @@ type Service struct {
 	// buckets are open.
 	store atomic.Pointer[presence.Store]
 	// pin is the id the server last pinned this process with, as its
-	// messages carry it; nil before the first.
-	pin atomic.Pointer[string]
+	// messages carry it; nil before the first. repinned says it changed
+	// since work last looked: this process was handed the consumer.
+	pin      atomic.Pointer[string]
+	repinned atomic.Bool
 
 	// order holds back revisions received ahead of some that a process
 	// which died held, and passes them on in the order of the stream.
@@ -60,8 +62,11 @@ type Service struct {
 	// handed back or given up: those a delivery under way keeps alive.
 	held held
 	// resync remembers the users of dead-lettered batches until their
-	// current state is delivered (see resync.go). Only work touches it.
-	resync resync
+	// current state is delivered (see resync.go), and resyncKV keeps them
+	// (presence_webhook_resync), bound by prepare before work starts.
+	// Only work touches them.
+	resync   resync
+	resyncKV jetstream.KeyValue
 	// quit is closed when the process starts stopping: a delivery under
 	// way is abandoned and its revisions handed back.
 	quit     chan struct{}
@@ -157,9 +162,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			s.js.Store(&js)
 			s.store.Store(store)
 		},
-		Work:   s.work,
-		Handle: s.handle,
-		Loops:  []func(context.Context){s.watchStop, s.hold},
+		Prepare: s.prepare,
+		Work:    s.work,
+		Handle:  s.handle,
+		Loops:   []func(context.Context){s.watchStop, s.hold},
 	})
 	if err != nil {
 		stop()
@@ -206,7 +212,10 @@ const pinIDHeader = "Nats-Pin-Id"
 func (s *Service) handle(msg jetstream.Msg) {
 	s.metrics.revisions.Inc()
 	if id := msg.Headers().Get(pinIDHeader); id != "" {
-		s.pin.Store(&id)
+		if p := s.pin.Load(); p == nil || *p != id {
+			s.pin.Store(&id)
+			s.repinned.Store(true)
+		}
 	}
 	meta, err := msg.Metadata()
 	if err != nil {
@@ -275,6 +284,11 @@ func (s *Service) work(ctx context.Context) {
 	stopProgress := s.keepInProgress()
 	defer stopProgress()
 	for {
+		// Handed the consumer, this process takes over the users the
+		// one before it kept.
+		if s.repinned.Swap(false) {
+			s.reloadResync()
+		}
 		batch, ok := s.collect()
 		if !ok {
 			break

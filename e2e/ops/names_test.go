@@ -33,11 +33,11 @@ func TestOperationsPageNames(t *testing.T) {
 		if b == protocol.TypePresenceBatch || b == protocol.TypePresenceInit {
 			continue // frames of the client protocol
 		}
-		if !slices.Contains(buckets, b) && b != presence.FeedStream {
-			t.Errorf("bucket %s: not one of %v, nor the stream %s", b, buckets, presence.FeedStream)
+		if !slices.Contains(buckets, b) && b != presence.FeedStream && b != presence.WebhookResyncBucket {
+			t.Errorf("bucket %s: not one of %v, nor the webhooks' stream %s or bucket %s", b, buckets, presence.FeedStream, presence.WebhookResyncBucket)
 		}
 	}
-	for _, b := range append(slices.Clone(buckets), presence.FeedStream) {
+	for _, b := range append(slices.Clone(buckets), presence.FeedStream, presence.WebhookResyncBucket) {
 		if !strings.Contains(text, "`"+b+"`") {
 			t.Errorf("bucket or stream %s is not documented", b)
 		}
