@@ -13,7 +13,7 @@ COPY . .
 ARG VERSION=0.1.0
 # Static: no C library at run time, so it runs on any base image.
 RUN CGO_ENABLED=0 go build -trimpath \
-      -ldflags "-s -w -X github.com/greendot/greendot/internal/version.stamp=${VERSION}" \
+      -ldflags "-s -w -X github.com/greendot/greendot/pkg/version.stamp=${VERSION}" \
       -o /out/greendot ./cmd/greendot
 
 FROM alpine:3.22

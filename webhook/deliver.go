@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greendot/greendot/internal/version"
 	"github.com/greendot/greendot/pkg/signature"
+	"github.com/greendot/greendot/pkg/version"
 )
 
 // Headers of a delivery besides signature.Header.

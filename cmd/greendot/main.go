@@ -12,7 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/greendot/greendot/internal/version"
+	"github.com/greendot/greendot/pkg/version"
 )
 
 func main() {

@@ -15,8 +15,8 @@ import (
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/syncbuf"
-	"github.com/greendot/greendot/internal/version"
 	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/version"
 )
 
 // TestVersion: greendot --version prints the one version of the build,

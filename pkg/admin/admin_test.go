@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/internal/natstest"
-	"github.com/greendot/greendot/internal/version"
 	"github.com/greendot/greendot/pkg/admin"
+	"github.com/greendot/greendot/pkg/version"
 )
 
 func TestParseUserRequest(t *testing.T) {

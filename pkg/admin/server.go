@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/greendot/greendot/internal/version"
+	"github.com/greendot/greendot/pkg/version"
 )
 
 // DefaultTimeout bounds the work of one admin request unless its Endpoint

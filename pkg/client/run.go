@@ -14,7 +14,6 @@ import (
 
 	"github.com/gobwas/ws"
 
-	"github.com/greendot/greendot/internal/sleep"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -57,11 +56,13 @@ func (c *Client) dial(ctx context.Context) (*Conn, error) {
 func (c *Client) open(ctx context.Context, wait time.Duration, attempt *int, notify func(Disconnected)) (*Conn, error) {
 	var last error
 	for failed := 0; ; {
-		if err := sleep.For(ctx, wait); err != nil {
+		select {
+		case <-ctx.Done():
 			if last != nil {
-				return nil, fmt.Errorf("%w; last attempt: %w", err, last)
+				return nil, fmt.Errorf("%w; last attempt: %w", ctx.Err(), last)
 			}
-			return nil, err
+			return nil, ctx.Err()
+		case <-time.After(wait):
 		}
 		conn, err := c.dial(ctx)
 		if err == nil {

@@ -5,7 +5,7 @@
 //
 // The version comes from the build. A release build stamps it:
 //
-//	go build -ldflags "-X github.com/greendot/greendot/internal/version.stamp=1.2.3" ./cmd/greendot
+//	go build -ldflags "-X github.com/greendot/greendot/pkg/version.stamp=1.2.3" ./cmd/greendot
 //
 // as the Dockerfile does. Otherwise it is the main module's version in the
 // binary's build information: its tag (v1.2.3) when built as a module

@@ -7,7 +7,7 @@ import (
 )
 
 // stamp is the version a build sets with -ldflags "-X
-// github.com/greendot/greendot/internal/version.stamp=1.2.3"; empty means
+// github.com/greendot/greendot/pkg/version.stamp=1.2.3"; empty means
 // the build information's.
 var stamp string
 
