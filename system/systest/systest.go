@@ -3,6 +3,9 @@
 // gateways on loopback listeners, each process kind over its own NATS
 // connection, as in production (assembled by package system). Tests talk to
 // it with real WebSocket clients (package client) and the HTTP API.
+//
+// It is the harness of greendot's own tests, not an interface of the
+// product: it changes with them.
 package systest
 
 import (
