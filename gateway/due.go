@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,10 +32,13 @@ type dueRing struct {
 	mu sync.Mutex
 	// slots[t % len] holds the connections due on tick t, for the ticks
 	// from next on; a connection whose due is another tick (it was put
-	// earlier since) or that is closed is left over, and skipped. (One
-	// that ended is held until its tick, at most the ring's span, where
-	// finding it in its slot would cost every end a walk of the slot.)
+	// earlier since, or it ended) is left over, and skipped.
 	slots [][]*conn
+	// stale counts each slot's left-overs; a slot that is half left-overs
+	// is compacted, so that an ended connection is let go soon, not held
+	// until its tick (up to the ring's span), for the price of a walk of
+	// the slot per as many ends as it has live connections.
+	stale []int
 	// next is the tick to look at next.
 	next int64
 	// spare is a slot's emptied slice, kept for the next slot taken.
@@ -54,6 +58,7 @@ func newDueRing(step, span time.Duration, now int64) *dueRing {
 		step:  int64(step),
 		base:  now - int64(step),
 		slots: make([][]*conn, n),
+		stale: make([]int, n),
 		next:  1,
 	}
 }
@@ -69,12 +74,42 @@ func (d *dueRing) at(c *conn, t int64) {
 		tick = d.next
 	}
 	tick = min(max(tick, d.next), d.next+int64(len(d.slots))-1)
-	if c.due != 0 && c.due <= tick {
+	// A connection that ended is not put back (ended, which its end calls
+	// after closing it, has taken it out or will).
+	if c.due != 0 && c.due <= tick || c.closed.Load() {
 		return
 	}
+	was := c.due
 	c.due = tick
 	i := tick % int64(len(d.slots))
 	d.slots[i] = append(d.slots[i], c)
+	if was != 0 {
+		d.leftOver(was)
+	}
+}
+
+// ended takes c out of the ring: its connection ended.
+func (d *dueRing) ended(c *conn) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c.due == 0 {
+		return
+	}
+	was := c.due
+	c.due = 0
+	d.leftOver(was)
+}
+
+// leftOver counts a left-over entry in tick's slot, and compacts the slot
+// once half of it is left-overs. The caller holds d.mu.
+func (d *dueRing) leftOver(tick int64) {
+	i := tick % int64(len(d.slots))
+	d.stale[i]++
+	if 2*d.stale[i] < len(d.slots[i]) {
+		return
+	}
+	d.slots[i] = slices.DeleteFunc(d.slots[i], func(c *conn) bool { return c.due != tick || c.closed.Load() })
+	d.stale[i] = 0
 }
 
 // take returns the connections due on the next tick, if its time (at or
@@ -90,6 +125,7 @@ func (d *dueRing) take(now int64, buf []*conn) (_ []*conn, ok bool) {
 	i := tick % int64(len(d.slots))
 	slot := d.slots[i]
 	d.slots[i] = d.spare
+	d.stale[i] = 0
 	d.next++
 	for j, c := range slot {
 		if c.due == tick && !c.closed.Load() {

@@ -147,3 +147,37 @@ func TestDueRingRun(t *testing.T) {
 		}
 	})
 }
+
+// TestDueRingLetsEndedGo: connections that end, or move to an earlier
+// tick, leave their slot once they are half of it, so that the ring holds
+// no ended connection for long; those still due are handed out as before.
+func TestDueRingLetsEndedGo(t *testing.T) {
+	d := newDueRing(time.Duration(ringStep), time.Second, t0)
+	at := t0 + 500*int64(time.Millisecond)
+	slot := func() []*conn { return d.slots[(at-d.base)/d.step%int64(len(d.slots))] }
+	var conns []*conn
+	for range 10 {
+		c := &conn{}
+		d.at(c, at)
+		conns = append(conns, c)
+	}
+	for _, c := range conns[:4] {
+		c.closed.Store(true)
+		d.ended(c)
+	}
+	if n := len(slot()); n != 10 {
+		t.Fatalf("slot of %d after 4 of 10 ended, want 10: it is compacted at half", n)
+	}
+	d.at(conns[4], t0+100*int64(time.Millisecond)) // an earlier deadline
+	if n := len(slot()); n != 5 {
+		t.Fatalf("slot of %d after 5 of 10 left, want the 5 due", n)
+	}
+	if held := slot()[:cap(slot())]; slices.ContainsFunc(held, func(c *conn) bool { return c != nil && c.due != (at-d.base)/d.step }) {
+		t.Errorf("the slot's array still holds connections that left it")
+	}
+	if got := takeAt(d, at); !slices.Equal(got, append([]*conn{conns[4]}, conns[5:]...)) {
+		t.Errorf("handed out %d, want the moved one, then the 5 due", len(got))
+	}
+	// An ended connection not in the ring changes nothing.
+	d.ended(conns[0])
+}

@@ -535,6 +535,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	}
 	s.hub.RemoveWatcher(c)
 	s.hideRooms(c)
+	s.due.ended(c)
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
 	if s.log.Enabled(context.Background(), levelDebug) {
