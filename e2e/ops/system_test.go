@@ -61,7 +61,10 @@ type scene struct {
 func startScene(t *testing.T) *scene {
 	t.Helper()
 	srv := natstest.RunServerWithOptions(t, &server.Options{HTTPHost: "127.0.0.1", HTTPPort: -1})
-	sys := systest.Start(t, systest.Options{Server: srv, NoReaper: true, NoFanout: true})
+	// The page's recipes wait for no expiry: a TTL of 5 s, where the
+	// tests' 1 s lease could run out while a loaded machine pauses, and
+	// take bob's registration with it.
+	sys := systest.Start(t, systest.Options{Server: srv, NoReaper: true, NoFanout: true, Gateway: gateway.Config{ConnTTL: 5 * time.Second}})
 	sc := &scene{t: t, sys: sys, srv: srv, nc: sys.NC, gw1: sys.Gateway()}
 	sc.gw2 = sys.StartGateway(gateway.Config{})
 
