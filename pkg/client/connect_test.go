@@ -1053,3 +1053,72 @@ func TestWriteTimeoutEndsTheConnection(t *testing.T) {
 		return nil
 	})
 }
+
+// TestUnsubscribeAllKeepsTheUsersWatchedOneByOne: bob watches alice one by
+// one and everyone; UnsubscribeAll forgets carol, whom he watched only
+// through everyone, and the gateway tells him no more of her, while alice
+// stays watched. Self has bob's own state.
+func TestUnsubscribeAllKeepsTheUsersWatchedOneByOne(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	g := sys.Gateway()
+	alice := connect(t, g, "alice", fast)
+	carol := connect(t, g, "carol", fast)
+	bob := connect(t, g, "bob", fast)
+	if err := bob.c.Subscribe("alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bob.c.SubscribeAll(); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("carol", presence.Online)
+	natstest.CheckFor(t, waitFor, 10*time.Millisecond, func() error {
+		if s := bob.c.Self(); s.Status != presence.Online || s.Devices != 1 {
+			return fmt.Errorf("Self() = %+v, want online on 1 device", s)
+		}
+		if _, ok := bob.c.Presence("alice"); !ok {
+			return errors.New("no presence of alice")
+		}
+		return nil
+	})
+
+	if err := bob.c.UnsubscribeAll(); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := bob.c.Presence("carol"); ok {
+		t.Errorf("Presence(carol) = %+v after UnsubscribeAll, want forgotten", p)
+	}
+	if _, ok := bob.c.Presence("alice"); !ok {
+		t.Error("Presence(alice) forgotten by UnsubscribeAll; she is watched one by one")
+	}
+	// The gateway handles a socket's requests in order: once dave's
+	// subscription is answered, so is the unsubscribe.
+	if err := bob.c.Subscribe("dave"); err != nil {
+		t.Fatal(err)
+	}
+	bob.await("dave's snapshot", func(ev client.Event) bool {
+		s, ok := ev.(client.Snapshot)
+		return ok && slices.ContainsFunc(s.Users, func(p presence.Presence) bool { return p.UserID == "dave" })
+	})
+	from := len(bob.seen)
+	if err := carol.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, waitFor, 10*time.Millisecond, func() error {
+		if rec, err := sys.StatusOf("carol"); err != nil || rec.Status != presence.Busy {
+			return fmt.Errorf("carol is %+v (%v), want busy", rec, err)
+		}
+		return nil
+	})
+	if err := alice.c.SetStatus(presence.Busy); err != nil {
+		t.Fatal(err)
+	}
+	bob.awaitStatus("alice", presence.Busy)
+	for _, ev := range bob.seen[from:] {
+		if says(ev, "carol", presence.Busy) {
+			t.Errorf("bob heard of carol after UnsubscribeAll: %s", describe([]client.Event{ev}))
+		}
+	}
+	if p, ok := bob.c.Presence("carol"); ok {
+		t.Errorf("Presence(carol) = %+v, want forgotten", p)
+	}
+}
