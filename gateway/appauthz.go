@@ -81,8 +81,8 @@ func (s *Service) invalidated(ctx context.Context, data []byte) {
 // signed with the app secret, published on InvalidateSubject for every
 // gateway. The source address is limited as for the rest of the API,
 // before the signature is checked.
-func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
-	if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r)) {
+func (a *api) postInvalidate(w http.ResponseWriter, r *http.Request) {
+	if !a.allowAPI(w, a.byAddr, "address", sourceAddress(r)) {
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4<<10))
@@ -90,7 +90,7 @@ func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "bad_request", "body over 4 KiB")
 		return
 	}
-	if err := signature.Verify(s.cfg.AppSecret, r.Header.Get(signature.Header), body, time.Now(), 0); err != nil {
+	if err := signature.Verify(a.cfg.AppSecret, r.Header.Get(signature.Header), body, time.Now(), 0); err != nil {
 		writeError(w, http.StatusUnauthorized, "unauthorized", err.Error())
 		return
 	}
@@ -103,12 +103,12 @@ func (s *Service) postInvalidate(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	data, err := json.Marshal(inv)
 	if err == nil {
-		if err = s.nc.Publish(InvalidateSubject, data); err == nil {
-			err = s.nc.FlushWithContext(ctx)
+		if err = a.nc.Publish(InvalidateSubject, data); err == nil {
+			err = a.nc.FlushWithContext(ctx)
 		}
 	}
 	if err != nil {
-		s.unavailableHTTP(w, fmt.Errorf("publish %s: %w", InvalidateSubject, err))
+		a.unavailable(w, fmt.Errorf("publish %s: %w", InvalidateSubject, err))
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "published"})

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"sort"
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,35 +30,61 @@ import (
 // considers.
 const maxFriends = 5000
 
-// httpHandler returns the gateway's HTTP API.
-func (s *Service) httpHandler() http.Handler {
-	mux := http.NewServeMux()
-	s.handleProbes(mux, true)
-	// Each API path answers its method, a preflight, and any other
-	// method 405; a path under /api/ that is none of them answers 404.
-	api := func(method, path string, h http.HandlerFunc) {
-		mux.HandleFunc(method+" "+path, h)
-		mux.HandleFunc(path, s.otherMethod(method))
-	}
-	api("GET", "/api/presence/users/{id}", s.authed(s.getUser))
-	api("POST", "/api/presence/query", s.authed(s.query))
-	api("GET", "/api/presence/online", s.authed(s.getOnline))
-	api("GET", "/api/presence/friends", s.authed(s.getFriends))
-	api("GET", "/api/rooms/{room}", s.authed(s.getRoom))
-	if s.cfg.Policy == PolicyApp && len(s.cfg.AppSecret) > 0 {
-		api("POST", InvalidatePath, s.postInvalidate)
+// api is the gateway's HTTP API: users' presence, global presence, the
+// friends list and rooms' members, for the same identities, origins and
+// authorization as the WebSocket, each request limited per source address
+// and per identity. It takes what it uses of the gateway, which builds it
+// once its parts are open.
+type api struct {
+	// nc publishes the app's invalidations.
+	nc      *nats.Conn
+	cfg     *Config
+	log     *slog.Logger
+	metrics *gatewayMetrics
+	// byAddr and byUser limit the requests per source address and per
+	// identity.
+	byAddr, byUser *keyrate.Limiter
+	authz          *authz.Authorizer
+	store          *presence.Store
+	// online is global presence; nil but under the everyone policy.
+	online *onlineIndex
+
+	// authenticate and checkOrigin are the WebSocket's (Service's):
+	// who a request is, and whether its page's origin may ask.
+	authenticate func(*credentials) (identity, error)
+	checkOrigin  func(*credentials) error
+	// presenceOf reads a user's presence (Service.presenceOf).
+	presenceOf func(ctx context.Context, userID string) (presence.Presence, uint64, int64, error)
+	// ready says whether the gateway serves.
+	ready func() bool
+}
+
+// routes has mux answer the API's paths (the app's invalidations under
+// the app policy with a secret), and a path under /api/ that is none of
+// them with 404.
+func (a *api) routes(mux *http.ServeMux) {
+	a.route(mux, "GET", "/api/presence/users/{id}", a.authed(a.getUser))
+	a.route(mux, "POST", "/api/presence/query", a.authed(a.query))
+	a.route(mux, "GET", "/api/presence/online", a.authed(a.getOnline))
+	a.route(mux, "GET", "/api/presence/friends", a.authed(a.getFriends))
+	a.route(mux, "GET", "/api/rooms/{room}", a.authed(a.getRoom))
+	if a.cfg.Policy == PolicyApp && len(a.cfg.AppSecret) > 0 {
+		a.route(mux, "POST", InvalidatePath, a.postInvalidate)
 	}
 	mux.HandleFunc("/api/", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodOptions {
-			s.preflight(w, r)
+			a.preflight(w, r)
 			return
 		}
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("the API has nothing at %s", r.URL.Path))
 	})
-	if s.cfg.Static != nil {
-		mux.Handle("/", s.cfg.Static)
-	}
-	return mux
+}
+
+// route has mux answer path: method with h, a preflight, and any other
+// method with 405.
+func (a *api) route(mux *http.ServeMux, method, path string, h http.HandlerFunc) {
+	mux.HandleFunc(method+" "+path, h)
+	mux.HandleFunc(path, a.otherMethod(method))
 }
 
 // apiError is the body of every error answer.
@@ -66,16 +94,12 @@ type apiError struct {
 }
 
 // handleProbes has mux answer GET /healthz (200 while the process runs),
-// GET /readyz (200 when the gateway, or Config.Readyz, says it is ready
-// and it serves; 503 with the reason otherwise) and GET /metrics.
-func (s *Service) handleProbes(mux *http.ServeMux, serving bool) {
+// GET /readyz (200 when ready says so and the gateway serves; 503 with
+// the reason otherwise) and GET /metrics, from gathered.
+func handleProbes(mux *http.ServeMux, ready func(context.Context) error, gathered prometheus.Gatherer, serving bool) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	ready := s.Ready
-	if s.cfg.Readyz != nil {
-		ready = s.cfg.Readyz
-	}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		err := ready(r.Context())
 		if err == nil && !serving {
@@ -87,10 +111,6 @@ func (s *Service) handleProbes(mux *http.ServeMux, serving bool) {
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
 	})
-	var gathered prometheus.Gatherer = s.reg
-	if s.cfg.Metrics != nil {
-		gathered = s.cfg.Metrics
-	}
 	mux.Handle("GET /metrics", metrics.Handler(gathered))
 }
 
@@ -114,12 +134,12 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 // authed authenticates an API request (the same identities as the
 // WebSocket: a bearer token, ?token=, or ?user= with dev auth) and allows
 // browsers from allowed origins.
-func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) http.HandlerFunc {
+func (a *api) authed(h func(http.ResponseWriter, *http.Request, identity)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		// A page of an allowed origin may read every answer, refusals
 		// and their Retry-After included.
 		cr, err := credentialsFromHTTP(r)
-		originErr := s.checkOrigin(&cr)
+		originErr := a.checkOrigin(&cr)
 		if cr.hasOrigin && originErr == nil {
 			hdr := w.Header()
 			hdr.Set("Access-Control-Allow-Origin", cr.origin)
@@ -128,7 +148,7 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 		}
 		// The source address is limited before anything is verified, so
 		// a flood of bad tokens costs little; the identity after.
-		if !s.allowAPI(w, s.apiByAddr, "address", sourceAddress(r)) {
+		if !a.allowAPI(w, a.byAddr, "address", sourceAddress(r)) {
 			return
 		}
 		if err == nil {
@@ -136,16 +156,16 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 		}
 		var id identity
 		if err == nil {
-			id, err = s.authenticate(&cr)
+			id, err = a.authenticate(&cr)
 		}
 		if err != nil {
 			writeError(w, httpStatus(err), errorCode(err), err.Error())
 			return
 		}
-		if !s.allowAPI(w, s.apiByUser, "identity", id.userID) {
+		if !a.allowAPI(w, a.byUser, "identity", id.userID) {
 			return
 		}
-		if !s.ready.Load() {
+		if !a.ready() {
 			writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is not ready")
 			return
 		}
@@ -160,7 +180,7 @@ func (s *Service) authed(h func(http.ResponseWriter, *http.Request, identity)) h
 // Retry-After (whole seconds, at least 1) and reports false. by names the
 // limit, "identity" (key is a user id) or "address", in the metrics and
 // the message.
-func (s *Service) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key string) bool {
+func (a *api) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key string) bool {
 	ok, wait := l.Allow(key, time.Now())
 	if ok {
 		return true
@@ -169,7 +189,7 @@ func (s *Service) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key st
 	if by == "identity" {
 		who = "user " + key
 	}
-	s.metrics.apiLimited.WithLabelValues(by).Inc()
+	a.metrics.apiLimited.WithLabelValues(by).Inc()
 	secs := max(1, int((wait+time.Second-1)/time.Second))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	writeError(w, http.StatusTooManyRequests, protocol.CodeRateLimited,
@@ -186,9 +206,9 @@ func sourceAddress(r *http.Request) string {
 }
 
 // preflight answers CORS preflight requests for the API.
-func (s *Service) preflight(w http.ResponseWriter, r *http.Request) {
+func (a *api) preflight(w http.ResponseWriter, r *http.Request) {
 	cr, _ := credentialsFromHTTP(r)
-	if !cr.hasOrigin || s.checkOrigin(&cr) != nil {
+	if !cr.hasOrigin || a.checkOrigin(&cr) != nil {
 		writeError(w, http.StatusForbidden, "forbidden_origin", "origin not allowed")
 		return
 	}
@@ -203,14 +223,14 @@ func (s *Service) preflight(w http.ResponseWriter, r *http.Request) {
 
 // otherMethod answers a request to an API path that takes method with
 // another one: a preflight, or 405 naming the methods the path takes.
-func (s *Service) otherMethod(method string) http.HandlerFunc {
+func (a *api) otherMethod(method string) http.HandlerFunc {
 	allow := method + ", OPTIONS"
 	if method == http.MethodGet {
 		allow = "GET, HEAD, OPTIONS"
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodOptions {
-			s.preflight(w, r)
+			a.preflight(w, r)
 			return
 		}
 		w.Header().Set("Allow", allow)
@@ -226,25 +246,25 @@ func appUnavailableHTTP(w http.ResponseWriter) {
 }
 
 // unavailable answers a request whose NATS work failed.
-func (s *Service) unavailableHTTP(w http.ResponseWriter, err error) {
-	s.log.Warn("api request failed", "err", err)
+func (a *api) unavailable(w http.ResponseWriter, err error) {
+	a.log.Warn("api request failed", "err", err)
 	writeError(w, http.StatusServiceUnavailable, "unavailable", "presence state is unavailable right now; try again")
 }
 
 // visiblePresence reads target's presence as watcher may see it, or the
 // reason watcher may not.
-func (s *Service) visiblePresence(ctx context.Context, watcher, target string) (presence.Presence, string, error) {
+func (a *api) visiblePresence(ctx context.Context, watcher, target string) (presence.Presence, string, error) {
 	if !presence.ValidUserID(target) {
 		return presence.Presence{}, protocol.ReasonInvalidUserID, nil
 	}
-	d, err := s.authz.Decide(ctx, watcher, target)
+	d, err := a.authz.Decide(ctx, watcher, target)
 	if err != nil {
 		return presence.Presence{}, "", err
 	}
 	if !d.Allowed {
 		return presence.Presence{}, d.Reason, nil
 	}
-	ps, err := s.readPresence(ctx, []hub.Grant{{User: target, LastSeen: d.LastSeen}})
+	ps, err := a.readPresence(ctx, []hub.Grant{{User: target, LastSeen: d.LastSeen}})
 	if err != nil {
 		return presence.Presence{}, "", err
 	}
@@ -253,13 +273,13 @@ func (s *Service) visiblePresence(ctx context.Context, watcher, target string) (
 
 // readPresence reads the presence of the granted users in parallel, as
 // their grants let the caller see it.
-func (s *Service) readPresence(ctx context.Context, grants []hub.Grant) ([]presence.Presence, error) {
+func (a *api) readPresence(ctx context.Context, grants []hub.Grant) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(grants))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
 	for i, gr := range grants {
 		g.Go(func() error {
-			p, _, _, err := s.presenceOf(gctx, gr.User)
+			p, _, _, err := a.presenceOf(gctx, gr.User)
 			if !gr.LastSeen {
 				p.LastSeen = 0
 			}
@@ -271,12 +291,12 @@ func (s *Service) readPresence(ctx context.Context, grants []hub.Grant) ([]prese
 }
 
 // getUser answers GET /api/presence/users/{id}.
-func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
+func (a *api) getUser(w http.ResponseWriter, r *http.Request, id identity) {
 	target := r.PathValue("id")
-	p, reason, err := s.visiblePresence(r.Context(), id.userID, target)
+	p, reason, err := a.visiblePresence(r.Context(), id.userID, target)
 	switch {
 	case err != nil:
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 	case reason == protocol.ReasonAuthorizationUnavailable:
 		appUnavailableHTTP(w)
 	case reason == protocol.ReasonInvalidUserID:
@@ -290,7 +310,7 @@ func (s *Service) getUser(w http.ResponseWriter, r *http.Request, id identity) {
 
 // getRoom answers GET /api/rooms/{room}: the room's members, as a
 // room_state would show them, to whoever may join the room.
-func (s *Service) getRoom(w http.ResponseWriter, r *http.Request, id identity) {
+func (a *api) getRoom(w http.ResponseWriter, r *http.Request, id identity) {
 	roomID := r.PathValue("room")
 	switch {
 	case !presence.ValidRoomID(roomID):
@@ -301,12 +321,12 @@ func (s *Service) getRoom(w http.ResponseWriter, r *http.Request, id identity) {
 		writeError(w, http.StatusForbidden, protocol.ReasonNotAllowed, fmt.Sprintf("%s may not see room %s (the token's rooms claim does not name it)", id.userID, roomID))
 		return
 	}
-	entries, err := s.store.RoomMembers(r.Context(), roomID)
+	entries, err := a.store.RoomMembers(r.Context(), roomID)
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snapshotOf(roomID, entries, s.cfg.RoomMembersMax))
+	writeJSON(w, http.StatusOK, snapshotOf(roomID, entries, a.cfg.RoomMembersMax))
 }
 
 // denialText says what a denial reason means.
@@ -353,11 +373,11 @@ type deniedEntry struct {
 }
 
 // query answers POST /api/presence/query.
-func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
+func (a *api) query(w http.ResponseWriter, r *http.Request, id identity) {
 	var req queryRequest
 	// 64 KiB, or what MaxQueryIDs of the longest ids take, with room for
 	// spaces between them.
-	limit := max(64<<10, s.cfg.MaxQueryIDs*(presence.MaxUserIDLen+8))
+	limit := max(64<<10, a.cfg.MaxQueryIDs*(presence.MaxUserIDLen+8))
 	body := http.MaxBytesReader(w, r.Body, int64(limit))
 	dec := json.NewDecoder(body)
 	if err := dec.Decode(&req); err != nil {
@@ -378,8 +398,8 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 		writeError(w, http.StatusBadRequest, "bad_request", `body must be {"user_ids": ["...", ...]}: "user_ids" is missing`)
 		return
 	}
-	if len(req.UserIDs.ids) > s.cfg.MaxQueryIDs {
-		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("at most %d user ids per query", s.cfg.MaxQueryIDs))
+	if len(req.UserIDs.ids) > a.cfg.MaxQueryIDs {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("at most %d user ids per query", a.cfg.MaxQueryIDs))
 		return
 	}
 	resp := queryResponse{Users: []presence.Presence{}, Denied: []deniedEntry{}}
@@ -397,9 +417,9 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 		valid = append(valid, u)
 	}
 	ctx := r.Context()
-	decisions, err := s.authz.DecideAll(ctx, id.userID, valid)
+	decisions, err := a.authz.DecideAll(ctx, id.userID, valid)
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
 	var grants []hub.Grant
@@ -414,9 +434,9 @@ func (s *Service) query(w http.ResponseWriter, r *http.Request, id identity) {
 		}
 		grants = append(grants, hub.Grant{User: valid[i], LastSeen: d.LastSeen})
 	}
-	users, err := s.readPresence(ctx, grants)
+	users, err := a.readPresence(ctx, grants)
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
 	resp.Users = append(resp.Users, users...)
@@ -437,23 +457,23 @@ func limitParam(r *http.Request, def, max int) (int, error) {
 }
 
 // getOnline answers GET /api/presence/online (global presence).
-func (s *Service) getOnline(w http.ResponseWriter, r *http.Request, id identity) {
-	if !s.authz.Everyone() {
+func (a *api) getOnline(w http.ResponseWriter, r *http.Request, id identity) {
+	if !a.authz.Everyone() {
 		writeError(w, http.StatusForbidden, protocol.ReasonNotAllowed, "global presence needs the everyone policy")
 		return
 	}
-	limit, err := limitParam(r, s.cfg.OnlineLimit, s.cfg.OnlineLimit)
+	limit, err := limitParam(r, a.cfg.OnlineLimit, a.cfg.OnlineLimit)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
-	users, count, err := s.online.list(limit)
+	users, count, err := a.online.list(limit)
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
 	for i := range users {
-		if !s.authz.ShowLastSeen(r.Context(), id.userID, users[i].UserID) {
+		if !a.authz.ShowLastSeen(r.Context(), id.userID, users[i].UserID) {
 			users[i].LastSeen = 0
 		}
 	}
@@ -465,25 +485,25 @@ func (s *Service) getOnline(w http.ResponseWriter, r *http.Request, id identity)
 
 // getFriends answers GET /api/presence/friends: the caller's mutual
 // followers, online first, then by last_seen, newest first.
-func (s *Service) getFriends(w http.ResponseWriter, r *http.Request, id identity) {
+func (a *api) getFriends(w http.ResponseWriter, r *http.Request, id identity) {
 	limit, err := limitParam(r, 50, 500)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
-	grants, err := s.authz.Friends(r.Context(), id.userID, maxFriends)
+	grants, err := a.authz.Friends(r.Context(), id.userID, maxFriends)
 	if errors.Is(err, authz.ErrAppUnavailable) {
-		s.log.Warn("friends list", "user_id", id.userID, "err", err)
+		a.log.Warn("friends list", "user_id", id.userID, "err", err)
 		appUnavailableHTTP(w)
 		return
 	}
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
-	friends, err := s.readPresence(r.Context(), grants)
+	friends, err := a.readPresence(r.Context(), grants)
 	if err != nil {
-		s.unavailableHTTP(w, err)
+		a.unavailable(w, err)
 		return
 	}
 	sort.SliceStable(friends, func(i, j int) bool {

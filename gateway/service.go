@@ -651,6 +651,42 @@ func isTemporary(err error) bool {
 	return errors.As(err, &t) && t.Temporary()
 }
 
+// httpHandler returns what the gateway's listener serves over HTTP: the
+// probes, the API and Config.Static.
+func (s *Service) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	handleProbes(mux, s.readyz(), s.gathered(), true)
+	a := &api{
+		nc: s.nc, cfg: &s.cfg, log: s.log, metrics: s.metrics,
+		byAddr: s.apiByAddr, byUser: s.apiByUser,
+		authz: s.authz, store: s.store, online: s.online,
+		authenticate: s.authenticate, checkOrigin: s.checkOrigin,
+		presenceOf: s.presenceOf, ready: s.ready.Load,
+	}
+	a.routes(mux)
+	if s.cfg.Static != nil {
+		mux.Handle("/", s.cfg.Static)
+	}
+	return mux
+}
+
+// readyz is what /readyz asks: Config.Readyz, or Ready.
+func (s *Service) readyz() func(context.Context) error {
+	if s.cfg.Readyz != nil {
+		return s.cfg.Readyz
+	}
+	return s.Ready
+}
+
+// gathered is what /metrics serves: Config.Metrics, or the gateway's
+// registry.
+func (s *Service) gathered() prometheus.Gatherer {
+	if s.cfg.Metrics != nil {
+		return s.cfg.Metrics
+	}
+	return s.reg
+}
+
 // answerWithin is how long an HTTP request may take to decide its answer:
 // a NATS request's time, or a question to the app's, whichever is longer.
 // What it waits for past that answers 503.

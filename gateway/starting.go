@@ -34,7 +34,7 @@ func (s *Service) serveStarting(ln net.Listener) (stop func()) {
 		return func() {}
 	}
 	mux := http.NewServeMux()
-	s.handleProbes(mux, false)
+	handleProbes(mux, s.readyz(), s.gathered(), false)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, "unavailable", "the gateway is starting; try again")
