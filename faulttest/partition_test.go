@@ -48,7 +48,9 @@ func (p *proxy) partition() {
 func (p *proxy) heal() { p.SetTarget(p.target) }
 
 // TestGatewayPartitioned cuts a gateway off NATS for three times its lease
-// TTL while its users stay connected to it. Its lease ends, and a reaper
+// TTL or more while its users stay connected to it: its HTTP API answers
+// 503 unavailable once its read of NATS has taken the 10 s it may (the
+// partition lasts that long). Its lease ends, and a reaper
 // rightly takes its users out of their records: watchers on another
 // gateway see them offline. Once the partition heals, the gateway finds
 // its lease gone, takes a new one and registers its users again: they are
@@ -98,6 +100,19 @@ func TestGatewayPartitioned(t *testing.T) {
 
 	px.partition()
 	cutAt := time.Now()
+	// Its HTTP API answers 503 unavailable once a read of NATS has taken
+	// the time it may (10 s), and nothing from a cache.
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Get(cutOff.HTTP + "/api/presence/users/" + users[0] + "?user=" + watcherIDs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct{ Error string }
+	err = json.NewDecoder(resp.Body).Decode(&answer)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || err != nil || answer.Error != "unavailable" {
+		t.Errorf("GET a user's presence while cut off: %d %+v (%v), want 503 unavailable", resp.StatusCode, answer, err)
+	}
+	t.Logf("the cut-off gateway's API answered %d after %v", resp.StatusCode, time.Since(cutAt).Round(time.Millisecond))
 	for _, u := range users {
 		want[u] = presence.Offline
 	}
