@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
@@ -113,6 +114,11 @@ func startFuzzGateway(f *testing.F) *fuzzGateway {
 		ConnTTL:   5 * time.Minute,
 		RateLimit: 1e6,
 		RateBurst: 1e6,
+		// In memory: a fuzzing worker still busy with an input when the
+		// fuzzing ends is killed before its cleanups, and leaves its NATS
+		// server's store directory behind: a few empty directories, not
+		// the buckets' files.
+		Buckets: presence.BucketOptions{Storage: jetstream.MemoryStorage},
 	})
 	if err != nil {
 		f.Fatal(err)
