@@ -214,11 +214,8 @@ func (s *Service) remember(batch []*item) {
 		touched = append(touched, u)
 	}
 	s.keep(touched)
-	if len(over) > 0 {
-		s.metrics.resyncUsers.WithLabelValues("overflow").Add(float64(len(over)))
-		s.log.Error("webhook resync full: users of a dead letter not remembered; their current state will not be sent",
-			"limit", r.limit, "count", len(over), "users", strings.Join(over, ","))
-	}
+	s.unsent("overflow", "webhook resync full: users of a dead letter not remembered; their current state will not be sent",
+		over, "limit", r.limit)
 	if r.due.IsZero() && len(r.users) > 0 {
 		r.backoff = s.cfg.MinBackoff
 		r.due = now.Add(r.backoff)
@@ -405,11 +402,7 @@ func (s *Service) resyncFailed(users []string, status int, retryAfter time.Durat
 			r.push(u, m)
 		}
 	}
-	if len(gaveUp) > 0 {
-		s.metrics.resyncUsers.WithLabelValues("given_up").Add(float64(len(gaveUp)))
-		s.log.Error("webhook resync given up: users' current state not delivered", "status", status,
-			"count", len(gaveUp), "users", strings.Join(gaveUp, ","))
-	}
+	s.unsent("given_up", "webhook resync given up: users' current state not delivered", gaveUp, "status", status)
 	if len(r.users) == 0 {
 		return
 	}
@@ -440,6 +433,16 @@ func (s *Service) abandonResync() {
 		s.log.Error("webhook resync abandoned: the process stops; these users' current state is not sent",
 			"count", len(lost), "users", strings.Join(lost, ","))
 	}
+}
+
+// unsent counts under result the users (user@rev) whose current state
+// this process will not send, and logs them with msg and attrs.
+func (s *Service) unsent(result, msg string, users []string, attrs ...any) {
+	if len(users) == 0 {
+		return
+	}
+	s.metrics.resyncUsers.WithLabelValues(result).Add(float64(len(users)))
+	s.log.Error(msg, append(attrs, "count", len(users), "users", strings.Join(users, ","))...)
 }
 
 // natsTimeout bounds a resync's reads and writes in NATS.
@@ -531,15 +534,9 @@ func (s *Service) takeKept(kept []keptUser) {
 			"count", added, "remembered", len(r.users))
 		r.due, r.backoff, r.refused = now, s.cfg.MinBackoff, false
 	}
-	if len(gaveUp) > 0 {
-		s.metrics.resyncUsers.WithLabelValues("given_up").Add(float64(len(gaveUp)))
-		s.log.Error("webhook resync given up: users' current state not delivered", "count", len(gaveUp), "users", strings.Join(gaveUp, ","))
-	}
-	if len(over) > 0 {
-		s.metrics.resyncUsers.WithLabelValues("overflow").Add(float64(len(over)))
-		s.log.Error("webhook resync full: users kept by an earlier process not remembered; their keys stay for the next start",
-			"limit", r.limit, "count", len(over), "users", strings.Join(over, ","))
-	}
+	s.unsent("given_up", "webhook resync given up: users' current state not delivered", gaveUp)
+	s.unsent("overflow", "webhook resync full: users kept by an earlier process not remembered; their keys stay for the next start",
+		over, "limit", r.limit)
 }
 
 // keep writes the keys of users just remembered. A user whose key is not
