@@ -179,12 +179,7 @@ func TestPermissions(t *testing.T) {
 	waitFor(t, 60*time.Second, "create "+presence.FeedStream, func() error {
 		short, done := context.WithTimeout(ctx, 10*time.Second)
 		defer done()
-		opts := presence.BucketOptions{Replicas: tm.replicas}
-		if _, err := presence.EnsureFeed(short, store.JetStream(), opts, 0); err != nil {
-			return err
-		}
-		_, err := presence.EnsureBucket(short, store.JetStream(), presence.WebhookResyncBucket, opts)
-		return err
+		return presence.EnsureWebhooks(short, store.JetStream(), presence.BucketOptions{Replicas: tm.replicas}, 0)
 	})
 	url := cl.urlsAs
 	startReaper(t, url("reaper"), "reaper", tm)

@@ -72,10 +72,7 @@ func runBuckets(c *cli.Context) error {
 		return err
 	}
 	if feed {
-		if _, err := presence.EnsureFeed(ctx, store.JetStream(), buckets, maxAge); err != nil {
-			return err
-		}
-		if _, err := presence.EnsureBucket(ctx, store.JetStream(), presence.WebhookResyncBucket, buckets); err != nil {
+		if err := presence.EnsureWebhooks(ctx, store.JetStream(), buckets, maxAge); err != nil {
 			return err
 		}
 	}

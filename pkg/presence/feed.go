@@ -137,3 +137,15 @@ func FeedRevision(h nats.Header) (uint64, bool) {
 	}
 	return rev, true
 }
+
+// EnsureWebhooks creates, or brings up to date, what the webhooks
+// processes use besides greendot's buckets: FeedStream (as EnsureFeed
+// does, with maxAge) and WebhookResyncBucket. `greendot buckets --feed`
+// runs it. It is idempotent.
+func EnsureWebhooks(ctx context.Context, js jetstream.JetStream, o BucketOptions, maxAge time.Duration) error {
+	if _, err := EnsureFeed(ctx, js, o, maxAge); err != nil {
+		return err
+	}
+	_, err := EnsureBucket(ctx, js, WebhookResyncBucket, o)
+	return err
+}
