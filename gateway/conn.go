@@ -81,7 +81,7 @@ type conn struct {
 // ends.
 type connEnv struct {
 	handler frameHandler
-	// flushRooms writes the connection's room frames (Service.flushRooms).
+	// flushRooms writes the connection's room frames (memberships.flush).
 	flushRooms func(c *conn, buf []byte) []byte
 	scheduler  *outbox.Scheduler
 	metrics    *gatewayMetrics

@@ -66,7 +66,7 @@ func (s *Service) deliverSelf(ev *presence.SelfEvent) {
 func (s *Service) handSelf(ev *presence.SelfEvent) {
 	for _, c := range s.registry.userConns(ev.UserID) {
 		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
-		s.roomStatus(c, ev.Rev, ev.Status)
+		s.members.status(c, ev.Rev, ev.Status)
 	}
 }
 

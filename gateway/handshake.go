@@ -240,7 +240,7 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	// scheduler meanwhile, by another device's change, is taken here
 	// too, and the scheduler then finds it empty.)
 	c.box.AddSelf(self.rev, self.status, self.devices)
-	s.roomStatus(c, self.rev, self.status)
+	s.members.status(c, self.rev, self.status)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,
 		UserID:              c.userID,

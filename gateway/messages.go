@@ -2,15 +2,12 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/gobwas/ws"
 
-	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
@@ -61,13 +58,13 @@ func (s *Service) message(c *conn, payload []byte) bool {
 	case protocol.TypeSubscribe:
 		s.queueSubscribe(c, &m)
 	case protocol.TypeJoin:
-		s.joinMessage(c, &m)
+		s.members.joinMessage(c, &m)
 	case protocol.TypeRoomUpdate:
-		s.roomUpdateMessage(c, &m, now)
+		s.members.updateMessage(c, &m, now)
 	case protocol.TypeLeave:
-		s.leaveMessage(c, &m)
+		s.members.leaveMessage(c, &m)
 	case protocol.TypeTyping, protocol.TypeSignal:
-		s.signalMessage(c, &m, now)
+		s.members.signalMessage(c, &m, now)
 	case protocol.TypeUnsubscribe:
 		if c.queued() {
 			s.queueSubscribe(c, &m)
@@ -126,52 +123,6 @@ func (s *Service) limited(c *conn, now int64) bool {
 	return c.open()
 }
 
-// sendError writes an error frame.
-func (s *Service) sendError(c *conn, id, code, message string) {
-	s.send(c, protocol.TypeError, &protocol.Error{Type: protocol.TypeError, ID: id, Code: code, Message: message})
-}
-
-// sendDenied writes a denied frame.
-func (s *Service) sendDenied(c *conn, id, userID, reason string) {
-	s.send(c, protocol.TypeDenied, &protocol.Denied{Type: protocol.TypeDenied, ID: id, UserID: userID, Reason: reason})
-}
-
-// send writes one frame of type typ.
-func (s *Service) send(c *conn, typ string, v any) {
-	c.sock.Lock()
-	defer c.sock.Unlock()
-	_ = s.sendLocked(c, typ, v)
-}
-
-// errWriteFailed is sendLocked's error when the write failed (and ended
-// the connection).
-var errWriteFailed = errors.New("write to the socket failed")
-
-// sendLocked writes one frame of type typ; the caller holds the socket's
-// write lock. A failed write ends the connection.
-func (s *Service) sendLocked(c *conn, typ string, v any) error {
-	data, err := json.Marshal(v)
-	if err != nil {
-		s.log.Error("encode frame", "type", typ, "err", err)
-		return err
-	}
-	if !c.writeLocked(data) {
-		return errWriteFailed
-	}
-	s.metrics.msgsOut.WithLabelValues(typ).Inc()
-	return nil
-}
-
-// reply answers a message whose NATS work failed with an unavailable
-// error; it does nothing when err is nil.
-func (s *Service) reply(c *conn, id string, err error) {
-	if err == nil || errors.Is(err, hub.ErrClosed) || !c.open() {
-		return
-	}
-	s.log.Warn("request failed", "user_id", c.userID, "conn_id", c.connID, "err", err)
-	s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now; try again")
-}
-
 // reauth takes a fresh token for the connection.
 func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 	fail := func(msg string) {
@@ -206,8 +157,8 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 	// allows are left, with room_denied frames, in order with the
 	// connection's other room requests.
 	c.roomGrant.Store(rooms)
-	if !s.enqueue(c, func(context.Context) { s.revokeRooms(c) }) {
-		s.workers.Go(func() { s.revokeRooms(c) })
+	if !s.enqueue(c, func(context.Context) { s.members.revoke(c) }) {
+		s.workers.Go(func() { s.members.revoke(c) })
 	}
 	if s.cfg.Policy == PolicyToken {
 		// The new watch claim replaces the old one: the subscriptions it

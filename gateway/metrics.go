@@ -127,15 +127,10 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	m.natsDrops = f.CounterVec("greendot_gateway_nats_drops_total",
 		"Times NATS dropped messages of a subscription because the gateway fell behind (a slow consumer), by kind: event (a watched user's state is read again), self (the gateway's users' own states are read again), room_event (the room is listed again), room_signal (lost).", "kind")
 	f.GaugeFunc("greendot_gateway_rooms",
-		"Rooms with a member connected to this gateway (a member table and two NATS subscriptions each).", func() float64 {
-			if s.rooms == nil {
-				return 0
-			}
-			return float64(s.rooms.len())
-		})
+		"Rooms with a member connected to this gateway (a member table and two NATS subscriptions each).", func() float64 { return float64(s.rooms.len()) })
 	f.GaugeFunc("greendot_gateway_room_memberships",
 		"Rooms joined by this gateway's connections, one per connection and room.",
-		func() float64 { return float64(s.roomMemberships.Load()) })
+		func() float64 { return float64(s.members.count.Load()) })
 	m.heartbeatMsgs = m.msgsIn.WithLabelValues(protocol.TypeHeartbeat)
 	m.sentSelf = m.msgsOut.WithLabelValues(protocol.TypeSelf)
 	m.sentBatch = m.msgsOut.WithLabelValues(protocol.TypePresenceBatch)

@@ -7,13 +7,47 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 )
+
+// memberships is the part of the gateway that puts its connections in
+// rooms: it handles their join, room_update, leave, typing and signal
+// messages, has each connection's keys in presence_rooms say what they
+// must (writeKeys), and writes the connections' room frames. The rooms'
+// member tables are the hub's. It is safe for concurrent use.
+type memberships struct {
+	frames
+	cfg      Config
+	nc       *nats.Conn
+	hub      *roomHub
+	registry *registry
+	// enqueue queues a request of a connection, in order with its
+	// others, and reports false when too many wait (Service.enqueue).
+	enqueue func(c *conn, fn func(context.Context)) bool
+
+	// Set by opened, once the buckets are open and the lease is made.
+	store *presence.Store
+	keys  *registrar
+
+	// count is the rooms joined by the gateway's connections, for the
+	// metrics.
+	count atomic.Int64
+}
+
+// opened gives the part, and the hub, the buckets and the registrar,
+// whose lease its keys are written under; before any connection is
+// served.
+func (ms *memberships) opened(store *presence.Store, keys *registrar) {
+	ms.store, ms.keys = store, keys
+	ms.hub.store = store
+}
 
 // connRooms are the rooms a connection joined, and its writer of their
 // keys in presence_rooms. A key is written, under the gateway's lease,
@@ -84,31 +118,31 @@ func (c *conn) joinedRooms() []*room {
 	return out
 }
 
-// flushRooms writes a room_diff for each room of c that changed, and a
+// flush writes a room_diff for each room of c that changed, and a
 // room_signal for each with signals waiting for c; buf is scratch space,
 // returned for reuse. The caller holds the socket's write lock. It stops
 // at the first write that fails, which ends c.
-func (s *Service) flushRooms(c *conn, buf []byte) []byte {
+func (ms *memberships) flush(c *conn, buf []byte) []byte {
 	for _, r := range c.joinedRooms() {
 		if d := r.takeDiff(c); d != nil {
 			data, err := json.Marshal(d)
 			if err != nil {
-				s.log.Error("encode room_diff", "room", r.id, "err", err)
-			} else if !s.writeRoomFrame(c, data, s.metrics.sentRoomDiff) {
+				ms.log.Error("encode room_diff", "room", r.id, "err", err)
+			} else if !ms.writeFrame(c, data, ms.metrics.sentRoomDiff) {
 				return buf
 			}
 		}
 		var ok bool
-		if buf, ok = r.appendSignals(buf[:0], c); ok && !s.writeRoomFrame(c, buf, s.metrics.sentRoomSignal) {
+		if buf, ok = r.appendSignals(buf[:0], c); ok && !ms.writeFrame(c, buf, ms.metrics.sentRoomSignal) {
 			return buf
 		}
 	}
 	return buf
 }
 
-// writeRoomFrame writes one room frame, counted in sent, and reports
+// writeFrame writes one room frame, counted in sent, and reports
 // whether it was written; the caller holds the socket's write lock.
-func (s *Service) writeRoomFrame(c *conn, data []byte, sent prometheus.Counter) bool {
+func (ms *memberships) writeFrame(c *conn, data []byte, sent prometheus.Counter) bool {
 	if !c.writeLocked(data) {
 		return false
 	}
@@ -116,9 +150,9 @@ func (s *Service) writeRoomFrame(c *conn, data []byte, sent prometheus.Counter) 
 	return true
 }
 
-// checkRoom answers a room message whose room id is not one, or not
+// check answers a room message whose room id is not one, or not
 // allowed, with room_denied; it reports whether the room is fine.
-func (s *Service) checkRoom(c *conn, m *protocol.ClientMessage) bool {
+func (ms *memberships) check(c *conn, m *protocol.ClientMessage) bool {
 	reason := ""
 	switch {
 	case !presence.ValidRoomID(m.Room):
@@ -128,13 +162,13 @@ func (s *Service) checkRoom(c *conn, m *protocol.ClientMessage) bool {
 	default:
 		return true
 	}
-	s.sendRoomDenied(c, m.ID, m.Room, reason)
+	ms.deny(c, m.ID, m.Room, reason)
 	return false
 }
 
-// roomMeta returns a message's meta as stored: a JSON object ({} when
+// meta returns a message's meta as stored: a JSON object ({} when
 // there is none), compacted, at most RoomMetaMax bytes.
-func (s *Service) roomMeta(raw json.RawMessage) (json.RawMessage, error) {
+func (ms *memberships) meta(raw json.RawMessage) (json.RawMessage, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return json.RawMessage("{}"), nil
@@ -146,63 +180,63 @@ func (s *Service) roomMeta(raw json.RawMessage) (json.RawMessage, error) {
 	if err := json.Compact(&buf, raw); err != nil {
 		return nil, errors.New(`field "meta" must be a JSON object`)
 	}
-	if buf.Len() > s.cfg.RoomMetaMax {
-		return nil, fmt.Errorf(`field "meta" is %d bytes: at most %d (--room-meta-max)`, buf.Len(), s.cfg.RoomMetaMax)
+	if buf.Len() > ms.cfg.RoomMetaMax {
+		return nil, fmt.Errorf(`field "meta" is %d bytes: at most %d (--room-meta-max)`, buf.Len(), ms.cfg.RoomMetaMax)
 	}
 	return buf.Bytes(), nil
 }
 
-// queueRoom queues a room request for c, in order with its others, or
+// queue queues a room request for c, in order with its others, or
 // refuses it when too many wait.
-func (s *Service) queueRoom(c *conn, id string, fn func(context.Context)) {
-	if !s.enqueue(c, fn) {
-		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
-		s.sendError(c, id, protocol.CodeRateLimited, fmt.Sprintf("too many requests in progress: at most %d wait for an answer", maxQueued))
+func (ms *memberships) queue(c *conn, id string, fn func(context.Context)) {
+	if !ms.enqueue(c, fn) {
+		ms.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+		ms.sendError(c, id, protocol.CodeRateLimited, fmt.Sprintf("too many requests in progress: at most %d wait for an answer", maxQueued))
 	}
 }
 
 // joinMessage handles join: it checks the room and the meta, and queues
 // the join.
-func (s *Service) joinMessage(c *conn, m *protocol.ClientMessage) {
-	if !s.checkRoom(c, m) {
+func (ms *memberships) joinMessage(c *conn, m *protocol.ClientMessage) {
+	if !ms.check(c, m) {
 		return
 	}
-	meta, err := s.roomMeta(m.Meta)
+	meta, err := ms.meta(m.Meta)
 	if err != nil {
-		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
 		return
 	}
 	id, roomID := m.ID, m.Room
-	s.queueRoom(c, id, func(ctx context.Context) { s.join(ctx, c, id, roomID, meta) })
+	ms.queue(c, id, func(ctx context.Context) { ms.join(ctx, c, id, roomID, meta) })
 }
 
 // join makes c a member of a room (or changes its meta there), waits for
 // its key, and answers with the room's state; or answers room_denied if
 // c's grant no longer allows the room.
-func (s *Service) join(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) {
+func (ms *memberships) join(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) {
 	c.rooms.turn.Lock()
 	defer c.rooms.turn.Unlock()
 	// The grant was checked when the join was queued; an auth renewal may
 	// have replaced it since, and its revocation may have run already.
 	if !c.roomGrant.Load().allows(roomID) {
-		s.sendRoomDenied(c, id, roomID, protocol.ReasonNotAllowed)
+		ms.deny(c, id, roomID, protocol.ReasonNotAllowed)
 		return
 	}
-	jr, gen, err := s.joinedRoom(ctx, c, id, roomID, meta)
+	jr, gen, err := ms.joinedRoom(ctx, c, id, roomID, meta)
 	if err != nil || jr == nil {
-		s.reply(c, id, err)
+		ms.reply(c, id, err)
 		return
 	}
-	s.awaitRoomKey(ctx, c, jr, gen)
+	ms.awaitKey(ctx, c, jr, gen)
 	c.box.Hold()
 	defer c.release()
-	st := jr.room.show(c, id, s.cfg.RoomMembersMax)
+	st := jr.room.show(c, id, ms.cfg.RoomMembersMax)
 	if !c.open() {
-		jr.room.hide(c) // ended meanwhile: hideRooms may have run before show
+		jr.room.hide(c) // ended meanwhile: hide may have run before show
 		return
 	}
-	s.send(c, protocol.TypeRoomState, st)
-	s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomState).Inc()
+	ms.send(c, protocol.TypeRoomState, st)
+	ms.metrics.roomFrames.WithLabelValues(protocol.TypeRoomState).Inc()
 }
 
 // joinedRoom sets c's meta in a room, making c's entry of the room (and
@@ -211,32 +245,32 @@ func (s *Service) join(ctx context.Context, c *conn, id, roomID string, meta jso
 // returns nil, after a room_denied, when c is in as many rooms as it may
 // be. The entry is changed under the same lock that finds it: the writer
 // may drop a left room's entry at any moment.
-func (s *Service) joinedRoom(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) (*joinedRoom, uint64, error) {
+func (ms *memberships) joinedRoom(ctx context.Context, c *conn, id, roomID string, meta json.RawMessage) (*joinedRoom, uint64, error) {
 	c.rooms.mu.Lock()
 	if jr := c.rooms.joined[roomID]; jr != nil && !jr.left {
 		defer c.rooms.mu.Unlock()
-		return jr, s.setRoomMetaLocked(c, jr, meta), nil
+		return jr, ms.setMetaLocked(c, jr, meta), nil
 	}
-	full := c.rooms.countLocked() >= s.cfg.MaxRoomsPerConn
+	full := c.rooms.countLocked() >= ms.cfg.MaxRoomsPerConn
 	c.rooms.mu.Unlock()
 	if full {
-		s.sendRoomDenied(c, id, roomID, protocol.ReasonTooManyRooms)
+		ms.deny(c, id, roomID, protocol.ReasonTooManyRooms)
 		return nil, 0, nil
 	}
-	r, err := s.rooms.acquire(ctx, roomID)
+	r, err := ms.hub.acquire(ctx, roomID)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: room %q: %v", ErrUnavailable, roomID, err)
 	}
 	c.rooms.mu.Lock()
 	defer c.rooms.mu.Unlock()
 	if c.rooms.ended || !c.open() {
-		s.rooms.release(r)
+		ms.hub.release(r)
 		return nil, 0, nil
 	}
 	jr := c.rooms.joined[roomID]
 	if jr != nil {
 		// Left, and its key not yet gone: it is joined again as it is.
-		s.rooms.release(r)
+		ms.hub.release(r)
 		jr.left, jr.since = false, 0
 	} else {
 		if c.rooms.joined == nil {
@@ -244,27 +278,27 @@ func (s *Service) joinedRoom(ctx context.Context, c *conn, id, roomID string, me
 		}
 		jr = &joinedRoom{room: r, changed: make(chan struct{})}
 		c.rooms.joined[roomID] = jr
-		s.roomMemberships.Add(1)
+		ms.count.Add(1)
 	}
-	return jr, s.setRoomMetaLocked(c, jr, meta), nil
+	return jr, ms.setMetaLocked(c, jr, meta), nil
 }
 
-// setRoomMetaLocked sets c's meta in a room joined, has the writer write
+// setMetaLocked sets c's meta in a room joined, has the writer write
 // it, and returns the change's number; the caller holds c.rooms.mu.
-func (s *Service) setRoomMetaLocked(c *conn, jr *joinedRoom, meta json.RawMessage) uint64 {
+func (ms *memberships) setMetaLocked(c *conn, jr *joinedRoom, meta json.RawMessage) uint64 {
 	if jr.since == 0 {
 		jr.since = time.Now().UnixMilli()
 	}
 	jr.meta = meta
 	jr.gen++
-	s.kickRoomsLocked(c)
+	ms.kickLocked(c)
 	return jr.gen
 }
 
-// awaitRoomKey waits until c's key in a room says meta change gen, or
+// awaitKey waits until c's key in a room says meta change gen, or
 // there is to be no key (invisible user), or ctx ends: then the room's
 // state is shown without it, and a room_diff brings it once written.
-func (s *Service) awaitRoomKey(ctx context.Context, c *conn, jr *joinedRoom, gen uint64) {
+func (ms *memberships) awaitKey(ctx context.Context, c *conn, jr *joinedRoom, gen uint64) {
 	for {
 		c.rooms.mu.Lock()
 		done := jr.written >= gen && jr.epoch != "" || c.rooms.invisible || c.rooms.ended || jr.left
@@ -281,52 +315,52 @@ func (s *Service) awaitRoomKey(ctx context.Context, c *conn, jr *joinedRoom, gen
 	}
 }
 
-// roomUpdateMessage handles room_update: rate limited, then queued.
-func (s *Service) roomUpdateMessage(c *conn, m *protocol.ClientMessage, now int64) {
-	if !c.roomLimiter.Allow(now, s.cfg.RoomUpdateRate, s.cfg.RoomUpdateBurst) {
-		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
-		s.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many room updates: at most %g per second (--room-update-rate)", s.cfg.RoomUpdateRate))
+// updateMessage handles room_update: rate limited, then queued.
+func (ms *memberships) updateMessage(c *conn, m *protocol.ClientMessage, now int64) {
+	if !c.roomLimiter.Allow(now, ms.cfg.RoomUpdateRate, ms.cfg.RoomUpdateBurst) {
+		ms.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+		ms.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many room updates: at most %g per second (--room-update-rate)", ms.cfg.RoomUpdateRate))
 		return
 	}
 	if !presence.ValidRoomID(m.Room) {
-		s.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("room_update needs the \"room\" of a room joined; %q is not a room id", m.Room))
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("room_update needs the \"room\" of a room joined; %q is not a room id", m.Room))
 		return
 	}
-	meta, err := s.roomMeta(m.Meta)
+	meta, err := ms.meta(m.Meta)
 	if err != nil {
-		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
 		return
 	}
 	id, roomID := m.ID, m.Room
-	s.queueRoom(c, id, func(context.Context) { s.updateRoom(c, id, roomID, meta) })
+	ms.queue(c, id, func(context.Context) { ms.update(c, id, roomID, meta) })
 }
 
-// updateRoom replaces c's meta in a room it joined; it has no answer.
-func (s *Service) updateRoom(c *conn, id, roomID string, meta json.RawMessage) {
+// update replaces c's meta in a room it joined; it has no answer.
+func (ms *memberships) update(c *conn, id, roomID string, meta json.RawMessage) {
 	c.rooms.mu.Lock()
 	jr := c.rooms.joined[roomID]
 	if jr == nil || jr.left {
 		c.rooms.mu.Unlock()
-		s.sendError(c, id, protocol.CodeBadRequest, fmt.Sprintf("not in room %q: join it first", roomID))
+		ms.sendError(c, id, protocol.CodeBadRequest, fmt.Sprintf("not in room %q: join it first", roomID))
 		return
 	}
-	s.setRoomMetaLocked(c, jr, meta)
+	ms.setMetaLocked(c, jr, meta)
 	c.rooms.mu.Unlock()
 }
 
 // leaveMessage handles leave: queued, in order with joins.
-func (s *Service) leaveMessage(c *conn, m *protocol.ClientMessage) {
+func (ms *memberships) leaveMessage(c *conn, m *protocol.ClientMessage) {
 	if !presence.ValidRoomID(m.Room) {
-		s.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("leave needs the \"room\" to leave; %q is not a room id", m.Room))
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("leave needs the \"room\" to leave; %q is not a room id", m.Room))
 		return
 	}
 	roomID := m.Room
-	s.queueRoom(c, m.ID, func(context.Context) { s.leaveRoom(c, roomID) })
+	ms.queue(c, m.ID, func(context.Context) { ms.leave(c, roomID) })
 }
 
-// leaveRoom takes c out of a room: no more frames of it, and its key
+// leave takes c out of a room: no more frames of it, and its key
 // goes. Leaving a room not joined does nothing.
-func (s *Service) leaveRoom(c *conn, roomID string) {
+func (ms *memberships) leave(c *conn, roomID string) {
 	c.rooms.mu.Lock()
 	jr := c.rooms.joined[roomID]
 	if jr == nil || jr.left {
@@ -334,14 +368,14 @@ func (s *Service) leaveRoom(c *conn, roomID string) {
 		return
 	}
 	jr.left = true
-	s.kickRoomsLocked(c)
+	ms.kickLocked(c)
 	c.rooms.mu.Unlock()
 	jr.room.hide(c)
 }
 
-// revokeRooms takes c out of the rooms its grant no longer allows, each
+// revoke takes c out of the rooms its grant no longer allows, each
 // with a room_denied frame (no id): an auth renewal replaced the grant.
-func (s *Service) revokeRooms(c *conn) {
+func (ms *memberships) revoke(c *conn) {
 	c.rooms.turn.Lock()
 	defer c.rooms.turn.Unlock()
 	grant := c.roomGrant.Load()
@@ -354,27 +388,27 @@ func (s *Service) revokeRooms(c *conn) {
 	}
 	c.rooms.mu.Unlock()
 	for _, id := range revoked {
-		s.leaveRoom(c, id)
-		s.sendRoomDenied(c, "", id, protocol.ReasonNotAllowed)
+		ms.leave(c, id)
+		ms.deny(c, "", id, protocol.ReasonNotAllowed)
 	}
 }
 
-// sendRoomDenied writes a room_denied frame.
-func (s *Service) sendRoomDenied(c *conn, id, roomID, reason string) {
-	s.send(c, protocol.TypeRoomDenied, &protocol.RoomDenied{Type: protocol.TypeRoomDenied, ID: id, Room: roomID, Reason: reason})
-	s.metrics.roomFrames.WithLabelValues(protocol.TypeRoomDenied).Inc()
+// deny writes a room_denied frame.
+func (ms *memberships) deny(c *conn, id, roomID, reason string) {
+	ms.send(c, protocol.TypeRoomDenied, &protocol.RoomDenied{Type: protocol.TypeRoomDenied, ID: id, Room: roomID, Reason: reason})
+	ms.metrics.roomFrames.WithLabelValues(protocol.TypeRoomDenied).Inc()
 }
 
-// hideRooms stops every room frame to c, whose socket closed; its keys
-// stay until it ends (endRooms).
-func (s *Service) hideRooms(c *conn) {
+// hide stops every room frame to c, whose socket closed; its keys
+// stay until it ends (end).
+func (ms *memberships) hide(c *conn) {
 	for _, r := range c.joinedRooms() {
 		r.hide(c)
 	}
 }
 
-// endRooms has c's keys go: the connection ended for good.
-func (s *Service) endRooms(c *conn) {
+// end has c's keys go: the connection ended for good.
+func (ms *memberships) end(c *conn) {
 	c.rooms.mu.Lock()
 	defer c.rooms.mu.Unlock()
 	if c.rooms.ended || len(c.rooms.joined) == 0 {
@@ -382,12 +416,12 @@ func (s *Service) endRooms(c *conn) {
 		return
 	}
 	c.rooms.ended = true
-	s.kickRoomsLocked(c)
+	ms.kickLocked(c)
 }
 
-// roomStatus takes the true status of c's user at status revision rev:
+// status takes the true status of c's user at status revision rev:
 // an invisible user's keys go, and come back when they are visible.
-func (s *Service) roomStatus(c *conn, rev uint64, status presence.Status) {
+func (ms *memberships) status(c *conn, rev uint64, status presence.Status) {
 	c.rooms.mu.Lock()
 	defer c.rooms.mu.Unlock()
 	if rev <= c.rooms.statusRev {
@@ -397,31 +431,31 @@ func (s *Service) roomStatus(c *conn, rev uint64, status presence.Status) {
 	if inv := status == presence.Invisible; inv != c.rooms.invisible {
 		c.rooms.invisible = inv
 		if len(c.rooms.joined) > 0 {
-			s.kickRoomsLocked(c)
+			ms.kickLocked(c)
 		}
 	}
 }
 
-// kickAllRooms has every connection's keys written again: a new lease
+// kickAll has every connection's keys written again: a new lease
 // was taken.
-func (s *Service) kickAllRooms() {
-	s.registry.each(func(c *conn) {
+func (ms *memberships) kickAll() {
+	ms.registry.each(func(c *conn) {
 		c.rooms.mu.Lock()
 		if len(c.rooms.joined) > 0 {
-			s.kickRoomsLocked(c)
+			ms.kickLocked(c)
 		}
 		c.rooms.mu.Unlock()
 	})
 }
 
-// kickRoomsLocked starts c's room writer unless it runs; the caller
+// kickLocked starts c's room writer unless it runs; the caller
 // holds c.rooms.mu.
-func (s *Service) kickRoomsLocked(c *conn) {
+func (ms *memberships) kickLocked(c *conn) {
 	if c.rooms.running {
 		return
 	}
 	c.rooms.running = true
-	if !s.keys.tasks.Go(func() { s.writeRooms(c) }) {
+	if !ms.keys.tasks.Go(func() { ms.writeKeys(c) }) {
 		c.rooms.running = false
 	}
 }

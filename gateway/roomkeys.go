@@ -37,13 +37,13 @@ func (rs *connRooms) nextLocked(epoch string, held bool) (string, *joinedRoom, r
 	return "", nil, roomIdle
 }
 
-// writeRooms makes c's room keys say what they must, one write at a
+// writeKeys makes c's room keys say what they must, one write at a
 // time, until they do. Failed writes are tried again with backoff until
 // the gateway stops.
-func (s *Service) writeRooms(c *conn) {
+func (ms *memberships) writeKeys(c *conn) {
 	backoff := 50 * time.Millisecond
 	for {
-		epoch, held := s.keys.lease.epoch()
+		epoch, held := ms.keys.lease.epoch()
 		c.rooms.mu.Lock()
 		id, jr, op := c.rooms.nextLocked(epoch, held)
 		switch op {
@@ -53,13 +53,13 @@ func (s *Service) writeRooms(c *conn) {
 			return
 		case roomDrop:
 			delete(c.rooms.joined, id)
-			s.roomMemberships.Add(-1)
-			s.rooms.release(jr.room)
+			ms.count.Add(-1)
+			ms.hub.release(jr.room)
 			c.rooms.mu.Unlock()
 			continue
 		}
 		w := roomWrite{
-			member: presence.RoomMember{Room: id, Gateway: s.cfg.ID, Epoch: epoch, UserID: c.userID, ConnID: c.connID},
+			member: presence.RoomMember{Room: id, Gateway: ms.cfg.ID, Epoch: epoch, UserID: c.userID, ConnID: c.connID},
 			value:  presence.RoomValue{Meta: jr.meta, Since: jr.since},
 			gen:    jr.gen,
 			event:  presence.RoomJoin,
@@ -72,16 +72,16 @@ func (s *Service) writeRooms(c *conn) {
 		}
 		c.rooms.mu.Unlock()
 
-		if err := s.writeRoomKey(jr.room, &w); err != nil {
-			if s.keys.ctx.Err() != nil {
+		if err := ms.writeKey(jr.room, &w); err != nil {
+			if ms.keys.ctx.Err() != nil {
 				c.rooms.mu.Lock()
 				c.rooms.running = false
 				c.rooms.mu.Unlock()
 				return
 			}
-			s.log.Warn("write room key", "room", id, "user_id", c.userID, "conn_id", c.connID, "err", err)
+			ms.log.Warn("write room key", "room", id, "user_id", c.userID, "conn_id", c.connID, "err", err)
 			select {
-			case <-s.keys.ctx.Done():
+			case <-ms.keys.ctx.Done():
 			case <-time.After(backoff):
 			}
 			backoff = min(2*backoff, 2*time.Second)
@@ -109,34 +109,34 @@ type roomWrite struct {
 	event  string
 }
 
-// writeRoomKey makes one write of a room key, publishes its event, and
+// writeKey makes one write of a room key, publishes its event, and
 // applies it to the room's table at once, so that the connection's own
 // room_state shows it. A key is written only while the lease it is
 // written under is certainly alive, as connection keys are.
-func (s *Service) writeRoomKey(r *room, w *roomWrite) error {
-	ctx, cancel := context.WithTimeout(s.keys.ctx, requestTimeout)
+func (ms *memberships) writeKey(r *room, w *roomWrite) error {
+	ctx, cancel := context.WithTimeout(ms.keys.ctx, requestTimeout)
 	defer cancel()
 	ev := presence.RoomEvent{Room: w.member.Room, Op: w.event, UserID: w.member.UserID, ConnID: w.member.ConnID,
 		Gateway: w.member.Gateway, Epoch: w.member.Epoch}
 	var err error
 	if w.event == presence.RoomLeave {
-		ev.Rev, err = s.store.DeleteRoomMember(ctx, w.member)
-		s.metrics.kvWrites.WithLabelValues("room_delete").Inc()
+		ev.Rev, err = ms.store.DeleteRoomMember(ctx, w.member)
+		ms.metrics.kvWrites.WithLabelValues("room_delete").Inc()
 	} else {
-		if !s.keys.lease.waitFresh(ctx, w.member.Epoch) {
+		if !ms.keys.lease.waitFresh(ctx, w.member.Epoch) {
 			return errLeaseLost
 		}
 		ev.Meta, ev.Since = w.value.Meta, w.value.Since
-		ev.Rev, err = s.store.PutRoomMember(ctx, w.member, w.value)
-		s.metrics.kvWrites.WithLabelValues("room_put").Inc()
+		ev.Rev, err = ms.store.PutRoomMember(ctx, w.member, w.value)
+		ms.metrics.kvWrites.WithLabelValues("room_put").Inc()
 	}
 	if err != nil {
-		s.metrics.kvErrors.WithLabelValues("room").Inc()
+		ms.metrics.kvErrors.WithLabelValues("room").Inc()
 		return err
 	}
 	if data, err := json.Marshal(&ev); err == nil {
-		if err := s.nc.Publish(presence.RoomSubject(ev.Room), data); err != nil {
-			s.log.Warn("publish room event", "room", ev.Room, "err", err)
+		if err := ms.nc.Publish(presence.RoomSubject(ev.Room), data); err != nil {
+			ms.log.Warn("publish room event", "room", ev.Room, "err", err)
 		}
 	}
 	r.apply(&ev)

@@ -27,9 +27,11 @@ import (
 // concurrent use.
 type roomHub struct {
 	nc      *nats.Conn
-	store   *presence.Store
 	log     *slog.Logger
 	metrics *gatewayMetrics
+	// store is set once the buckets are open (memberships.opened),
+	// before any room is.
+	store *presence.Store
 
 	mu    sync.Mutex
 	rooms map[string]*room
@@ -192,8 +194,10 @@ type roomView struct {
 // signalKey is a connection's signal of one type.
 type signalKey struct{ conn, signal string }
 
-func newRoomHub(nc *nats.Conn, store *presence.Store, log *slog.Logger, m *gatewayMetrics) *roomHub {
-	return &roomHub{nc: nc, store: store, log: log, metrics: m, rooms: make(map[string]*room),
+// newRoomHub returns a hub with no rooms; its store is set once the
+// buckets are open.
+func newRoomHub(nc *nats.Conn, log *slog.Logger, m *gatewayMetrics) *roomHub {
+	return &roomHub{nc: nc, log: log, metrics: m, rooms: make(map[string]*room),
 		msgs: make(chan *nats.Msg, roomMsgsBuffer), subs: make(map[*nats.Subscription]roomSub),
 		lost: newLostSubs[*room]()}
 }

@@ -17,15 +17,15 @@ import (
 // a room it joined, published on the room's signal subject at once (core
 // NATS, nothing stored). An invisible user's signals are dropped: nobody
 // sees them in the room.
-func (s *Service) signalMessage(c *conn, m *protocol.ClientMessage, now int64) {
-	if !c.signalLimiter.Allow(now, s.cfg.SignalRate, s.cfg.SignalBurst) {
-		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
-		s.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many signals: at most %g per second (--signal-rate)", s.cfg.SignalRate))
+func (ms *memberships) signalMessage(c *conn, m *protocol.ClientMessage, now int64) {
+	if !c.signalLimiter.Allow(now, ms.cfg.SignalRate, ms.cfg.SignalBurst) {
+		ms.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
+		ms.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many signals: at most %g per second (--signal-rate)", ms.cfg.SignalRate))
 		return
 	}
-	sig, err := s.signalOf(c, m)
+	sig, err := ms.signalOf(c, m)
 	if err != nil {
-		s.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())
 		return
 	}
 	if sig == nil {
@@ -35,15 +35,15 @@ func (s *Service) signalMessage(c *conn, m *protocol.ClientMessage, now int64) {
 	if err != nil {
 		return
 	}
-	if err := s.nc.Publish(presence.RoomSignalSubject(sig.Room), data); err != nil {
-		s.log.Warn("publish room signal", "room", sig.Room, "err", err)
+	if err := ms.nc.Publish(presence.RoomSignalSubject(sig.Room), data); err != nil {
+		ms.log.Warn("publish room signal", "room", sig.Room, "err", err)
 	}
 }
 
 // signalOf checks a typing or signal message and returns the signal it
 // sends; nil, and no error, when its user is invisible.
-func (s *Service) signalOf(c *conn, m *protocol.ClientMessage) (*presence.RoomSignal, error) {
-	sig := &presence.RoomSignal{Room: m.Room, UserID: c.userID, ConnID: c.connID, Gateway: s.cfg.ID, Signal: protocol.SignalTyping}
+func (ms *memberships) signalOf(c *conn, m *protocol.ClientMessage) (*presence.RoomSignal, error) {
+	sig := &presence.RoomSignal{Room: m.Room, UserID: c.userID, ConnID: c.connID, Gateway: ms.cfg.ID, Signal: protocol.SignalTyping}
 	if m.Type == protocol.TypeSignal {
 		if !presence.ValidSignal(m.Signal) {
 			return nil, fmt.Errorf(`field "signal" must be 1 to %d characters of a-z 0-9 _ -`, presence.MaxSignalLen)

@@ -30,8 +30,8 @@ import (
 // Service is a gateway: it terminates client WebSockets and serves the HTTP
 // API on one listener, keeps a connection key per socket under its lease
 // and closes a socket whose heartbeats stop, writes users' statuses,
-// answers subscriptions
-// with snapshots, and delivers changes to watching sockets in batches.
+// answers subscriptions with snapshots, and delivers changes to watching
+// sockets in batches.
 //
 // Its parts, each with one job:
 //
@@ -45,16 +45,26 @@ import (
 //     written;
 //   - each connection's socket (socket): the one place that writes to a
 //     socket;
-//   - online: global presence, under the everyone policy.
+//   - online: global presence, under the everyone policy;
+//   - rooms (roomHub): the member tables of the rooms this gateway's
+//     connections are in;
+//   - members (memberships): the connections' rooms: their room
+//     messages, their keys in presence_rooms and their room frames;
+//   - frames: what writes a protocol frame to a socket, for every part
+//     that answers clients;
+//   - api: the HTTP API (made by httpHandler).
 type Service struct {
 	nc  *nats.Conn
 	cfg Config
-	log *slog.Logger
+	// frames writes frames to the sockets; its log and metrics are the
+	// gateway's (s.log, s.metrics).
+	frames
 
-	reg     *prometheus.Registry
-	metrics *gatewayMetrics
+	reg *prometheus.Registry
 
 	registry  *registry
+	rooms     *roomHub
+	members   *memberships
 	hub       *hub.Hub
 	scheduler *outbox.Scheduler
 	linger    *socket.Linger
@@ -72,7 +82,6 @@ type Service struct {
 	keys   *registrar
 	authz  *authz.Authorizer
 	online *onlineIndex
-	rooms  *roomHub
 	poller *netpoll.Poller
 	// wpoller reports stalled sockets once they can take more, and stalls
 	// holds them meanwhile (stalled).
@@ -88,10 +97,6 @@ type Service struct {
 	// readLoops are the sockets' reading goroutines where there is no
 	// poller; workers the goroutines handling their requests.
 	readLoops, workers sync.WaitGroup
-
-	// roomMemberships counts the rooms joined by this gateway's
-	// connections, for the metrics.
-	roomMemberships atomic.Int64
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -114,7 +119,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	s := &Service{
 		nc:        nc,
 		cfg:       cfg,
-		log:       cfg.Logger.With("svc", "gateway"),
+		frames:    frames{log: cfg.Logger.With("svc", "gateway")},
 		reg:       metrics.NewRegistry(),
 		registry:  newRegistry(cfg.MaxConnsPerUser),
 		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.BatchPace, cfg.WriteWorkers),
@@ -134,7 +139,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
-	s.env = &connEnv{handler: s, flushRooms: s.flushRooms, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.stalled}
+	s.rooms = newRoomHub(nc, s.log, s.metrics)
+	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}
+	s.env = &connEnv{handler: s, flushRooms: s.members.flush, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.stalled}
 	return s, nil
 }
 
@@ -338,12 +345,12 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
 		return err
 	}
-	s.keys.onEnd, s.keys.onNewLease, s.keys.onReplaced = s.endRooms, s.kickAllRooms, s.replaced
+	s.keys.onEnd, s.keys.onNewLease, s.keys.onReplaced = s.members.end, s.members.kickAll, s.replaced
 	s.lease.Store(s.keys.lease)
 	// The self events of this gateway's own writes go to its sockets
 	// without a round trip through NATS.
 	s.keys.events.HandOver(s.cfg.ID, s.handSelf)
-	s.rooms = newRoomHub(s.nc, store, s.log, s.metrics)
+	s.members.opened(store, s.keys)
 	if err := s.keys.start(ctx); err != nil {
 		return err
 	}
@@ -534,7 +541,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 		s.online.unsubscribe(c)
 	}
 	s.hub.RemoveWatcher(c)
-	s.hideRooms(c)
+	s.members.hide(c)
 	s.due.ended(c)
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
