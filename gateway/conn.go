@@ -88,7 +88,7 @@ type connEnv struct {
 	// end closes a connection (Service.end).
 	end func(c *conn, kind endKind, code ws.StatusCode, reason string)
 	// stalled has the socket's backlog written once the socket can take
-	// it (Service.stalled).
+	// it (sockets.stalled).
 	stalled func(c *conn)
 }
 
@@ -219,7 +219,7 @@ func (c *conn) writeLocked(payload []byte) bool {
 
 // wrote handles the outcome of a write to the socket, whose lock the
 // caller holds: a failure ends the connection, and a write that started
-// the socket's backlog has it written later (see Service.stalled). It
+// the socket's backlog has it written later (see sockets.stalled). It
 // reports whether the write did not fail.
 func (c *conn) wrote(stalled bool, err error) bool {
 	if err != nil {

@@ -211,7 +211,7 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	// The TTL counts from hello, not from the start of registration: a
 	// slow upgrade must not eat into the client's first heartbeat interval.
 	c.lastFrame.Store(nowNano())
-	if s.poller != nil {
+	if s.sockets.polled() {
 		// The gateway's poller watches the socket, so it needs nothing of
 		// the runtime's: held by its descriptor alone it costs about 900
 		// bytes less. Should that fail, the socket stays as it is.
@@ -260,7 +260,7 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	if s.log.Enabled(context.Background(), levelDebug) {
 		s.log.LogAttrs(context.Background(), levelDebug, "connection opened", attrUser(c.userID), attrConn(c.connID))
 	}
-	s.watchSocket(c)
+	s.sockets.watch(c)
 }
 
 // maxRequestHead bounds the request line and headers of an upgrade

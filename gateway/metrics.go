@@ -143,7 +143,7 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		func() float64 { return float64(s.hub.Len()) })
 	f.GaugeFunc("greendot_gateway_stalled_sockets",
 		"Sockets whose peers read slower than they are written to: frames wait for the kernel to take them, and their changes coalesce meanwhile.",
-		func() float64 { return float64(s.stalls.len()) })
+		func() float64 { return float64(s.sockets.stalls.len()) })
 	f.GaugeFunc("greendot_gateway_pending_deliveries",
 		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.scheduler.Pending()) })
 	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"runtime"
 	"sync"
 	"time"
@@ -14,33 +15,122 @@ import (
 	"github.com/greendot/greendot/internal/netpoll"
 )
 
+// sockets is the part of the gateway that reads its connections' sockets
+// and writes the backlogs of those that stalled: the readable poller and
+// the readers it hands sockets to (or a goroutine per socket, where there
+// is no poller), the writable poller, and the stalled sockets (see
+// stalled). It is safe for concurrent use.
+type sockets struct {
+	cfg      Config
+	log      *slog.Logger
+	metrics  *gatewayMetrics
+	registry *registry
+	// end ends a connection (Service.end), which has forget take it out
+	// of the pollers and the stalled set.
+	end func(c *conn, kind endKind, code ws.StatusCode, reason string)
+
+	// The pollers, made by open where the system has them; nil
+	// elsewhere. wpoller reports stalled sockets once they can take
+	// more, and stalls holds them meanwhile.
+	poller, wpoller *netpoll.Poller
+	stalls          stallSet
+	// readLoops are the sockets' reading goroutines where there is no
+	// poller.
+	readLoops sync.WaitGroup
+}
+
+// open makes the pollers, where the system has them.
+func (sk *sockets) open() error {
+	if !netpoll.Supported {
+		return nil
+	}
+	poller, err := netpoll.New()
+	if err != nil {
+		return err
+	}
+	wpoller, err := netpoll.NewWritable()
+	if err != nil {
+		_ = poller.Release()
+		return err
+	}
+	sk.poller, sk.wpoller = poller, wpoller
+	return nil
+}
+
+// polled reports whether the pollers read the sockets (open made them).
+func (sk *sockets) polled() bool { return sk.poller != nil }
+
+// run starts the pollers' loops in g, where there are pollers; stopping g
+// closes the pollers, which ends them.
+func (sk *sockets) run(g *group) {
+	if !sk.polled() {
+		return
+	}
+	g.Go(sk.pollLoop)
+	g.Go(sk.writePollLoop)
+	g.Go(sk.closeStalled)
+	g.Go(func(ctx context.Context) {
+		<-ctx.Done()
+		_ = sk.poller.Close()  // wakes pollLoop
+		_ = sk.wpoller.Close() // wakes writePollLoop
+	})
+}
+
+// wait waits for the reading goroutines where there is no poller; the
+// caller has closed every connection.
+func (sk *sockets) wait() { sk.readLoops.Wait() }
+
+// release releases the pollers, once their loops have returned.
+func (sk *sockets) release() {
+	if sk.polled() {
+		_ = sk.poller.Release()
+		_ = sk.wpoller.Release()
+	}
+}
+
+// forget takes c's socket out of the pollers and the stalled set: c has
+// ended.
+func (sk *sockets) forget(c *conn) {
+	c.pollMu.Lock()
+	if c.polled {
+		_ = sk.poller.Remove(int(c.fd))
+		c.polled = false
+	}
+	if c.wpolled {
+		_ = sk.wpoller.Remove(int(c.fd))
+		c.wpolled = false
+	}
+	c.pollMu.Unlock()
+	sk.stalls.remove(c)
+}
+
 // readSize is the size of a read buffer: room for a whole message of the
 // largest size, and no more, as every reader keeps its buffer (a frame
 // that does not fit is read over several wake-ups; the decoder keeps its
 // start).
-func (s *Service) readSize() int { return max(4<<10, s.cfg.MaxMessageSize+ws.MaxHeaderSize) }
+func (sk *sockets) readSize() int { return max(4<<10, sk.cfg.MaxMessageSize+ws.MaxHeaderSize) }
 
-// watchSocket starts reading c: through the poller, or with a goroutine of
+// watch starts reading c: through the poller, or with a goroutine of
 // its own where there is none (Serve waits for those after closing every
 // connection).
-func (s *Service) watchSocket(c *conn) {
+func (sk *sockets) watch(c *conn) {
 	fd, ok := c.sock.Fd()
-	if s.poller == nil || !ok {
-		s.readLoops.Go(func() { s.readLoop(c) })
+	if sk.poller == nil || !ok {
+		sk.readLoops.Go(func() { sk.readLoop(c) })
 		return
 	}
 	c.pollMu.Lock()
 	var err error
 	if !c.closed.Load() {
 		c.fd = int32(fd)
-		if err = s.poller.Add(int(c.fd), c.tag); err == nil {
+		if err = sk.poller.Add(int(c.fd), c.tag); err == nil {
 			c.polled = true
 		}
 	}
 	c.pollMu.Unlock()
 	if err != nil {
-		s.log.Error("poll socket", "conn_id", c.connID, "err", err)
-		s.end(c, endClean, ws.StatusInternalServerError, "internal error")
+		sk.log.Error("poll socket", "conn_id", c.connID, "err", err)
+		sk.end(c, endClean, ws.StatusInternalServerError, "internal error")
 	}
 }
 
@@ -59,8 +149,8 @@ type readBatch struct {
 // pollLoop waits for readable sockets and has a reader (workerPool) read
 // them, in batches, until the poller is closed (see Serve). It returns
 // when every reader has.
-func (s *Service) pollLoop(context.Context) {
-	readers := newWorkerPool(s.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(s.readSize()) }, s.readSockets)
+func (sk *sockets) pollLoop(context.Context) {
+	readers := newWorkerPool(sk.cfg.ReadWorkers, func() *socket.ReadBuffer { return socket.NewReadBuffer(sk.readSize()) }, sk.readSockets)
 	defer readers.stop()
 	var sweeper sync.WaitGroup
 	done := make(chan struct{})
@@ -81,16 +171,16 @@ func (s *Service) pollLoop(context.Context) {
 	events := make([]netpoll.Event, 0, 256)
 	for {
 		var err error
-		events, err = s.poller.Wait(events[:0], -1)
+		events, err = sk.poller.Wait(events[:0], -1)
 		if err != nil {
 			if !errors.Is(err, netpoll.ErrClosed) {
-				s.log.Error("poll", "err", err)
+				sk.log.Error("poll", "err", err)
 			}
 			return
 		}
 		var b readBatch
 		for _, ev := range events {
-			if b.cs[b.n] = s.registry.get(ev.Tag); b.cs[b.n] == nil {
+			if b.cs[b.n] = sk.registry.get(ev.Tag); b.cs[b.n] == nil {
 				continue
 			}
 			if b.n++; b.n == readBatchSize {
@@ -114,9 +204,9 @@ func (s *Service) pollLoop(context.Context) {
 }
 
 // readSockets reads the sockets of b, one after the other, with rb.
-func (s *Service) readSockets(b readBatch, rb *socket.ReadBuffer) {
+func (sk *sockets) readSockets(b readBatch, rb *socket.ReadBuffer) {
 	for _, c := range b.cs[:b.n] {
-		s.readAndResume(c, rb)
+		sk.readAndResume(c, rb)
 	}
 }
 
@@ -125,8 +215,8 @@ func (s *Service) readSockets(b readBatch, rb *socket.ReadBuffer) {
 // (see stalled): a peer that does not read what it is sent is not read
 // either until it has, so that the answers to what it sends do not pile
 // up in its backlog.
-func (s *Service) readAndResume(c *conn, rb *socket.ReadBuffer) {
-	if !s.readEnded(c, c.sock.ReadReady(rb, s.cfg.MaxMessageSize, c)) {
+func (sk *sockets) readAndResume(c *conn, rb *socket.ReadBuffer) {
+	if !sk.readEnded(c, c.sock.ReadReady(rb, sk.cfg.MaxMessageSize, c)) {
 		return
 	}
 	c.pollMu.Lock()
@@ -134,42 +224,42 @@ func (s *Service) readAndResume(c *conn, rb *socket.ReadBuffer) {
 	switch {
 	case c.closed.Load():
 	case c.sock.Stalled() != 0:
-		c.rpaused = true // drainSocket resumes it
+		c.rpaused = true // drain resumes it
 	default:
-		err = s.poller.Resume(int(c.fd), c.tag)
+		err = sk.poller.Resume(int(c.fd), c.tag)
 	}
 	c.pollMu.Unlock()
 	if err != nil {
-		s.end(c, endClean, 0, "socket unusable")
+		sk.end(c, endClean, 0, "socket unusable")
 	}
 }
 
 // readLoop reads c with a goroutine of its own, where there is no poller.
-func (s *Service) readLoop(c *conn) {
-	s.readEnded(c, c.sock.ReadLoop(make([]byte, s.readSize()), s.cfg.MaxMessageSize, c))
+func (sk *sockets) readLoop(c *conn) {
+	sk.readEnded(c, c.sock.ReadLoop(make([]byte, sk.readSize()), sk.cfg.MaxMessageSize, c))
 }
 
 // readEnded ends c as a read's error says, and reports whether c is still
 // open.
-func (s *Service) readEnded(c *conn, err error) bool {
+func (sk *sockets) readEnded(c *conn, err error) bool {
 	if err == nil {
 		return c.open()
 	}
-	s.readFailed(c, err)
+	sk.readFailed(c, err)
 	return false
 }
 
 // readFailed ends c as a failed read's error says. (Apart from readEnded,
 // so that the open connection's path allocates nothing.)
-func (s *Service) readFailed(c *conn, err error) {
+func (sk *sockets) readFailed(c *conn, err error) {
 	var fe *socket.FrameError
 	switch {
 	case errors.As(err, &fe):
-		s.end(c, endClean, fe.Code, fe.Reason)
+		sk.end(c, endClean, fe.Code, fe.Reason)
 	case errors.Is(err, io.EOF):
 		// The client is gone without a close frame.
-		s.end(c, endClean, 0, "connection lost")
+		sk.end(c, endClean, 0, "connection lost")
 	default:
-		s.end(c, endClean, 0, "socket closed")
+		sk.end(c, endClean, 0, "socket closed")
 	}
 }

@@ -21,7 +21,6 @@ import (
 	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/gateway/internal/outbox"
 	"github.com/greendot/greendot/gateway/internal/socket"
-	"github.com/greendot/greendot/internal/netpoll"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
@@ -36,6 +35,8 @@ import (
 // Its parts, each with one job:
 //
 //   - registry: the open connections, by poller tag and by user;
+//   - sockets: the pollers, the readers they hand readable sockets to,
+//     and the stalled sockets, whose backlogs they write;
 //   - registrar (keys): the one place that talks to NATS about a
 //     connection: its key, its entry in the user's status record, its end;
 //   - authorizer (authz): the one place that decides who may watch whom,
@@ -63,6 +64,7 @@ type Service struct {
 	reg *prometheus.Registry
 
 	registry  *registry
+	sockets   *sockets
 	rooms     *roomHub
 	members   *memberships
 	hub       *hub.Hub
@@ -82,11 +84,6 @@ type Service struct {
 	keys   *registrar
 	authz  *authz.Authorizer
 	online *onlineIndex
-	poller *netpoll.Poller
-	// wpoller reports stalled sockets once they can take more, and stalls
-	// holds them meanwhile (stalled).
-	wpoller *netpoll.Poller
-	stalls  stallSet
 	// due has each connection looked at when its TTL, its token or
 	// AwayAfter may have run out (lookAt).
 	due    *dueRing
@@ -94,9 +91,8 @@ type Service struct {
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
-	// readLoops are the sockets' reading goroutines where there is no
-	// poller; workers the goroutines handling their requests.
-	readLoops, workers sync.WaitGroup
+	// workers are the goroutines handling the connections' requests.
+	workers sync.WaitGroup
 
 	ready    atomic.Bool
 	draining atomic.Bool
@@ -139,9 +135,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
+	s.sockets = &sockets{cfg: cfg, log: s.log, metrics: s.metrics, registry: s.registry, end: s.end}
 	s.rooms = newRoomHub(nc, s.log, s.metrics)
 	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}
-	s.env = &connEnv{handler: s, flushRooms: s.members.flush, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.stalled}
+	s.env = &connEnv{handler: s, flushRooms: s.members.flush, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.sockets.stalled}
 	return s, nil
 }
 
@@ -235,16 +232,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	if s.cfg.MemoryTrimInterval > 0 {
 		io.Go(func(ctx context.Context) { s.memoryTrim(ctx, s.cfg.MemoryTrimInterval) })
 	}
-	if s.poller != nil {
-		io.Go(s.pollLoop)
-		io.Go(s.writePollLoop)
-		io.Go(s.closeStalled)
-		io.Go(func(ctx context.Context) {
-			<-ctx.Done()
-			_ = s.poller.Close()  // wakes pollLoop
-			_ = s.wpoller.Close() // wakes writePollLoop
-		})
-	}
+	s.sockets.run(io)
 
 	// 4. Serving.
 	// A request's headers and body must come within the handshake
@@ -308,7 +296,7 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	served.Wait()
 	// Close the sockets, then stop 3.
 	s.drain()
-	s.readLoops.Wait()
+	s.sockets.wait()
 	io.stop()
 	s.workers.Wait()
 	// The connections' last writes are made; those that live out the
@@ -370,15 +358,8 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	if s.cfg.Policy == PolicyEveryone {
 		s.online = newOnlineIndex(s.authz.ShowLastSeen, s.hub.Watching)
 	}
-	if netpoll.Supported {
-		if s.poller, err = netpoll.New(); err != nil {
-			return err
-		}
-		if s.wpoller, err = netpoll.NewWritable(); err != nil {
-			_ = s.poller.Release()
-			s.poller = nil
-			return err
-		}
+	if err := s.sockets.open(); err != nil {
+		return err
 	}
 	s.regSem = make(chan struct{}, s.cfg.MaxRegistering)
 	s.due = newDueRing(lookStep(s.cfg.ConnTTL), s.cfg.ConnTTL, nowNano())
@@ -387,10 +368,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 
 // closeResources releases what open made and the core used.
 func (s *Service) closeResources() {
-	if s.poller != nil {
-		_ = s.poller.Release()
-		_ = s.wpoller.Release()
-	}
+	s.sockets.release()
 	s.hub.Close()
 }
 
@@ -525,17 +503,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	if c.closed.Swap(true) {
 		return
 	}
-	c.pollMu.Lock()
-	if c.polled {
-		_ = s.poller.Remove(int(c.fd))
-		c.polled = false
-	}
-	if c.wpolled {
-		_ = s.wpoller.Remove(int(c.fd))
-		c.wpolled = false
-	}
-	c.pollMu.Unlock()
-	s.stalls.remove(c)
+	s.sockets.forget(c)
 	c.sock.Close(code, reason, s.linger)
 	if s.online != nil {
 		s.online.unsubscribe(c)

@@ -20,87 +20,87 @@ import (
 // closeStalled closes it if it takes nothing for WriteTimeout. No
 // goroutine waits for a slow peer. The caller holds c's socket's write
 // lock.
-func (s *Service) stalled(c *conn) {
+func (sk *sockets) stalled(c *conn) {
 	c.box.Hold()
-	s.metrics.stalls.Inc()
-	s.stalls.add(c)
+	sk.metrics.stalls.Inc()
+	sk.stalls.add(c)
 	if c.closed.Load() {
 		// end may have looked at the set before the add: it leaves
 		// nothing behind either way.
-		s.stalls.remove(c)
+		sk.stalls.remove(c)
 		return
 	}
-	if s.wpoller == nil {
+	if sk.wpoller == nil {
 		return // a socket that can stall has a descriptor: never here
 	}
-	s.awaitWritable(c)
+	sk.awaitWritable(c)
 }
 
 // awaitWritable has the writable poller report c's socket once.
-func (s *Service) awaitWritable(c *conn) {
+func (sk *sockets) awaitWritable(c *conn) {
 	c.pollMu.Lock()
 	var err error
 	if fd, ok := c.sock.Fd(); ok && !c.closed.Load() {
 		c.fd = int32(fd)
 		if c.wpolled {
-			err = s.wpoller.Resume(fd, c.tag)
-		} else if err = s.wpoller.Add(fd, c.tag); err == nil {
+			err = sk.wpoller.Resume(fd, c.tag)
+		} else if err = sk.wpoller.Add(fd, c.tag); err == nil {
 			c.wpolled = true
 		}
 	}
 	c.pollMu.Unlock()
 	if err != nil {
-		s.log.Error("poll socket for writing", "conn_id", c.connID, "err", err)
-		s.end(c, endClean, 0, "socket unusable")
+		sk.log.Error("poll socket for writing", "conn_id", c.connID, "err", err)
+		sk.end(c, endClean, 0, "socket unusable")
 	}
 }
 
 // writePollLoop writes the backlogs of the sockets the writable poller
 // reports, until the poller is closed (see Serve).
-func (s *Service) writePollLoop(context.Context) {
+func (sk *sockets) writePollLoop(context.Context) {
 	events := make([]netpoll.Event, 0, 256)
 	for {
 		var err error
-		events, err = s.wpoller.Wait(events[:0], -1)
+		events, err = sk.wpoller.Wait(events[:0], -1)
 		if err != nil {
 			if !errors.Is(err, netpoll.ErrClosed) {
-				s.log.Error("poll for writing", "err", err)
+				sk.log.Error("poll for writing", "err", err)
 			}
 			return
 		}
 		for _, ev := range events {
-			if c := s.registry.get(ev.Tag); c != nil {
-				s.drainSocket(c)
+			if c := sk.registry.get(ev.Tag); c != nil {
+				sk.drain(c)
 			}
 		}
 	}
 }
 
-// drainSocket writes what c's socket takes of its backlog; once all of it
+// drain writes what c's socket takes of its backlog; once all of it
 // is written, c's changes are written again as they come.
-func (s *Service) drainSocket(c *conn) {
+func (sk *sockets) drain(c *conn) {
 	c.sock.Lock()
 	done, err := c.sock.Drain()
 	if done {
 		// Under the lock: a write that stalls the socket again right
 		// after it must find it out of the set, and put it back.
-		s.stalls.remove(c)
+		sk.stalls.remove(c)
 	}
 	c.sock.Unlock()
 	switch {
 	case err != nil:
 		c.writeFailed(err)
 	case done:
-		s.resumeReading(c)
+		sk.resumeReading(c)
 		c.release()
 	default:
-		s.awaitWritable(c)
+		sk.awaitWritable(c)
 	}
 }
 
 // resumeReading has the poller report c's socket again when its reading
 // was paused while it was stalled (see readAndResume).
-func (s *Service) resumeReading(c *conn) {
+func (sk *sockets) resumeReading(c *conn) {
 	c.pollMu.Lock()
 	var err error
 	if c.rpaused && !c.closed.Load() {
@@ -109,26 +109,26 @@ func (s *Service) resumeReading(c *conn) {
 		// own frames wait to be read. The TTL counts from now, so that
 		// it is not ended as silent in the moment before they are.
 		c.lastFrame.Store(nowNano())
-		err = s.poller.Resume(int(c.fd), c.tag)
+		err = sk.poller.Resume(int(c.fd), c.tag)
 	}
 	c.pollMu.Unlock()
 	if err != nil {
-		s.end(c, endClean, 0, "socket unusable")
+		sk.end(c, endClean, 0, "socket unusable")
 	}
 }
 
 // closeStalled closes, as too slow, the sockets that took nothing of
 // their backlogs for WriteTimeout, looking a tenth of it apart (50 ms to
 // 1 s), until ctx is canceled.
-func (s *Service) closeStalled(ctx context.Context) {
-	t := time.NewTicker(min(max(s.cfg.WriteTimeout/10, 50*time.Millisecond), time.Second))
+func (sk *sockets) closeStalled(ctx context.Context) {
+	t := time.NewTicker(min(max(sk.cfg.WriteTimeout/10, 50*time.Millisecond), time.Second))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			for _, c := range s.stalls.since(now.UnixNano() - int64(s.cfg.WriteTimeout)) {
+			for _, c := range sk.stalls.since(now.UnixNano() - int64(sk.cfg.WriteTimeout)) {
 				c.writeFailed(socket.ErrStalled)
 			}
 		}
