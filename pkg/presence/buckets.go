@@ -112,19 +112,28 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 // (limits, compression, placement). It is idempotent and safe to run from
 // many processes at once.
 func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, error) {
+	kv, _, err := ensureBucket(ctx, js, bucket, o)
+	return kv, err
+}
+
+// ensureBucket is EnsureBucket, and also returns when the bucket's stream
+// was created, from the look at its configuration that EnsureBucket takes
+// anyway.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, time.Time, error) {
 	cfg, err := BucketConfig(bucket, o)
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	kv, err := js.KeyValue(ctx, bucket)
 	switch {
 	case err == nil:
 		st, err := kv.Status(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("bucket %q status: %w", bucket, err)
+			return nil, time.Time{}, fmt.Errorf("bucket %q status: %w", bucket, err)
 		}
 		if bucketMatches(st, cfg) {
-			return kv, nil
+			created, err := streamCreated(ctx, js, bucket, st)
+			return kv, created, err
 		}
 		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 			cur := s.Config()
@@ -132,13 +141,27 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o 
 			cfg = cur
 		}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
-		return nil, fmt.Errorf("bind bucket %q: %w", bucket, err)
+		return nil, time.Time{}, fmt.Errorf("bind bucket %q: %w", bucket, err)
 	}
 	kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("create bucket %q: %w", bucket, err)
+		return nil, time.Time{}, fmt.Errorf("create bucket %q: %w", bucket, err)
 	}
-	return kv, nil
+	created, err := streamCreated(ctx, js, bucket, nil)
+	return kv, created, err
+}
+
+// streamCreated returns when bucket's stream was created: from st, a
+// status of the bucket, when it says; otherwise looked up.
+func streamCreated(ctx context.Context, js jetstream.JetStream, bucket string, st jetstream.KeyValueStatus) (time.Time, error) {
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok && s.StreamInfo() != nil {
+		return s.StreamInfo().Created, nil
+	}
+	stream, err := js.Stream(ctx, StreamName(bucket))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("bucket %q: %w", bucket, err)
+	}
+	return stream.CachedInfo().Created, nil
 }
 
 func bucketMatches(st jetstream.KeyValueStatus, want jetstream.KeyValueConfig) bool {

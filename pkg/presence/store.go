@@ -78,13 +78,13 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, created: make(map[string]time.Time)}
 	for _, b := range s.buckets() {
-		if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
+		if *b.kv, s.created[b.name], err = ensureBucket(ctx, js, b.name, opts); err != nil {
 			return nil, err
 		}
 	}
-	return s, s.noteCreated(ctx)
+	return s, nil
 }
 
 // Bind returns a Store over greendot's buckets like Open, but leaves the
@@ -99,34 +99,23 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, created: make(map[string]time.Time)}
 	for _, b := range s.buckets() {
 		kv, err := js.KeyValue(ctx, b.name)
 		switch {
 		case err == nil:
 			*b.kv = kv
+			s.created[b.name], err = streamCreated(ctx, js, b.name, nil)
 		case errors.Is(err, jetstream.ErrBucketNotFound):
-			if *b.kv, err = EnsureBucket(ctx, js, b.name, opts); err != nil {
-				return nil, err
-			}
+			*b.kv, s.created[b.name], err = ensureBucket(ctx, js, b.name, opts)
 		default:
-			return nil, fmt.Errorf("bind bucket %q: %w", b.name, err)
+			err = fmt.Errorf("bind bucket %q: %w", b.name, err)
 		}
-	}
-	return s, s.noteCreated(ctx)
-}
-
-// noteCreated notes when each bucket's stream was created, for Ready.
-func (s *Store) noteCreated(ctx context.Context) error {
-	s.created = make(map[string]time.Time)
-	for _, b := range s.buckets() {
-		st, err := s.js.Stream(ctx, StreamName(b.name))
 		if err != nil {
-			return fmt.Errorf("bucket %q: %w", b.name, err)
+			return nil, err
 		}
-		s.created[b.name] = st.CachedInfo().Created
 	}
-	return nil
+	return s, nil
 }
 
 // OnConflict makes UpdateStatus call fn each time its compare-and-set
