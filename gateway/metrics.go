@@ -148,24 +148,24 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		"Sockets with changes waiting for the next batch.", func() float64 { return float64(s.scheduler.Pending()) })
 	f.GaugeFunc("greendot_gateway_kv_writes_in_flight",
 		"Asynchronous connection key writes (idle or active again) waiting for their acknowledgement.", func() float64 {
-			if s.keys == nil {
-				return 0
+			if r := s.opened.Load(); r != nil {
+				return float64(r.inFlight())
 			}
-			return float64(s.keys.inFlight())
+			return 0
 		})
 	f.GaugeFunc("greendot_gateway_closing_connections",
 		"Cleanly closed connections living out the offline grace.", func() float64 {
-			if s.keys == nil {
-				return 0
+			if r := s.opened.Load(); r != nil {
+				return float64(r.closing())
 			}
-			return float64(s.keys.closing())
+			return 0
 		})
 	f.GaugeFunc("greendot_gateway_lease_age_seconds",
 		"Time since the gateway's lease was last confirmed; 0 when none is held.", func() float64 {
-			if s.keys == nil {
-				return 0
+			if r := s.opened.Load(); r != nil {
+				return r.lease.age().Seconds()
 			}
-			return s.keys.lease.age().Seconds()
+			return 0
 		})
 	return m
 }

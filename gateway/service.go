@@ -97,9 +97,10 @@ type Service struct {
 	ready    atomic.Bool
 	draining atomic.Bool
 	served   atomic.Bool
-	// lease is the registrar's lease, once open has made it: while the
-	// gateway starts, Ready asks it why its take waits.
-	lease atomic.Pointer[lease]
+	// opened is the registrar, once open has made it, for what may run
+	// while the gateway starts: Ready asks its lease why its take waits,
+	// and the metrics read it.
+	opened atomic.Pointer[registrar]
 	// fatal carries what stops the gateway as a failure (see replaced).
 	fatal chan error
 }
@@ -334,7 +335,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		return err
 	}
 	s.keys.onEnd, s.keys.onNewLease, s.keys.onReplaced = s.members.end, s.members.kickAll, s.replaced
-	s.lease.Store(s.keys.lease)
+	s.opened.Store(s.keys)
 	// The self events of this gateway's own writes go to its sockets
 	// without a round trip through NATS.
 	s.keys.events.HandOver(s.cfg.ID, s.handSelf)
@@ -605,8 +606,8 @@ func (s *Service) Ready(ctx context.Context) error {
 		if s.draining.Load() {
 			return fmt.Errorf("%w: draining", ErrUnavailable)
 		}
-		if l := s.lease.Load(); l != nil {
-			if why := l.takeFailure(); why != nil {
+		if r := s.opened.Load(); r != nil {
+			if why := r.lease.takeFailure(); why != nil {
 				return fmt.Errorf("%w: starting: %w", ErrUnavailable, why)
 			}
 		}
