@@ -105,6 +105,27 @@ func nextStatus(cur presence.Status) presence.Status {
 // the target's newest status.
 func (w *worker) mismatches() int64 {
 	var n int64
+	w.eachWatched(func(v *vconn, t int, tv *vconn) {
+		tv.mu.Lock()
+		up := tv.cur != nil
+		tv.mu.Unlock()
+		if !up {
+			return
+		}
+		want := w.sent[t-w.tlo].current()
+		v.vmu.Lock()
+		got := v.view[t]
+		v.vmu.Unlock()
+		if got != want {
+			n++
+		}
+	})
+	return n
+}
+
+// eachWatched calls fn for each (watcher, target) pair of a connected
+// watcher: v the watcher, t the target's index and tv its connection.
+func (w *worker) eachWatched(fn func(v *vconn, t int, tv *vconn)) {
 	for _, v := range w.watchers {
 		v.mu.Lock()
 		up := v.cur != nil
@@ -113,23 +134,9 @@ func (w *worker) mismatches() int64 {
 			continue
 		}
 		for _, t := range v.follows {
-			tv := w.targets[t-w.tlo]
-			tv.mu.Lock()
-			up := tv.cur != nil
-			tv.mu.Unlock()
-			if !up {
-				continue
-			}
-			want := w.sent[t-w.tlo].current()
-			v.vmu.Lock()
-			got := v.view[t]
-			v.vmu.Unlock()
-			if got != want {
-				n++
-			}
+			fn(v, t, w.targets[t-w.tlo])
 		}
 	}
-	return n
 }
 
 // propagate changes the targets' statuses, round robin, at rate per second
@@ -195,22 +202,13 @@ func (w *worker) death(timeout time.Duration) Reply {
 		v.mu.Unlock()
 	}
 	var expected int64
-	for _, v := range w.watchers {
-		v.mu.Lock()
-		up := v.cur != nil
-		v.mu.Unlock()
-		if !up {
-			continue
+	w.eachWatched(func(_ *vconn, _ int, tv *vconn) {
+		tv.mu.Lock()
+		if tv.silent {
+			expected++
 		}
-		for _, t := range v.follows {
-			tv := w.targets[t-w.tlo]
-			tv.mu.Lock()
-			if tv.silent {
-				expected++
-			}
-			tv.mu.Unlock()
-		}
-	}
+		tv.mu.Unlock()
+	})
 	w.waitFor(timeout, func() bool { return w.deadSeen.Load() >= expected })
 	seen := w.deadSeen.Swap(0)
 	w.phase.Store(phaseHold)
