@@ -24,7 +24,9 @@
 // change, so a fanout that skipped revisions (History keeps a few) or
 // restarted still knows what moved; and a record that left the public
 // view as it was says since which revision (ps), so an instance that did
-// not handle that one publishes no event repeating it. A revision no newer
+// not handle that one publishes no event repeating it. The versions are
+// all the fanout decodes of a revision whose events the writer's report
+// covers; the whole record only when it publishes. A revision no newer
 // than one a fanout already handled for the user was delivered again after
 // a lost acknowledgement, which its events may have been lost with (a
 // connection that died with both in flight): the fanout publishes them

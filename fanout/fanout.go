@@ -75,13 +75,16 @@ type versions struct{ pub, self, rev uint64 }
 // pending is a revision whose events the fanout publishes unless it sees
 // its writer publish them first.
 type pending struct {
-	msg      jetstream.Msg
-	userID   string
-	rev      uint64
-	pub      *presence.Event
-	self     *presence.SelfEvent
-	gateways []string
-	due      time.Time
+	msg    jetstream.Msg
+	userID string
+	rev    uint64
+	// pub and self say which events the revision calls for: its public
+	// event, and its self events (to the gateways holding a live
+	// connection of the user, which its record names). The events are
+	// made from the record (events) only when one is to be published:
+	// its writer's report covers most.
+	pub, self bool
+	due       time.Time
 	// wrote says that finish published an event of it, which only a
 	// flush of the connection confirms.
 	wrote bool
@@ -223,8 +226,8 @@ func (s *Service) handle(msg jetstream.Msg) {
 	}
 }
 
-// process decodes a revision and returns the events it calls for, or nil
-// when it calls for none.
+// process reads a revision's versions and returns which events it calls
+// for, or nil when it calls for none.
 func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	userID := strings.TrimPrefix(msg.Subject(), statusSubjectPrefix)
 	if !presence.ValidUserID(userID) {
@@ -238,7 +241,9 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	}
 	rev := meta.Sequence.Stream
 
-	var rec presence.Record
+	// The versions alone decide which events the revision calls for;
+	// the record is decoded whole only if one is to be published.
+	var rec presence.Versions
 	next := &rec
 	if presence.EntryOp(msg.Headers()) != jetstream.KeyValuePut {
 		next = nil // deleted (an operator's `nats kv del`): offline to everyone
@@ -257,17 +262,14 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	// versions move with every change, so a fanout that skipped revisions
 	// (History keeps a few) or restarted still knows what moved. A record
 	// made again after a deletion starts them over, which differs too.
-	prev := presence.Record{PubVer: last.pub, SelfVer: last.self}
-	if known {
-		prev.Updated = 1
-	}
-	pub, self, gws := presence.Changes(userID, &prev, next, rev)
+	pub := next == nil || !known || next.PubVer != last.pub
+	self := next != nil && (!known || next.SelfVer != last.self)
 	if unmovedPublic(next) {
 		// The revision that moved the public view last has its event,
 		// from its writer or the instance that handled it, whatever
 		// this one knows of the user: its versions are those of the
 		// revisions it handled, not of the last one published.
-		pub = nil
+		pub = false
 	}
 
 	if len(s.sent) >= s.cfg.CacheSize {
@@ -275,13 +277,13 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	}
 	s.sent[userID] = versions{pub: rec.PubVer, self: rec.SelfVer, rev: rev}
 	s.cached.Store(int64(len(s.sent)))
-	if pub == nil {
+	if !pub {
 		s.metrics.suppressed.Inc()
 	}
-	if pub == nil && self == nil {
+	if !pub && !self {
 		return nil, nil
 	}
-	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: due}, nil
+	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, due: due}, nil
 }
 
 // dueAt returns when the events of a revision the server stored at written
@@ -307,23 +309,18 @@ func dueAt(written, received time.Time, delay time.Duration) time.Time {
 // drop them), are not published again, nor is a revision's held for
 // another try; the rest are, as if the record before were unknown. What
 // it says is out of date: sent stays where it is.
-func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *presence.Record, due time.Time) (*pending, error) {
+func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *presence.Versions, due time.Time) (*pending, error) {
 	if s.isHeld(userID, rev) {
 		return nil, errHeld
 	}
-	pub, self, gws := presence.Changes(userID, &presence.Record{}, next, rev)
 	out := s.out.of(userID)
-	if rev <= out.pub || unmovedPublic(next) {
-		pub = nil
-	}
-	if rev <= out.self {
-		self, gws = nil, nil
-	}
-	if pub == nil && self == nil {
+	pub := rev > out.pub && !unmovedPublic(next)
+	self := next != nil && rev > out.self
+	if !pub && !self {
 		s.metrics.ignored.WithLabelValues("stale").Inc()
 		return nil, nil
 	}
-	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, gateways: gws, due: due}, nil
+	return &pending{msg: msg, userID: userID, rev: rev, pub: pub, self: self, due: due}, nil
 }
 
 // unmovedPublic reports whether next, a revision's record (nil when
@@ -332,7 +329,7 @@ func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *pres
 // revision that moved the view, whose writer died before publishing, and
 // that the bucket's history dropped before any fanout handled it, behind
 // StatusHistory later ones that did not move it, would go unpublished.)
-func unmovedPublic(next *presence.Record) bool {
+func unmovedPublic(next *presence.Versions) bool {
 	return next != nil && next.PubSince != 0
 }
 
@@ -531,23 +528,38 @@ func (s *Service) handBack() {
 // returns the error and leaves the revision unacknowledged: its events may
 // be published again on another try, which gateways drop as not newer.
 func (s *Service) finish(p *pending) error {
-	if p.pub != nil {
-		if s.seen.has(p.userID, false, p.rev) {
-			s.metrics.covered.Inc()
-		} else if err := s.publish(presence.EventSubject(p.userID), p.pub); err != nil {
+	pub := p.pub && !s.seen.has(p.userID, false, p.rev)
+	if p.pub && !pub {
+		s.metrics.covered.Inc()
+	}
+	self := p.self && !s.seen.has(p.userID, true, p.rev)
+	if !pub && !self {
+		_ = p.msg.Ack()
+		return nil
+	}
+	ev, selfEv, gateways, err := p.events()
+	if err != nil {
+		// The versions were readable, the record is not: nothing of it
+		// can be told.
+		s.metrics.ignored.WithLabelValues("undecodable").Inc()
+		s.log.Warn("ignoring undecodable status record", "user_id", p.userID, "err", err)
+		_ = p.msg.Ack()
+		return nil
+	}
+	if pub {
+		if err := s.publish(presence.EventSubject(p.userID), ev); err != nil {
 			s.metrics.failed.Inc()
 			return err
-		} else {
-			p.wrote = true
-			s.metrics.published.Inc()
-			if p.pub.At != 0 {
-				s.metrics.lag.Observe(time.Since(time.UnixMilli(p.pub.At)).Seconds())
-			}
+		}
+		p.wrote = true
+		s.metrics.published.Inc()
+		if ev.At != 0 {
+			s.metrics.lag.Observe(time.Since(time.UnixMilli(ev.At)).Seconds())
 		}
 	}
-	if p.self != nil && !s.seen.has(p.userID, true, p.rev) {
-		for _, gw := range p.gateways {
-			if err := s.publish(presence.SelfSubject(gw), p.self); err != nil {
+	if self && selfEv != nil {
+		for _, gw := range gateways {
+			if err := s.publish(presence.SelfSubject(gw), selfEv); err != nil {
 				s.metrics.failed.Inc()
 				return err
 			}
@@ -557,6 +569,21 @@ func (s *Service) finish(p *pending) error {
 	}
 	_ = p.msg.Ack()
 	return nil
+}
+
+// events decodes the revision's record and returns its public event, its
+// self event and the gateways that one goes to (none while the user has no
+// live connection); a deleted record's are offline and none.
+func (p *pending) events() (*presence.Event, *presence.SelfEvent, []string, error) {
+	var next *presence.Record
+	if presence.EntryOp(p.msg.Headers()) == jetstream.KeyValuePut {
+		next = new(presence.Record)
+		if err := json.Unmarshal(p.msg.Data(), next); err != nil {
+			return nil, nil, nil, err
+		}
+	}
+	ev, self, gateways := presence.Changes(p.userID, &presence.Record{}, next, p.rev)
+	return ev, self, gateways, nil
 }
 
 func (s *Service) publish(subject string, v any) error {
@@ -620,10 +647,10 @@ func (o *outRevs) note(p *pending) {
 	if !ok && len(o.m) >= o.most {
 		clear(o.m)
 	}
-	if p.pub != nil {
+	if p.pub {
 		r.pub = max(r.pub, p.rev)
 	}
-	if p.self != nil {
+	if p.self {
 		r.self = max(r.self, p.rev)
 	}
 	o.m[p.userID] = r

@@ -120,6 +120,17 @@ func TestMetrics(t *testing.T) {
 	await(1, "greendot_fanout_revisions_ignored_total", "reason", "undecodable")
 	await(1, "greendot_fanout_revisions_ignored_total", "reason", "invalid_key")
 	await(4, "greendot_fanout_revisions_total")
+	// One whose versions read, and the rest not: the versions alone
+	// say it calls for events, which the record cannot make. Its
+	// versions are remembered (cached_users is 2: alice and half_json).
+	if _, err := js.Publish(ctx, presence.KeySubject(presence.StatusBucket, "half_json"), []byte(`{"pv":1,"sv":1,"conns":5}`)); err != nil {
+		t.Fatal(err)
+	}
+	await(2, "greendot_fanout_revisions_ignored_total", "reason", "undecodable")
+	await(5, "greendot_fanout_revisions_total")
+	if got, got2 := value("greendot_fanout_events_published_total"), value("greendot_fanout_self_events_published_total"); got != 1 || got2 != 2 {
+		t.Errorf("events published = %v and %v self, want 1 and 2: nothing of the undecodable record", got, got2)
+	}
 	if got := value("greendot_fanout_revisions_failed_total"); got != 0 {
 		t.Errorf("failed = %v, want 0", got)
 	}
@@ -129,7 +140,7 @@ func TestMetrics(t *testing.T) {
 	if err != nil || len(infos) != 1 {
 		t.Fatalf("info = %+v, %v", infos, err)
 	}
-	if in := infos[0]; in.Service != admin.FanoutService || !in.Ready || in.Load["cached_users"] != float64(1) || in.Config["consumer"] != presence.FanoutConsumer {
+	if in := infos[0]; in.Service != admin.FanoutService || !in.Ready || in.Load["cached_users"] != float64(2) || in.Config["consumer"] != presence.FanoutConsumer {
 		t.Fatalf("info = %+v", in)
 	}
 }

@@ -40,6 +40,20 @@ type Record struct {
 	LastSeen int64 `json:"last_seen,omitempty"`
 	// Since is when Status last changed, in unix milliseconds.
 	Since int64 `json:"since,omitempty"`
+	// Versions tell which events the revision calls for.
+	Versions
+	// Updated is when this revision was written, in unix milliseconds.
+	Updated int64 `json:"updated,omitempty"`
+
+	// The stored record also has "uf", which the Store keeps apart (see
+	// stored): Record keeps to its size, as writers hold many.
+}
+
+// Versions are a status record's version counters, which tell a reader of
+// its revisions which events each calls for (see Changes) without the rest
+// of the record: decoded alone, they take about half the time of the whole
+// record.
+type Versions struct {
 	// PubVer increases whenever Public or LastSeen changes, so a reader that
 	// skipped revisions still knows whether the public view moved.
 	PubVer uint64 `json:"pv,omitempty"`
@@ -50,11 +64,6 @@ type Record struct {
 	// (or the record is new). A fanout that did not handle the revisions
 	// between knows from it that this one calls for no public event.
 	PubSince uint64 `json:"ps,omitempty"`
-	// Updated is when this revision was written, in unix milliseconds.
-	Updated int64 `json:"updated,omitempty"`
-
-	// The stored record also has "uf", which the Store keeps apart (see
-	// stored): Record keeps to its size, as writers hold many.
 }
 
 // ConnInfo is what a Record keeps of one connection.
