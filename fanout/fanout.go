@@ -262,8 +262,11 @@ func (s *Service) process(msg jetstream.Msg) (*pending, error) {
 	// versions move with every change, so a fanout that skipped revisions
 	// (History keeps a few) or restarted still knows what moved. A record
 	// made again after a deletion starts them over, which differs too.
-	pub := next == nil || !known || next.PubVer != last.pub
-	self := next != nil && (!known || next.SelfVer != last.self)
+	var prev *presence.Versions
+	if known {
+		prev = &presence.Versions{PubVer: last.pub, SelfVer: last.self}
+	}
+	pub, self := presence.Moved(prev, next)
 	if unmovedPublic(next) {
 		// The revision that moved the public view last has its event,
 		// from its writer or the instance that handled it, whatever
@@ -314,8 +317,9 @@ func (s *Service) again(msg jetstream.Msg, userID string, rev uint64, next *pres
 		return nil, errHeld
 	}
 	out := s.out.of(userID)
-	pub := rev > out.pub && !unmovedPublic(next)
-	self := next != nil && rev > out.self
+	pub, self := presence.Moved(nil, next)
+	pub = pub && rev > out.pub && !unmovedPublic(next)
+	self = self && rev > out.self
 	if !pub && !self {
 		s.metrics.ignored.WithLabelValues("stale").Inc()
 		return nil, nil

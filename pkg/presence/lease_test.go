@@ -82,6 +82,29 @@ func TestChanges(t *testing.T) {
 	}
 }
 
+// TestMoved: the versions alone tell which events a revision calls for,
+// as Changes publishes them.
+func TestMoved(t *testing.T) {
+	v := func(pub, self uint64) *presence.Versions { return &presence.Versions{PubVer: pub, SelfVer: self} }
+	for _, c := range []struct {
+		name      string
+		prev      *presence.Versions
+		next      *presence.Versions
+		pub, self bool
+	}{
+		{"deleted", v(3, 4), nil, true, false},
+		{"nothing known before", nil, v(3, 4), true, true},
+		{"unchanged", v(3, 4), v(3, 4), false, false},
+		{"public view moved", v(3, 4), v(4, 4), true, false},
+		{"own state moved", v(3, 4), v(3, 5), false, true},
+		{"made again after a deletion", v(3, 4), v(1, 1), true, true},
+	} {
+		if pub, self := presence.Moved(c.prev, c.next); pub != c.pub || self != c.self {
+			t.Errorf("%s: Moved = %v, %v; want %v, %v", c.name, pub, self, c.pub, c.self)
+		}
+	}
+}
+
 func TestLeaseLife(t *testing.T) {
 	store, _ := openStore(t, presence.BucketOptions{MarkerTTL: time.Second})
 	ctx := context.Background()
