@@ -116,24 +116,23 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o 
 	return kv, err
 }
 
-// ensureBucket is EnsureBucket, and also returns when the bucket's stream
-// was created, from the look at its configuration that EnsureBucket takes
-// anyway.
-func ensureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, time.Time, error) {
+// ensureBucket is EnsureBucket, and also returns the bucket's status when
+// it looked at one (the bucket existed as greendot wants it); nil when it
+// created or updated the bucket.
+func ensureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o BucketOptions) (jetstream.KeyValue, jetstream.KeyValueStatus, error) {
 	cfg, err := BucketConfig(bucket, o)
 	if err != nil {
-		return nil, time.Time{}, err
+		return nil, nil, err
 	}
 	kv, err := js.KeyValue(ctx, bucket)
 	switch {
 	case err == nil:
 		st, err := kv.Status(ctx)
 		if err != nil {
-			return nil, time.Time{}, fmt.Errorf("bucket %q status: %w", bucket, err)
+			return nil, nil, fmt.Errorf("bucket %q status: %w", bucket, err)
 		}
 		if bucketMatches(st, cfg) {
-			created, err := streamCreated(ctx, js, bucket, st)
-			return kv, created, err
+			return kv, st, nil
 		}
 		if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
 			cur := s.Config()
@@ -141,14 +140,13 @@ func ensureBucket(ctx context.Context, js jetstream.JetStream, bucket string, o 
 			cfg = cur
 		}
 	case !errors.Is(err, jetstream.ErrBucketNotFound):
-		return nil, time.Time{}, fmt.Errorf("bind bucket %q: %w", bucket, err)
+		return nil, nil, fmt.Errorf("bind bucket %q: %w", bucket, err)
 	}
 	kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("create bucket %q: %w", bucket, err)
+		return nil, nil, fmt.Errorf("create bucket %q: %w", bucket, err)
 	}
-	created, err := streamCreated(ctx, js, bucket, nil)
-	return kv, created, err
+	return kv, nil, nil
 }
 
 // streamCreated returns when bucket's stream was created: from st, a

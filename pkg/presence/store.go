@@ -80,7 +80,11 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	}
 	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, created: make(map[string]time.Time)}
 	for _, b := range s.buckets() {
-		if *b.kv, s.created[b.name], err = ensureBucket(ctx, js, b.name, opts); err != nil {
+		var st jetstream.KeyValueStatus
+		if *b.kv, st, err = ensureBucket(ctx, js, b.name, opts); err != nil {
+			return nil, err
+		}
+		if s.created[b.name], err = streamCreated(ctx, js, b.name, st); err != nil {
 			return nil, err
 		}
 	}
@@ -105,13 +109,15 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 		switch {
 		case err == nil:
 			*b.kv = kv
-			s.created[b.name], err = streamCreated(ctx, js, b.name, nil)
 		case errors.Is(err, jetstream.ErrBucketNotFound):
-			*b.kv, s.created[b.name], err = ensureBucket(ctx, js, b.name, opts)
+			*b.kv, err = EnsureBucket(ctx, js, b.name, opts)
 		default:
 			err = fmt.Errorf("bind bucket %q: %w", b.name, err)
 		}
 		if err != nil {
+			return nil, err
+		}
+		if s.created[b.name], err = streamCreated(ctx, js, b.name, nil); err != nil {
 			return nil, err
 		}
 	}
