@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/internal/adminclient"
+	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/system"
 
@@ -637,29 +636,16 @@ func startWebhooks(tb testing.TB, urls, url string, t timings) *system.Proc {
 
 // freePort returns a loopback TCP port that was free a moment ago, and
 // that it has not returned before in this process. It is below the
-// kernel's ephemeral range (32768 and up on Linux), where outgoing
-// connections take their ports, so that a server restarted on it later
-// finds it free again.
+// kernel's ephemeral range, where outgoing connections take their ports,
+// so that a server restarted on it later finds it free again.
 func freePort(tb testing.TB) int {
 	tb.Helper()
-	for range 100 {
-		p := 20000 + rand.IntN(12000)
-		if _, taken := portsGiven.LoadOrStore(p, true); taken {
-			continue
-		}
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err == nil {
-			_ = ln.Close()
-			return p
-		}
+	p, err := freeport.Port()
+	if err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatal("no free port")
-	return 0
+	return p
 }
-
-// portsGiven are the ports freePort returned: two servers of one test
-// process never get the same one.
-var portsGiven sync.Map
 
 // startGatewayWith runs a gateway like startGateway, with cfg changed by
 // edit.

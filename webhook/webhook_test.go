@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/webhook"
@@ -563,13 +564,9 @@ func dieHolding(t *testing.T, e *env, rc *receiver, cfg webhook.Config) (other *
 func TestReceiverDown(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t)
-	// Take the receiver's address, and stop listening on it.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// An address nothing listens on, until the receiver does.
+	addr, err := freeport.Addr()
 	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
 	rc.URL = "http://" + addr + "/hooks/presence"
@@ -578,7 +575,7 @@ func TestReceiverDown(t *testing.T) {
 	// It is retried.
 	r.awaitMetricAtLeast(t, "greendot_webhook_failures_total", 2, "reason", "network")
 	// It listens again, on the same address.
-	ln, err = net.Listen("tcp", addr)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,12 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/syncbuf"
 )
@@ -113,12 +113,8 @@ func runOnce(t *testing.T, args ...string) (code int, stdout, stderr string) {
 // ago, for flags that need a fixed port.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
 	return addr

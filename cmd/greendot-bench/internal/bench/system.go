@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system"
 )
@@ -297,14 +297,14 @@ func parseGatewayURL(s string) (*gateway, error) {
 	return &gateway{addr: u.Host, ws: scheme + "://" + u.Host + "/ws", http: httpScheme + "://" + u.Host}, nil
 }
 
-// freeAddr returns a loopback address whose port was free a moment ago.
+// freeAddr returns a loopback address whose port was free a moment ago,
+// outside the range where other processes' ports come from.
 func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := freeport.Addr()
 	if err != nil {
 		return "", fmt.Errorf("%w: find a free port: %v", ErrSystem, err)
 	}
-	addr := ln.Addr().String()
-	return addr, ln.Close()
+	return addr, nil
 }
 
 // awaitReady polls base/readyz until it answers 200, the child exits, or
