@@ -104,8 +104,25 @@ func (s *Service) watchGraph(ctx context.Context, w jetstream.KeyWatcher) {
 			}
 			if e != nil {
 				s.authz.Changed(ctx, e.Key())
+				s.graphChanged(e.Key())
 			}
 		}
+	}
+}
+
+// graphChanged has global presence show a user again to the sockets
+// watching everyone whose view of the user's last_seen a change of the
+// graph bucket (by its key) may have changed: every one for a change of
+// the user's settings, the followed user's for a follow edge from the
+// user (a contact sees last_seen under the contacts setting).
+func (s *Service) graphChanged(key string) {
+	if s.online == nil {
+		return
+	}
+	if x, y, ok := presence.ParseFollowKey(key); ok {
+		s.online.reshow(x, y)
+	} else if u, ok := presence.ParseSettingsKey(key); ok {
+		s.online.reshow(u, "")
 	}
 }
 

@@ -472,11 +472,7 @@ func (a *api) getOnline(w http.ResponseWriter, r *http.Request, id identity) {
 		a.unavailable(w, err)
 		return
 	}
-	for i := range users {
-		if !a.authz.ShowLastSeen(r.Context(), id.userID, users[i].UserID) {
-			users[i].LastSeen = 0
-		}
-	}
+	hideLastSeen(users, a.authz.LastSeenOf(r.Context(), id.userID, userIDs(users)))
 	writeJSON(w, http.StatusOK, struct {
 		Count int                 `json:"count"`
 		Users []presence.Presence `json:"users"`

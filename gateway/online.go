@@ -24,7 +24,9 @@ import (
 // event older than what the index has, however late it comes, changes
 // nothing. It is safe for concurrent use.
 type onlineIndex struct {
-	showLastSeen func(ctx context.Context, watcher, target string) bool
+	// lastSeenTo says which of watchers (user ids) may see target's
+	// last_seen.
+	lastSeenTo func(ctx context.Context, target string, watchers []string) []bool
 	// oneByOne reports whether a socket watches a user through the hub
 	// too: the hub delivers that user's changes to it, in the order of
 	// their revisions, which the index's later deliveries could undo.
@@ -41,7 +43,11 @@ type onlineIndex struct {
 	// deciding what each watcher may see can read the graph, which must
 	// not hold up the event dispatcher. wake tells run there are some.
 	changed map[string]onlineEntry
-	wake    chan struct{}
+	// again holds the users to be shown again to the sockets watching
+	// everyone, as they may now see them (reshow): to those of the user
+	// ids of the set, or to all for a nil set.
+	again map[string]map[string]bool
+	wake  chan struct{}
 }
 
 type onlineEntry struct {
@@ -66,18 +72,19 @@ var onlineRoundHook atomic.Pointer[func(users []string)]
 // goneFor is how long the revision of a user who went offline is kept.
 const goneFor = 5 * time.Minute
 
-// newOnlineIndex returns an index that asks showLastSeen whether a watcher
-// may see a user's last_seen, and oneByOne whether it watches the user
-// through the hub too (then it leaves the user's changes to the hub).
-func newOnlineIndex(showLastSeen func(ctx context.Context, watcher, target string) bool, oneByOne func(w hub.Watcher, user string) bool) *onlineIndex {
+// newOnlineIndex returns an index that asks lastSeenTo which watchers
+// may see a user's last_seen, and oneByOne whether a socket watches the
+// user through the hub too (then it leaves the user's changes to the hub).
+func newOnlineIndex(lastSeenTo func(ctx context.Context, target string, watchers []string) []bool, oneByOne func(w hub.Watcher, user string) bool) *onlineIndex {
 	return &onlineIndex{
-		showLastSeen: showLastSeen,
-		oneByOne:     oneByOne,
-		users:        make(map[string]onlineEntry),
-		gone:         make(map[string]goneEntry),
-		all:          make(map[*conn]struct{}),
-		changed:      make(map[string]onlineEntry),
-		wake:         make(chan struct{}, 1),
+		lastSeenTo: lastSeenTo,
+		oneByOne:   oneByOne,
+		users:      make(map[string]onlineEntry),
+		gone:       make(map[string]goneEntry),
+		all:        make(map[*conn]struct{}),
+		changed:    make(map[string]onlineEntry),
+		again:      make(map[string]map[string]bool),
+		wake:       make(chan struct{}, 1),
 	}
 }
 
@@ -138,10 +145,40 @@ func (o *onlineIndex) take(e onlineEntry) {
 	}
 	o.mu.Unlock()
 	if deliver {
-		select {
-		case o.wake <- struct{}{}:
-		default:
+		o.poke()
+	}
+}
+
+// reshow has user shown again to the sockets watching everyone (of user
+// id watcher only, unless it is ""), as they may now see user: a graph
+// change may have changed whether they see user's last_seen. A user not
+// seen as connected is in no socket's list, and is not shown.
+func (o *onlineIndex) reshow(user, watcher string) {
+	o.mu.Lock()
+	_, online := o.users[user]
+	deliver := online && o.synced && len(o.all) > 0
+	if deliver {
+		set, queued := o.again[user]
+		switch {
+		case watcher == "":
+			o.again[user] = nil
+		case !queued:
+			o.again[user] = map[string]bool{watcher: true}
+		case set != nil:
+			set[watcher] = true
 		}
+	}
+	o.mu.Unlock()
+	if deliver {
+		o.poke()
+	}
+}
+
+// poke tells run there are changes to deliver.
+func (o *onlineIndex) poke() {
+	select {
+	case o.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -169,24 +206,55 @@ func (o *onlineIndex) run(ctx context.Context) {
 			o.mu.Lock()
 			changed := o.changed
 			o.changed = make(map[string]onlineEntry)
+			type shown struct {
+				e  onlineEntry
+				to map[string]bool
+			}
+			var again []shown
+			for u, to := range o.again {
+				if e, ok := o.users[u]; ok {
+					if _, sent := changed[u]; !sent { // to every socket already
+						again = append(again, shown{e, to})
+					}
+				}
+			}
+			clear(o.again)
 			watchers := o.allWatchersLocked()
 			o.mu.Unlock()
 			if hook := onlineRoundHook.Load(); hook != nil {
 				(*hook)(slices.Collect(maps.Keys(changed)))
 			}
 			for _, e := range changed {
-				for _, c := range watchers {
-					if o.oneByOne(c, e.p.UserID) {
-						continue
-					}
-					p := e.p
-					if !o.showLastSeen(ctx, c.userID, p.UserID) {
-						p.LastSeen = 0
-					}
-					c.Deliver(p, e.at)
-				}
+				o.deliver(ctx, e, watchers, nil)
+			}
+			for _, a := range again {
+				o.deliver(ctx, a.e, watchers, a.to)
 			}
 		}
+	}
+}
+
+// deliver hands a user's presence to the sockets of watchers (of the
+// user ids of to only, unless it is nil) that do not watch the user one
+// by one, with its last_seen to those that may see it.
+func (o *onlineIndex) deliver(ctx context.Context, e onlineEntry, watchers []*conn, to map[string]bool) {
+	var conns []*conn
+	var ids []string
+	for _, c := range watchers {
+		if (to == nil || to[c.userID]) && !o.oneByOne(c, e.p.UserID) {
+			conns, ids = append(conns, c), append(ids, c.userID)
+		}
+	}
+	if len(conns) == 0 {
+		return
+	}
+	show := o.lastSeenTo(ctx, e.p.UserID, ids)
+	for i, c := range conns {
+		p := e.p
+		if !show[i] {
+			p.LastSeen = 0
+		}
+		c.Deliver(p, e.at)
 	}
 }
 
@@ -269,4 +337,23 @@ func (o *onlineIndex) allWatchersLocked() []*conn {
 		out = append(out, c)
 	}
 	return out
+}
+
+// userIDs returns the users' ids.
+func userIDs(users []presence.Presence) []string {
+	ids := make([]string, len(users))
+	for i, p := range users {
+		ids[i] = p.UserID
+	}
+	return ids
+}
+
+// hideLastSeen takes last_seen out of each user's presence that show
+// (one per user) does not show it in.
+func hideLastSeen(users []presence.Presence, show []bool) {
+	for i := range users {
+		if !show[i] {
+			users[i].LastSeen = 0
+		}
+	}
 }

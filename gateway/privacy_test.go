@@ -267,67 +267,89 @@ func TestLastSeenVisibility(t *testing.T) {
 }
 
 // TestLastSeenFollowsSettingChanges changes a target's privacy setting and
-// follow edge while a watcher is subscribed: the watcher is sent the
-// target's presence again, with last_seen appearing or disappearing, within
-// seconds, and the HTTP API agrees.
+// follow edge while a watcher watches the target, one by one or (under
+// the everyone policy) as one of everyone: the watcher is sent the
+// target's presence again, with last_seen appearing or disappearing,
+// within seconds, and the HTTP API agrees.
 func TestLastSeenFollowsSettingChanges(t *testing.T) {
-	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyFollow}})
-	gw := sys.Gateway()
-	ctx := context.Background()
-	sys.Mutual("watcher", "target")
-	tc := secDial(t, gw, "target")
-	defer systest.KeepAlive(tc, systest.Heartbeat)()
-	wc := secDial(t, gw, "watcher")
-	defer systest.KeepAlive(wc, systest.Heartbeat)()
-	if err := wc.Subscribe("s", "target"); err != nil {
-		t.Fatal(err)
-	}
-	p := systest.AwaitStatus(t, wc, "target", presence.Online)
-	if p.LastSeen == 0 {
-		t.Fatalf("contact sees no last_seen: %+v", p)
-	}
-	seen := p.LastSeen
+	for _, tc := range []struct {
+		name   string
+		policy gateway.Policy
+	}{
+		{"one by one", gateway.PolicyFollow},
+		{"everyone", gateway.PolicyEveryone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			everyone := tc.policy == gateway.PolicyEveryone
+			sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: tc.policy}})
+			gw := sys.Gateway()
+			ctx := context.Background()
+			sys.Mutual("watcher", "target")
+			tgt := secDial(t, gw, "target")
+			defer systest.KeepAlive(tgt, systest.Heartbeat)()
+			wc := secDial(t, gw, "watcher")
+			defer systest.KeepAlive(wc, systest.Heartbeat)()
+			var p presence.Presence
+			if everyone {
+				init := watchEveryone(t, wc)
+				p, _ = presenceOf(init, "target")
+				if p.Status != presence.Online {
+					// The target's connection was not in the index yet.
+					p = systest.AwaitStatus(t, wc, "target", presence.Online)
+				}
+			} else {
+				if err := wc.Subscribe("s", "target"); err != nil {
+					t.Fatal(err)
+				}
+				p = systest.AwaitStatus(t, wc, "target", presence.Online)
+			}
+			if p.LastSeen == 0 {
+				t.Fatalf("contact sees no last_seen: %+v", p)
+			}
+			seen := p.LastSeen
 
-	// awaitLastSeen waits for a batch entry of target with or without
-	// last_seen, and checks the HTTP API says the same.
-	awaitLastSeen := func(step string, show bool) {
-		t.Helper()
-		start := time.Now()
-		systest.Await(t, wc, systest.EventTimeout, step, func(m protocol.ServerMessage) bool {
-			if m.Type != protocol.TypePresenceBatch {
-				return false
+			// awaitLastSeen waits for a batch entry of target with or
+			// without last_seen, and checks the HTTP API says the same.
+			awaitLastSeen := func(step string, show bool) {
+				t.Helper()
+				start := time.Now()
+				systest.Await(t, wc, systest.EventTimeout, step, func(m protocol.ServerMessage) bool {
+					if m.Type != protocol.TypePresenceBatch {
+						return false
+					}
+					p, ok := presenceOf(m, "target")
+					return ok && p.Status == presence.Online && (p.LastSeen == seen) == show && (p.LastSeen == 0) == !show
+				})
+				if took := time.Since(start); took > 3*time.Second {
+					t.Errorf("%s: took %v", step, took)
+				}
+				for where, p := range everyAPIView(t, gw, "watcher", "target", false, everyone) {
+					if (p.LastSeen != 0) != show {
+						t.Errorf("%s: %s says %+v, want last_seen shown %v", step, where, p, show)
+					}
+				}
 			}
-			p, ok := presenceOf(m, "target")
-			return ok && p.Status == presence.Online && (p.LastSeen == seen) == show && (p.LastSeen == 0) == !show
+			if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Nobody}); err != nil {
+				t.Fatal(err)
+			}
+			awaitLastSeen("setting nobody", false)
+			if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Everyone}); err != nil {
+				t.Fatal(err)
+			}
+			awaitLastSeen("setting everyone", true)
+			if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Contacts}); err != nil {
+				t.Fatal(err)
+			}
+			// Still a contact: nothing to change. The target unfollowing
+			// the watcher makes them no longer a contact.
+			if err := sys.Store.Unfollow(ctx, "target", "watcher"); err != nil {
+				t.Fatal(err)
+			}
+			awaitLastSeen("no longer a contact", false)
+			sys.Follow("target", "watcher")
+			awaitLastSeen("a contact again", true)
 		})
-		if took := time.Since(start); took > 3*time.Second {
-			t.Errorf("%s: took %v", step, took)
-		}
-		for where, p := range everyAPIView(t, gw, "watcher", "target", false, false) {
-			if (p.LastSeen != 0) != show {
-				t.Errorf("%s: %s says %+v, want last_seen shown %v", step, where, p, show)
-			}
-		}
 	}
-	if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Nobody}); err != nil {
-		t.Fatal(err)
-	}
-	awaitLastSeen("setting nobody", false)
-	if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Everyone}); err != nil {
-		t.Fatal(err)
-	}
-	awaitLastSeen("setting everyone", true)
-	if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Contacts}); err != nil {
-		t.Fatal(err)
-	}
-	// Still a contact: nothing to change. The target unfollowing the
-	// watcher makes them no longer a contact.
-	if err := sys.Store.Unfollow(ctx, "target", "watcher"); err != nil {
-		t.Fatal(err)
-	}
-	awaitLastSeen("no longer a contact", false)
-	sys.Follow("target", "watcher")
-	awaitLastSeen("a contact again", true)
 }
 
 // TestInvisibleNeverLeaks follows an invisible user through every path

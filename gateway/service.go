@@ -357,7 +357,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 		CacheLookup: s.metrics.cacheLookup,
 	})
 	if s.cfg.Policy == PolicyEveryone {
-		s.online = newOnlineIndex(s.authz.ShowLastSeen, s.hub.Watching)
+		s.online = newOnlineIndex(s.authz.LastSeenTo, s.hub.Watching)
 	}
 	if err := s.sockets.open(); err != nil {
 		return err

@@ -186,11 +186,7 @@ func (s *Service) subscribeAll(ctx context.Context, c *conn, id string) {
 		s.reply(c, id, err)
 		return
 	}
-	for i := range users {
-		if !s.authz.ShowLastSeen(ctx, c.userID, users[i].UserID) {
-			users[i].LastSeen = 0
-		}
-	}
+	hideLastSeen(users, s.authz.LastSeenOf(ctx, c.userID, userIDs(users)))
 	s.send(c, protocol.TypePresenceInit, &protocol.PresenceInit{
 		Type: protocol.TypePresenceInit, ID: id, Users: users, OnlineCount: &count,
 	})

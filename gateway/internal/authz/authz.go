@@ -7,15 +7,15 @@
 //
 // It is the one place where these questions are answered: WebSocket
 // subscriptions (Subscribe), the HTTP API (Decide, Friends), and global
-// presence (Everyone, ShowLastSeen) all ask it. A subscription is decided
-// and registered as one step: a graph change that lands between the two
-// makes the targets it touches be decided again before anything is
-// registered, and a change that lands after the registration re-checks
-// the subscriptions it touches (Changed). A re-check that cannot read the
-// graph (NATS slow or away) is tried again until it decides or the
-// subscription ends, and what it can refuse without that read it refuses
-// at once. So an unfollow can never leave a socket watching someone it may
-// no longer watch.
+// presence (Everyone, LastSeenTo, LastSeenOf) all ask it. A subscription
+// is decided and registered as one step: a graph change that lands
+// between the two makes the targets it touches be decided again before
+// anything is registered, and a change that lands after the
+// registration re-checks the subscriptions it touches (Changed). A
+// re-check that cannot read the graph (NATS slow or away) is tried again
+// until it decides or the subscription ends, and what it can refuse
+// without that read it refuses at once. So an unfollow can never leave a
+// socket watching someone it may no longer watch.
 package authz
 
 import (
@@ -66,6 +66,8 @@ type Graph interface {
 	Follows(ctx context.Context, a, b string) (bool, error)
 	// Following returns everyone a follows.
 	Following(ctx context.Context, a string) ([]string, error)
+	// Followers returns everyone who follows b.
+	Followers(ctx context.Context, b string) ([]string, error)
 	// Settings returns a user's privacy settings.
 	Settings(ctx context.Context, userID string) (presence.Settings, error)
 }
@@ -152,7 +154,8 @@ type Authorizer struct {
 	mu       sync.Mutex
 	edges    map[string]cachedBool // follow key -> it exists
 	settings map[string]cachedSettings
-	answers  map[pair]cachedBool // the app's answers
+	lists    map[string]cachedList // a user's follows or followers (lastseen.go)
+	answers  map[pair]cachedBool   // the app's answers
 	// gen counts the entries dropped by graph changes: a read that began
 	// before one is not cached, since it may predate the change.
 	gen uint64
@@ -199,6 +202,7 @@ func New(cfg Config) *Authorizer {
 		cfg:      cfg,
 		edges:    make(map[string]cachedBool),
 		settings: make(map[string]cachedSettings),
+		lists:    make(map[string]cachedList),
 		answers:  make(map[pair]cachedBool),
 		tickets:  make(map[*ticket]struct{}),
 		retries:  make(map[retryKey]uint64),
@@ -353,24 +357,6 @@ func split(targets []string, decided map[string]Decision) ([]hub.Grant, []Denial
 	return grants, denied
 }
 
-// ShowLastSeen reports whether watcher may see target's last_seen. An
-// error reading the graph hides it.
-func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) bool {
-	if watcher == target {
-		return true
-	}
-	if a.cfg.Policy.external() {
-		d, err := a.Decide(ctx, watcher, target)
-		return d.LastSeen && err == nil
-	}
-	back, err := a.follows(ctx, target, watcher)
-	if err != nil {
-		return false
-	}
-	show, err := a.lastSeen(ctx, target, back)
-	return show && err == nil
-}
-
 // Friends returns user's mutual followers (of the first max users user
 // follows), with whether user may see each one's last_seen.
 //
@@ -417,16 +403,6 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 		}
 	}
 	return out, nil
-}
-
-// lastSeen reports whether a watcher may see target's last_seen; contact
-// says whether target follows the watcher.
-func (a *Authorizer) lastSeen(ctx context.Context, target string, contact bool) (bool, error) {
-	st, err := a.settingsOf(ctx, target)
-	if err != nil {
-		return false, err
-	}
-	return st.ShowLastSeen(false, contact), nil
 }
 
 // follows reports whether x follows y.
@@ -489,6 +465,8 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 	if x, y, ok := presence.ParseFollowKey(key); ok && !a.cfg.Policy.external() {
 		a.mu.Lock()
 		delete(a.edges, key)
+		delete(a.lists, followingOf(x))
+		delete(a.lists, followersOf(y))
 		a.gen++
 		// x -> y decides whether x may watch y (every policy but
 		// everyone), whether y may watch x (mutual), and whether y may

@@ -21,6 +21,7 @@ type graph struct {
 	follows  map[[2]string]bool
 	settings map[string]presence.Settings
 	reads    int // of follow edges
+	lists    int // of follows or followers
 	down     bool
 }
 
@@ -45,12 +46,25 @@ func (g *graph) Follows(_ context.Context, a, b string) (bool, error) {
 }
 
 func (g *graph) Following(_ context.Context, a string) ([]string, error) {
+	return g.list(func(e [2]string) (string, bool) { return e[1], e[0] == a })
+}
+
+func (g *graph) Followers(_ context.Context, b string) ([]string, error) {
+	return g.list(func(e [2]string) (string, bool) { return e[0], e[1] == b })
+}
+
+// list returns the users pick takes from the edges, sorted.
+func (g *graph) list(pick func(e [2]string) (string, bool)) ([]string, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.lists++
+	if g.down {
+		return nil, errGraphDown
+	}
 	var out []string
-	for e := range g.follows {
-		if e[0] == a {
-			out = append(out, e[1])
+	for e, on := range g.follows {
+		if u, ok := pick(e); ok && on {
+			out = append(out, u)
 		}
 	}
 	slices.Sort(out)
