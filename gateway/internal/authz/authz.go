@@ -152,10 +152,10 @@ type Authorizer struct {
 	cfg Config
 
 	mu       sync.Mutex
-	edges    map[string]cachedBool // follow key -> it exists
-	settings map[string]cachedSettings
-	lists    map[string]cachedList // a user's follows or followers (lastseen.go)
-	answers  map[pair]cachedBool   // the app's answers
+	edges    map[string]cached[bool] // follow key -> it exists
+	settings map[string]cached[presence.Settings]
+	lists    map[string]cached[map[string]bool] // a user's follows or followers, as a set (lastseen.go)
+	answers  map[pair]cached[bool]              // the app's answers
 	// gen counts the entries dropped by graph changes: a read that began
 	// before one is not cached, since it may predate the change.
 	gen uint64
@@ -173,14 +173,39 @@ type Authorizer struct {
 	decided atomic.Pointer[func()]
 }
 
-type cachedBool struct {
-	v  bool
+// cached is what a read of the graph or a question to the app found, and
+// when.
+type cached[V any] struct {
+	v  V
 	at time.Time
 }
 
-type cachedSettings struct {
-	v  presence.Settings
-	at time.Time
+// readThrough returns m's entry for key if it is younger than the cache's
+// TTL, or else what read returns, cached unless the graph changed while
+// it read (the read may predate the change); a cache of max entries is
+// emptied first.
+func readThrough[V any](a *Authorizer, m map[string]cached[V], max int, key string, read func() (V, error)) (V, error) {
+	now := time.Now()
+	a.mu.Lock()
+	e, ok := m[key]
+	gen := a.gen
+	a.mu.Unlock()
+	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		return e.v, nil
+	}
+	v, err := read()
+	if err != nil {
+		return v, err
+	}
+	a.mu.Lock()
+	if a.gen == gen {
+		if len(m) >= max {
+			clear(m)
+		}
+		m[key] = cached[V]{v, now}
+	}
+	a.mu.Unlock()
+	return v, nil
 }
 
 // ticket is a subscription being decided: the graph changes that touch it
@@ -200,10 +225,10 @@ func New(cfg Config) *Authorizer {
 	}
 	return &Authorizer{
 		cfg:      cfg,
-		edges:    make(map[string]cachedBool),
-		settings: make(map[string]cachedSettings),
-		lists:    make(map[string]cachedList),
-		answers:  make(map[pair]cachedBool),
+		edges:    make(map[string]cached[bool]),
+		settings: make(map[string]cached[presence.Settings]),
+		lists:    make(map[string]cached[map[string]bool]),
+		answers:  make(map[pair]cached[bool]),
 		tickets:  make(map[*ticket]struct{}),
 		retries:  make(map[retryKey]uint64),
 	}
@@ -407,53 +432,16 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 
 // follows reports whether x follows y.
 func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
-	key := presence.FollowKey(x, y)
-	now := time.Now()
-	a.mu.Lock()
-	e, ok := a.edges[key]
-	gen := a.gen
-	a.mu.Unlock()
-	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
-		return e.v, nil
-	}
-	v, err := a.cfg.Graph.Follows(ctx, x, y)
-	if err != nil {
-		return false, err
-	}
-	a.mu.Lock()
-	if a.gen == gen {
-		if len(a.edges) >= maxCacheEntries {
-			clear(a.edges)
-		}
-		a.edges[key] = cachedBool{v, now}
-	}
-	a.mu.Unlock()
-	return v, nil
+	return readThrough(a, a.edges, maxCacheEntries, presence.FollowKey(x, y), func() (bool, error) {
+		return a.cfg.Graph.Follows(ctx, x, y)
+	})
 }
 
 // settingsOf returns a user's privacy settings.
 func (a *Authorizer) settingsOf(ctx context.Context, userID string) (presence.Settings, error) {
-	now := time.Now()
-	a.mu.Lock()
-	e, ok := a.settings[userID]
-	gen := a.gen
-	a.mu.Unlock()
-	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
-		return e.v, nil
-	}
-	v, err := a.cfg.Graph.Settings(ctx, userID)
-	if err != nil {
-		return presence.Settings{}, err
-	}
-	a.mu.Lock()
-	if a.gen == gen {
-		if len(a.settings) >= maxCacheEntries {
-			clear(a.settings)
-		}
-		a.settings[userID] = cachedSettings{v, now}
-	}
-	a.mu.Unlock()
-	return v, nil
+	return readThrough(a, a.settings, maxCacheEntries, userID, func() (presence.Settings, error) {
+		return a.cfg.Graph.Settings(ctx, userID)
+	})
 }
 
 // Changed applies one change of the graph bucket, by its key: it drops

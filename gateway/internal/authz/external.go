@@ -185,7 +185,7 @@ func (a *Authorizer) askApp(ctx context.Context, watcher string, targets []strin
 	for k, t := range ask {
 		allowed[at[k]] = set[t]
 		if keep {
-			a.answers[pair{watcher, t}] = cachedBool{set[t], now}
+			a.answers[pair{watcher, t}] = cached[bool]{set[t], now}
 		}
 	}
 }
@@ -250,7 +250,7 @@ func (a *Authorizer) listApp(ctx context.Context, user string, max int) ([]strin
 		clear(a.answers)
 	}
 	for _, u := range ids {
-		a.answers[pair{user, u}] = cachedBool{true, now}
+		a.answers[pair{user, u}] = cached[bool]{true, now}
 	}
 	return ids, nil
 }

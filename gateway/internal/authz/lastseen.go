@@ -17,12 +17,6 @@ const listAbove = 16
 // maxLists bounds the lists of follows cached; a full cache is emptied.
 const maxLists = 10_000
 
-// cachedList is a user's follows or followers, as a set.
-type cachedList struct {
-	v  map[string]bool
-	at time.Time
-}
-
 // The keys of a.lists: a user's follows, and a user's followers.
 func followingOf(u string) string { return "o." + u }
 func followersOf(u string) string { return "i." + u }
@@ -196,31 +190,17 @@ func (a *Authorizer) listOf(ctx context.Context, user string, from bool) (map[st
 	if from {
 		key, read = followingOf(user), a.cfg.Graph.Following
 	}
-	now := time.Now()
-	a.mu.Lock()
-	e, ok := a.lists[key]
-	gen := a.gen
-	a.mu.Unlock()
-	if ok && now.Sub(e.at) < a.cfg.CacheTTL {
-		return e.v, nil
-	}
-	users, err := read(ctx, user)
-	if err != nil {
-		return nil, err
-	}
-	set := make(map[string]bool, len(users))
-	for _, u := range users {
-		set[u] = true
-	}
-	a.mu.Lock()
-	if a.gen == gen {
-		if len(a.lists) >= maxLists {
-			clear(a.lists)
+	return readThrough(a, a.lists, maxLists, key, func() (map[string]bool, error) {
+		users, err := read(ctx, user)
+		if err != nil {
+			return nil, err
 		}
-		a.lists[key] = cachedList{set, now}
-	}
-	a.mu.Unlock()
-	return set, nil
+		set := make(map[string]bool, len(users))
+		for _, u := range users {
+			set[u] = true
+		}
+		return set, nil
+	})
 }
 
 // lastSeen reports whether a watcher may see target's last_seen; contact
