@@ -14,8 +14,10 @@ import (
 // (or followers) is read once instead.
 const listAbove = 16
 
-// maxLists bounds the lists of follows cached; a full cache is emptied.
-const maxLists = 10_000
+// maxLists bounds the lists of follows cached (each may be long; they
+// serve the users who change again within the cache's TTL); a full cache
+// is emptied.
+const maxLists = 1_000
 
 // The keys of a.lists: a user's follows, and a user's followers.
 func followingOf(u string) string { return "o." + u }
