@@ -170,3 +170,53 @@ func TestEveryoneInitNotOvertaken(t *testing.T) {
 	// later than carol's change.
 	awaitBobStays(t, alice, carol, presence.Away)
 }
+
+// TestEveryoneLastSeenToMany: a change reaches more sockets watching
+// everyone than the edges read one by one (the target's follows are read
+// as one list then), each with last_seen as the target's settings let it
+// see it: the target's contacts (users it follows) under the default
+// setting, everyone under "everyone".
+func TestEveryoneLastSeenToMany(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
+	gw := sys.Gateway()
+	watchers := make([]*client.Conn, 20)
+	contact := func(i int) bool { return i%2 == 0 }
+	for i := range watchers {
+		id := fmt.Sprintf("w%02d", i)
+		if contact(i) {
+			sys.Follow("target", id)
+		} else {
+			sys.Follow(id, "target") // the other way: not a contact
+		}
+		watchers[i] = dialKept(t, sys, gw, id)
+		watchEveryone(t, watchers[i])
+	}
+	// awaitTarget waits for each watcher to be sent the target with
+	// status, with last_seen or without as shown says.
+	awaitTarget := func(step string, status presence.Status, shown func(i int) bool) {
+		t.Helper()
+		for i, c := range watchers {
+			p := systest.AwaitStatus(t, c, "target", status)
+			if (p.LastSeen != 0) != shown(i) {
+				t.Errorf("%s: w%02d sees %+v, want last_seen shown %v", step, i, p, shown(i))
+			}
+		}
+	}
+	tc := dialKept(t, sys, gw, "target")
+	awaitTarget("online", presence.Online, contact)
+	if err := sys.Store.SetSettings(context.Background(), "target", presence.Settings{LastSeen: presence.Everyone}); err != nil {
+		t.Fatal(err)
+	}
+	// The setting has the target shown again to every watcher, with
+	// last_seen; a change after it carries last_seen too.
+	for i, c := range watchers {
+		systest.Await(t, c, systest.EventTimeout, fmt.Sprintf("w%02d shown the target's last_seen", i), func(m protocol.ServerMessage) bool {
+			p, ok := presenceOf(m, "target")
+			return m.Type == protocol.TypePresenceBatch && ok && p.Status == presence.Online && p.LastSeen != 0
+		})
+	}
+	if err := tc.SetStatus("busy"); err != nil {
+		t.Fatal(err)
+	}
+	awaitTarget("busy, last_seen to everyone", presence.Busy, func(int) bool { return true })
+}
