@@ -430,8 +430,12 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 	return out, nil
 }
 
-// follows reports whether x follows y.
+// follows reports whether x follows y: from a list of x's follows or y's
+// followers in the cache, or the cache of edges, or else a read.
 func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
+	if v, ok := a.listed(x, y); ok {
+		return v, nil
+	}
 	return readThrough(a, a.edges, maxCacheEntries, presence.FollowKey(x, y), func() (bool, error) {
 		return a.cfg.Graph.Follows(ctx, x, y)
 	})
@@ -473,7 +477,9 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 		a.gen++
 		a.touchLocked(func(_ *ticket, target string) bool { return target == u })
 		a.mu.Unlock()
-		for _, w := range a.cfg.Hub.WatchersOf(u) {
+		watchers := a.cfg.Hub.WatchersOf(u)
+		a.prefetchLists(ctx, u, watchers)
+		for _, w := range watchers {
 			a.recheck(ctx, w, u)
 		}
 	}

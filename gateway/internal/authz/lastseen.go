@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -203,6 +204,43 @@ func (a *Authorizer) listOf(ctx context.Context, user string, from bool) (map[st
 		}
 		return set, nil
 	})
+}
+
+// listed reports whether x follows y from a list of x's follows or of
+// y's followers in the cache, if one is there.
+func (a *Authorizer) listed(x, y string) (follows, ok bool) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e, ok := a.lists[followingOf(x)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		return e.v[y], true
+	}
+	if e, ok := a.lists[followersOf(y)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		return e.v[x], true
+	}
+	return false, false
+}
+
+// prefetchLists reads target's follows, and under the policies that ask
+// whether the watcher follows the target its followers too, before the
+// subscriptions of watchers to target are re-checked, when they are of
+// more than listAbove users: their re-checks then read no edge one by
+// one. A list that cannot be read leaves the re-checks to read the edges.
+func (a *Authorizer) prefetchLists(ctx context.Context, target string, watchers []hub.Watcher) {
+	if a.cfg.Policy.external() {
+		return
+	}
+	users := make(map[string]bool)
+	for _, w := range watchers {
+		users[w.UserID()] = true
+	}
+	if len(users) <= listAbove {
+		return
+	}
+	_, _ = a.listOf(ctx, target, true)
+	if a.cfg.Policy != Everyone {
+		_, _ = a.listOf(ctx, target, false)
+	}
 }
 
 // lastSeen reports whether a watcher may see target's last_seen; contact

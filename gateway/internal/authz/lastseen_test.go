@@ -6,6 +6,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -64,12 +65,16 @@ func TestLastSeenTo(t *testing.T) {
 			t.Errorf("%s: read %d edges and %d lists, want %d and %d", step, e, l, edges, lists)
 		}
 	}
-	check("contacts, many watchers", many, 0, 1)
-	check("contacts, cached", many, 0, 0)
-	few := []string{"x1", "x2", "x3", "target"}
 	g.set("target", "x2", true)
-	check("contacts, a few watchers", few, 3, 0)
-	check("contacts, a few, cached", few, 0, 0)
+	check("contacts, a few watchers", []string{"x1", "x2", "x3", "target"}, 3, 0)
+	check("contacts, a few, cached", []string{"x1", "x2", "x3", "target"}, 0, 0)
+	check("contacts, many watchers", many, 0, 1)
+	check("contacts, many, cached", many, 0, 0)
+	g.set("target", "y2", true)
+	r.a.Changed(ctx, presence.FollowKey("target", "y2"))
+	// The list read again answers a few watchers as well.
+	check("contacts, many, after a change", many, 0, 1)
+	check("contacts, a few, from the list", []string{"y1", "y2", "target"}, 0, 0)
 
 	g.set("target", "w15", true)
 	r.a.Changed(ctx, presence.FollowKey("target", "w15"))
@@ -126,10 +131,11 @@ func TestLastSeenOf(t *testing.T) {
 			t.Errorf("%s: read %d edges and %d lists, want %d and %d", step, e, l, edges, lists)
 		}
 	}
+	check("a few targets", []string{"t00", "t01", "t02", "t03"}, 2, 0) // t02 and t03 show last_seen to their contacts
 	// 20 of the 40 show last_seen to their contacts: more than listAbove.
 	check("many targets", many, 0, 1)
 	check("many targets, cached", many, 0, 0)
-	check("a few targets", []string{"t42", "t43", "t44"}, 3, 0)
+	check("a few targets, from the list", []string{"t10", "t11", "t14"}, 0, 0)
 
 	r.a = newRig(Everyone, g).a // nothing cached
 	g.setDown(true)
@@ -138,5 +144,49 @@ func TestLastSeenOf(t *testing.T) {
 		if got[i] != (u == "watcher") {
 			t.Errorf("graph down: %s shown %v; want hidden but the watcher's own", u, got[i])
 		}
+	}
+}
+
+// TestSettingsChangeReadsLists: a change of a target's settings re-checks
+// the subscriptions of its watchers; for more than listAbove of them the
+// edges come from the target's lists of follows and followers, read once,
+// and each watcher whose view of last_seen changed is shown the target
+// again.
+func TestSettingsChangeReadsLists(t *testing.T) {
+	ctx := context.Background()
+	g := newGraph()
+	r := newRig(Mutual, g)
+	var socks []*sock
+	for _, u := range users("w", 20) {
+		g.set("target", u, true)
+		g.set(u, "target", true)
+		s := r.sock(u)
+		socks = append(socks, s)
+		// Registered as Subscribe would, without its reads.
+		if _, err := r.h.Add(s, []hub.Grant{{User: "target", LastSeen: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.mu.Lock()
+	g.settings["target"] = presence.Settings{LastSeen: presence.Nobody}
+	g.mu.Unlock()
+	e0, l0 := g.counts()
+	r.a.Changed(ctx, presence.SettingsKey("target"))
+	e1, l1 := g.counts()
+	if e, l := e1-e0, l1-l0; e != 0 || l != 2 {
+		t.Errorf("read %d edges and %d lists, want 0 and 2", e, l)
+	}
+	r.n.mu.Lock()
+	reshown := slices.Sorted(slices.Values(r.n.reshown))
+	r.n.mu.Unlock()
+	var want []string
+	for _, s := range socks {
+		want = append(want, s.user+"->target")
+		if !r.h.Watching(s, "target") {
+			t.Errorf("%s no longer watches the target", s.user)
+		}
+	}
+	if !slices.Equal(reshown, want) {
+		t.Errorf("shown again %v, want %v", reshown, want)
 	}
 }
