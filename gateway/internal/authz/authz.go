@@ -66,8 +66,6 @@ type Graph interface {
 	Follows(ctx context.Context, a, b string) (bool, error)
 	// Following returns everyone a follows.
 	Following(ctx context.Context, a string) ([]string, error)
-	// Followers returns everyone who follows b.
-	Followers(ctx context.Context, b string) ([]string, error)
 	// Settings returns a user's privacy settings.
 	Settings(ctx context.Context, userID string) (presence.Settings, error)
 }
@@ -154,7 +152,7 @@ type Authorizer struct {
 	mu       sync.Mutex
 	edges    map[string]cached[bool] // follow key -> it exists
 	settings map[string]cached[presence.Settings]
-	lists    map[string]cached[map[string]bool] // a user's follows or followers, as a set (lastseen.go)
+	lists    map[string]cached[map[string]bool] // everyone a user follows, as a set (lastseen.go)
 	answers  map[pair]cached[bool]              // the app's answers
 	// gen counts the entries dropped by graph changes: a read that began
 	// before one is not cached, since it may predate the change.
@@ -430,8 +428,8 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 	return out, nil
 }
 
-// follows reports whether x follows y: from a list of x's follows or y's
-// followers in the cache, or the cache of edges, or else a read.
+// follows reports whether x follows y: from the list of x's follows in
+// the cache, or the cache of edges, or else a read.
 func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
 	if v, ok := a.listed(x, y); ok {
 		return v, nil
@@ -457,8 +455,7 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 	if x, y, ok := presence.ParseFollowKey(key); ok && !a.cfg.Policy.external() {
 		a.mu.Lock()
 		delete(a.edges, key)
-		delete(a.lists, followingOf(x))
-		delete(a.lists, followersOf(y))
+		delete(a.lists, x)
 		a.gen++
 		// x -> y decides whether x may watch y (every policy but
 		// everyone), whether y may watch x (mutual), and whether y may
@@ -478,7 +475,7 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 		a.touchLocked(func(_ *ticket, target string) bool { return target == u })
 		a.mu.Unlock()
 		watchers := a.cfg.Hub.WatchersOf(u)
-		a.prefetchLists(ctx, u, watchers)
+		a.prefetchFollowing(ctx, u, watchers)
 		for _, w := range watchers {
 			a.recheck(ctx, w, u)
 		}

@@ -49,10 +49,6 @@ func (g *graph) Following(_ context.Context, a string) ([]string, error) {
 	return g.list(func(e [2]string) (string, bool) { return e[1], e[0] == a })
 }
 
-func (g *graph) Followers(_ context.Context, b string) ([]string, error) {
-	return g.list(func(e [2]string) (string, bool) { return e[0], e[1] == b })
-}
-
 // list returns the users pick takes from the edges, sorted.
 func (g *graph) list(pick func(e [2]string) (string, bool)) ([]string, error) {
 	g.mu.Lock()

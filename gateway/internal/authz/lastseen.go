@@ -10,19 +10,18 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 )
 
-// listAbove is how many follow edges of one user a decision about many
-// users reads one by one at most: beyond it, the user's list of follows
-// (or followers) is read once instead.
+// listAbove is how many of a user's follow edges a decision about many
+// users reads one by one at most: beyond it, the list of everyone the
+// user follows is read once instead. (Only that list: the keys of a
+// user's follows share a prefix, which NATS finds at once, where to find
+// those of a user's followers it walks the keys of every user who follows
+// anyone.)
 const listAbove = 16
 
 // maxLists bounds the lists of follows cached (each may be long; they
 // serve the users who change again within the cache's TTL); a full cache
 // is emptied.
 const maxLists = 1_000
-
-// The keys of a.lists: a user's follows, and a user's followers.
-func followingOf(u string) string { return "o." + u }
-func followersOf(u string) string { return "i." + u }
 
 // ShowLastSeen reports whether watcher may see target's last_seen. An
 // error reading the graph hides it.
@@ -74,7 +73,7 @@ func (a *Authorizer) LastSeenTo(ctx context.Context, target string, watchers []s
 		}
 	}
 	if len(ask) > 0 {
-		contact, err := a.edgesOf(ctx, target, ask, true)
+		contact, err := a.followsEach(ctx, target, ask)
 		for j, i := range at {
 			out[i] = err == nil && contact[j]
 		}
@@ -86,10 +85,9 @@ func (a *Authorizer) LastSeenTo(ctx context.Context, target string, watchers []s
 // last_seen, as ShowLastSeen does: for a list of users shown to one
 // watcher (global presence's presence_init and GET
 // /api/presence/online). It reads the settings of the targets not cached,
-// several at once, and the edges to watcher from those whose settings
-// leave it to their contacts: one by one, or as watcher's followers, in
-// one read, when there are more than listAbove of them. An error reading
-// the graph hides last_seen from the targets it left undecided.
+// and the edges to watcher from those whose settings leave it to their
+// contacts, several at once. An error reading the graph hides last_seen
+// from the targets it left undecided.
 func (a *Authorizer) LastSeenOf(ctx context.Context, watcher string, targets []string) []bool {
 	out := make([]bool, len(targets))
 	if a.cfg.Policy.external() {
@@ -127,33 +125,34 @@ func (a *Authorizer) LastSeenOf(ctx context.Context, watcher string, targets []s
 			out[i] = settings[i].ShowLastSeen(false, false)
 		}
 	}
-	if len(ask) > 0 {
-		contact, err := a.edgesOf(ctx, watcher, ask, false)
-		for j, i := range at {
-			out[i] = err == nil && contact[j]
-		}
+	contact := make([]bool, len(ask))
+	errs := make([]error, len(ask))
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
+	for j, t := range ask {
+		g.Go(func() error {
+			contact[j], errs[j] = a.follows(gctx, t, watcher)
+			return nil // the others are still decided
+		})
+	}
+	_ = g.Wait()
+	for j, i := range at {
+		out[i] = errs[j] == nil && contact[j]
 	}
 	return out
 }
 
-// edgesOf reports, for each of others, whether user follows it (from
-// true) or it follows user (from false). The edges cached are taken from
-// the cache; the rest are read one by one, several at once, or, when
-// there are more than listAbove of them, as user's list of follows or
-// followers, in one read, cached like the edges.
-func (a *Authorizer) edgesOf(ctx context.Context, user string, others []string, from bool) ([]bool, error) {
-	key := func(o string) string {
-		if from {
-			return presence.FollowKey(user, o)
-		}
-		return presence.FollowKey(o, user)
-	}
+// followsEach reports, for each of others, whether user follows it. The
+// edges cached are taken from the cache; the rest are read one by one,
+// several at once, or, when there are more than listAbove of them, as
+// the list of everyone user follows, in one read, cached like the edges.
+func (a *Authorizer) followsEach(ctx context.Context, user string, others []string) ([]bool, error) {
 	out := make([]bool, len(others))
 	var missing []int
 	now := time.Now()
 	a.mu.Lock()
 	for i, o := range others {
-		if e, ok := a.edges[key(o)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
+		if e, ok := a.edges[presence.FollowKey(user, o)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
 			out[i] = e.v
 		} else {
 			missing = append(missing, i)
@@ -166,17 +165,13 @@ func (a *Authorizer) edgesOf(ctx context.Context, user string, others []string, 
 		for _, i := range missing {
 			g.Go(func() error {
 				var err error
-				if from {
-					out[i], err = a.follows(gctx, user, others[i])
-				} else {
-					out[i], err = a.follows(gctx, others[i], user)
-				}
+				out[i], err = a.follows(gctx, user, others[i])
 				return err
 			})
 		}
 		return out, g.Wait()
 	}
-	set, err := a.listOf(ctx, user, from)
+	set, err := a.following(ctx, user)
 	if err != nil {
 		return nil, err
 	}
@@ -186,15 +181,11 @@ func (a *Authorizer) edgesOf(ctx context.Context, user string, others []string, 
 	return out, nil
 }
 
-// listOf returns everyone user follows (from true) or everyone who
-// follows user (from false), as a set, from the cache if it is there.
-func (a *Authorizer) listOf(ctx context.Context, user string, from bool) (map[string]bool, error) {
-	key, read := followersOf(user), a.cfg.Graph.Followers
-	if from {
-		key, read = followingOf(user), a.cfg.Graph.Following
-	}
-	return readThrough(a, a.lists, maxLists, key, func() (map[string]bool, error) {
-		users, err := read(ctx, user)
+// following returns everyone user follows, as a set, from the cache if it
+// is there.
+func (a *Authorizer) following(ctx context.Context, user string) (map[string]bool, error) {
+	return readThrough(a, a.lists, maxLists, user, func() (map[string]bool, error) {
+		users, err := a.cfg.Graph.Following(ctx, user)
 		if err != nil {
 			return nil, err
 		}
@@ -206,27 +197,24 @@ func (a *Authorizer) listOf(ctx context.Context, user string, from bool) (map[st
 	})
 }
 
-// listed reports whether x follows y from a list of x's follows or of
-// y's followers in the cache, if one is there.
+// listed reports whether x follows y from the list of x's follows in the
+// cache, if it is there.
 func (a *Authorizer) listed(x, y string) (follows, ok bool) {
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e, ok := a.lists[followingOf(x)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
+	if e, ok := a.lists[x]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
 		return e.v[y], true
-	}
-	if e, ok := a.lists[followersOf(y)]; ok && now.Sub(e.at) < a.cfg.CacheTTL {
-		return e.v[x], true
 	}
 	return false, false
 }
 
-// prefetchLists reads target's follows, and under the policies that ask
-// whether the watcher follows the target its followers too, before the
+// prefetchFollowing reads the list of everyone target follows before the
 // subscriptions of watchers to target are re-checked, when they are of
-// more than listAbove users: their re-checks then read no edge one by
-// one. A list that cannot be read leaves the re-checks to read the edges.
-func (a *Authorizer) prefetchLists(ctx context.Context, target string, watchers []hub.Watcher) {
+// more than listAbove users: whether target follows each watcher (a
+// contact, and under the mutual policy allowed) then needs no read of its
+// own. A list that cannot be read leaves the re-checks to read the edges.
+func (a *Authorizer) prefetchFollowing(ctx context.Context, target string, watchers []hub.Watcher) {
 	if a.cfg.Policy.external() {
 		return
 	}
@@ -234,12 +222,8 @@ func (a *Authorizer) prefetchLists(ctx context.Context, target string, watchers 
 	for _, w := range watchers {
 		users[w.UserID()] = true
 	}
-	if len(users) <= listAbove {
-		return
-	}
-	_, _ = a.listOf(ctx, target, true)
-	if a.cfg.Policy != Everyone {
-		_, _ = a.listOf(ctx, target, false)
+	if len(users) > listAbove {
+		_, _ = a.following(ctx, target)
 	}
 }
 
