@@ -23,8 +23,10 @@ const listAbove = 16
 // is emptied.
 const maxLists = 1_000
 
-// ShowLastSeen reports whether watcher may see target's last_seen. An
-// error reading the graph hides it.
+// ShowLastSeen reports whether watcher may see target's last_seen. It
+// reads target's settings, and whether target follows watcher only when
+// the settings leave it to target's contacts. An error reading the graph
+// hides it.
 func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) bool {
 	if watcher == target {
 		return true
@@ -33,12 +35,15 @@ func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) b
 		d, err := a.Decide(ctx, watcher, target)
 		return d.LastSeen && err == nil
 	}
-	back, err := a.follows(ctx, target, watcher)
+	st, err := a.settingsOf(ctx, target)
 	if err != nil {
 		return false
 	}
-	show, err := a.lastSeen(ctx, target, back)
-	return show && err == nil
+	if st.LastSeenVisibility() != presence.Contacts {
+		return st.ShowLastSeen(false, false)
+	}
+	back, err := a.follows(ctx, target, watcher)
+	return back && err == nil
 }
 
 // LastSeenTo reports, for each of watchers, whether it may see target's
@@ -82,12 +87,10 @@ func (a *Authorizer) LastSeenTo(ctx context.Context, target string, watchers []s
 }
 
 // LastSeenOf reports, for each of targets, whether watcher may see its
-// last_seen, as ShowLastSeen does: for a list of users shown to one
-// watcher (global presence's presence_init and GET
-// /api/presence/online). It reads the settings of the targets not cached,
-// and the edges to watcher from those whose settings leave it to their
-// contacts, several at once. An error reading the graph hides last_seen
-// from the targets it left undecided.
+// last_seen, as ShowLastSeen does, several at once: for a list of users
+// shown to one watcher (global presence's presence_init and GET
+// /api/presence/online). An error reading the graph hides last_seen from
+// the targets it left undecided.
 func (a *Authorizer) LastSeenOf(ctx context.Context, watcher string, targets []string) []bool {
 	out := make([]bool, len(targets))
 	if a.cfg.Policy.external() {
@@ -97,48 +100,15 @@ func (a *Authorizer) LastSeenOf(ctx context.Context, watcher string, targets []s
 		}
 		return out
 	}
-	settings := make([]presence.Settings, len(targets))
-	known := make([]bool, len(targets))
-	g, gctx := errgroup.WithContext(ctx)
+	var g errgroup.Group
 	g.SetLimit(readConcurrency)
 	for i, t := range targets {
-		if t == watcher {
-			continue
-		}
 		g.Go(func() error {
-			st, err := a.settingsOf(gctx, t)
-			settings[i], known[i] = st, err == nil
-			return nil // the others are still decided
+			out[i] = a.ShowLastSeen(ctx, watcher, t)
+			return nil
 		})
 	}
 	_ = g.Wait()
-	var ask []string // the targets that show last_seen to their contacts
-	var at []int
-	for i, t := range targets {
-		switch {
-		case t == watcher:
-			out[i] = true
-		case !known[i]:
-		case settings[i].LastSeenVisibility() == presence.Contacts:
-			ask, at = append(ask, t), append(at, i)
-		default:
-			out[i] = settings[i].ShowLastSeen(false, false)
-		}
-	}
-	contact := make([]bool, len(ask))
-	errs := make([]error, len(ask))
-	g, gctx = errgroup.WithContext(ctx)
-	g.SetLimit(readConcurrency)
-	for j, t := range ask {
-		g.Go(func() error {
-			contact[j], errs[j] = a.follows(gctx, t, watcher)
-			return nil // the others are still decided
-		})
-	}
-	_ = g.Wait()
-	for j, i := range at {
-		out[i] = errs[j] == nil && contact[j]
-	}
 	return out
 }
 
