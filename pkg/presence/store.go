@@ -717,35 +717,56 @@ func (s *Store) Follows(ctx context.Context, a, b string) (bool, error) {
 
 // Following returns everyone a follows.
 func (s *Store) Following(ctx context.Context, a string) ([]string, error) {
-	out, err := s.follows(ctx, FollowingFilter(a), func(_, b string) string { return b })
-	if err != nil {
-		return nil, fmt.Errorf("list follows of %s: %w", a, err)
-	}
-	return out, nil
+	out, _, err := s.FollowingAtMost(ctx, a, 0)
+	return out, err
 }
 
-// Followers returns everyone who follows b.
+// FollowingAtMost returns everyone a follows, and true, when they are at
+// most max; past max it stops reading, and returns the first max it read
+// and false. A max of 0 or less reads them all.
+func (s *Store) FollowingAtMost(ctx context.Context, a string, max int) ([]string, bool, error) {
+	out, all, err := s.follows(ctx, FollowingFilter(a), max, func(_, b string) string { return b })
+	if err != nil {
+		return nil, false, fmt.Errorf("list follows of %s: %w", a, err)
+	}
+	return out, all, nil
+}
+
+// Followers returns everyone who follows b. NATS finds their keys by
+// walking those of every user who follows anyone: it is for tools, not
+// for a path that serves many users.
 func (s *Store) Followers(ctx context.Context, b string) ([]string, error) {
-	out, err := s.follows(ctx, FollowersFilter(b), func(a, _ string) string { return a })
+	out, _, err := s.follows(ctx, FollowersFilter(b), 0, func(a, _ string) string { return a })
 	if err != nil {
 		return nil, fmt.Errorf("list followers of %s: %w", b, err)
 	}
 	return out, nil
 }
 
+// errEnough stops a listing that has found what it was asked for.
+var errEnough = errors.New("listed enough")
+
 // follows lists the follow keys that match filter, and returns pick's
-// choice of each key's two users, once each.
-func (s *Store) follows(ctx context.Context, filter string, pick func(a, b string) string) ([]string, error) {
+// choice of each key's two users, once each, and whether that is all of
+// them: past max (unless max is 0 or less) it stops reading and returns
+// the first max.
+func (s *Store) follows(ctx context.Context, filter string, max int, pick func(a, b string) string) ([]string, bool, error) {
 	seen := make(map[string]bool)
 	var out []string
 	err := list(ctx, s.graph, []string{filter}, func(e jetstream.KeyValueEntry) error {
 		if a, b, ok := ParseFollowKey(e.Key()); ok && !seen[e.Key()] {
+			if max > 0 && len(out) == max {
+				return errEnough
+			}
 			seen[e.Key()] = true
 			out = append(out, pick(a, b))
 		}
 		return nil
 	})
-	return out, err
+	if errors.Is(err, errEnough) {
+		return out, false, nil
+	}
+	return out, true, err
 }
 
 // Follow records that a follows b.

@@ -419,6 +419,16 @@ func TestGraph(t *testing.T) {
 	if err != nil || !slices.Equal(following, []string{"b", "c"}) {
 		t.Errorf("a follows %v, %v", following, err)
 	}
+	for _, tc := range []struct {
+		max  int
+		n    int
+		want bool
+	}{{0, 2, true}, {2, 2, true}, {3, 2, true}, {1, 1, false}} {
+		got, all, err := st.FollowingAtMost(ctx, "a", tc.max)
+		if err != nil || len(got) != tc.n || all != tc.want || !slices.ContainsFunc(got, func(u string) bool { return u == "b" || u == "c" }) {
+			t.Errorf("FollowingAtMost(a, %d) = %v, %v, %v; want %d of b and c, %v", tc.max, got, all, err, tc.n, tc.want)
+		}
+	}
 	followers, err := st.Followers(ctx, "b")
 	slices.Sort(followers)
 	if err != nil || !slices.Equal(followers, []string{"a", "c"}) {

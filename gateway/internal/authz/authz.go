@@ -64,8 +64,9 @@ func (p Policy) external() bool { return p == Token || p == App }
 type Graph interface {
 	// Follows reports whether a follows b.
 	Follows(ctx context.Context, a, b string) (bool, error)
-	// Following returns everyone a follows.
-	Following(ctx context.Context, a string) ([]string, error)
+	// FollowingAtMost returns everyone a follows, and true, when they are
+	// at most max; else the first max, and false.
+	FollowingAtMost(ctx context.Context, a string, max int) ([]string, bool, error)
 	// Settings returns a user's privacy settings.
 	Settings(ctx context.Context, userID string) (presence.Settings, error)
 }
@@ -389,12 +390,9 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 	if a.cfg.Policy.external() {
 		return a.friendsExternal(ctx, user, max)
 	}
-	following, err := a.cfg.Graph.Following(ctx, user)
+	following, _, err := a.cfg.Graph.FollowingAtMost(ctx, user, max)
 	if err != nil {
 		return nil, err
-	}
-	if len(following) > max {
-		following = following[:max]
 	}
 	found := make([]*hub.Grant, len(following))
 	g, gctx := errgroup.WithContext(ctx)

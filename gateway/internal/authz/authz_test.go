@@ -45,8 +45,12 @@ func (g *graph) Follows(_ context.Context, a, b string) (bool, error) {
 	return g.follows[[2]string{a, b}], nil
 }
 
-func (g *graph) Following(_ context.Context, a string) ([]string, error) {
-	return g.list(func(e [2]string) (string, bool) { return e[1], e[0] == a })
+func (g *graph) FollowingAtMost(_ context.Context, a string, max int) ([]string, bool, error) {
+	out, err := g.list(func(e [2]string) (string, bool) { return e[1], e[0] == a })
+	if max > 0 && len(out) > max {
+		return out[:max], false, err
+	}
+	return out, true, err
 }
 
 // list returns the users pick takes from the edges, sorted.

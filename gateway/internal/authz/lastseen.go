@@ -2,6 +2,7 @@ package authz
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -17,6 +18,16 @@ import (
 // those of a user's followers it walks the keys of every user who follows
 // anyone.)
 const listAbove = 16
+
+// listFactor bounds how long a list of follows is read for a decision
+// about n users: up to listFactor×n entries (NATS hands over a listed key
+// for a fraction of what a read of its own costs). A longer list is given
+// up, and the edges read one by one.
+const listFactor = 8
+
+// errLongList says a list of follows was longer than the reads it would
+// save.
+var errLongList = errors.New("list of follows longer than the reads it would save")
 
 // maxLists bounds the lists of follows cached (each may be long; they
 // serve the users who change again within the cache's TTL); a full cache
@@ -113,9 +124,10 @@ func (a *Authorizer) LastSeenOf(ctx context.Context, watcher string, targets []s
 }
 
 // followsEach reports, for each of others, whether user follows it. The
-// edges cached are taken from the cache; the rest are read one by one,
-// several at once, or, when there are more than listAbove of them, as
-// the list of everyone user follows, in one read, cached like the edges.
+// edges cached are taken from the cache; the rest are read as the list of
+// everyone user follows, in one read cached like the edges, when there
+// are more than listAbove of them and the list is not too long for it,
+// and else one by one, several at once.
 func (a *Authorizer) followsEach(ctx context.Context, user string, others []string) ([]bool, error) {
 	out := make([]bool, len(others))
 	var missing []int
@@ -129,35 +141,41 @@ func (a *Authorizer) followsEach(ctx context.Context, user string, others []stri
 		}
 	}
 	a.mu.Unlock()
-	if len(missing) <= listAbove {
-		g, gctx := errgroup.WithContext(ctx)
-		g.SetLimit(readConcurrency)
-		for _, i := range missing {
-			g.Go(func() error {
-				var err error
-				out[i], err = a.follows(gctx, user, others[i])
-				return err
-			})
+	if len(missing) > listAbove {
+		set, err := a.following(ctx, user, len(missing))
+		if err == nil {
+			for _, i := range missing {
+				out[i] = set[others[i]]
+			}
+			return out, nil
 		}
-		return out, g.Wait()
+		if !errors.Is(err, errLongList) {
+			return nil, err
+		}
 	}
-	set, err := a.following(ctx, user)
-	if err != nil {
-		return nil, err
-	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(readConcurrency)
 	for _, i := range missing {
-		out[i] = set[others[i]]
+		g.Go(func() error {
+			var err error
+			out[i], err = a.follows(gctx, user, others[i])
+			return err
+		})
 	}
-	return out, nil
+	return out, g.Wait()
 }
 
 // following returns everyone user follows, as a set, from the cache if it
-// is there.
-func (a *Authorizer) following(ctx context.Context, user string) (map[string]bool, error) {
+// is there, or errLongList when they are more than listFactor×n, for a
+// decision about n users.
+func (a *Authorizer) following(ctx context.Context, user string, n int) (map[string]bool, error) {
 	return readThrough(a, a.lists, maxLists, user, func() (map[string]bool, error) {
-		users, err := a.cfg.Graph.Following(ctx, user)
+		users, all, err := a.cfg.Graph.FollowingAtMost(ctx, user, listFactor*n)
 		if err != nil {
 			return nil, err
+		}
+		if !all {
+			return nil, errLongList
 		}
 		set := make(map[string]bool, len(users))
 		for _, u := range users {
@@ -193,7 +211,7 @@ func (a *Authorizer) prefetchFollowing(ctx context.Context, target string, watch
 		users[w.UserID()] = true
 	}
 	if len(users) > listAbove {
-		_, _ = a.following(ctx, target)
+		_, _ = a.following(ctx, target, len(users))
 	}
 }
 

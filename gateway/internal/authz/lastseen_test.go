@@ -206,3 +206,27 @@ func TestSettingsChangeReadsLists(t *testing.T) {
 		})
 	}
 }
+
+// TestLongListGivenUp: a target who follows far more users than the
+// watchers whose edges a decision needs has its list given up once it
+// grows past listFactor times them, and the edges read one by one.
+func TestLongListGivenUp(t *testing.T) {
+	ctx := context.Background()
+	g := newGraph()
+	for _, u := range users("f", 1000) {
+		g.set("star", u, true)
+	}
+	watchers := users("w", 20)
+	g.set("star", "w03", true)
+	r := newRig(Everyone, g)
+	checkReads(t, g, "a list too long", func() []bool { return r.a.LastSeenTo(ctx, "star", watchers) },
+		func(i int) (string, string) { return watchers[i], "star" }, len(watchers), 20, 1)
+	checkReads(t, g, "the edges cached", func() []bool { return r.a.LastSeenTo(ctx, "star", watchers) },
+		func(i int) (string, string) { return watchers[i], "star" }, len(watchers), 0, 0)
+	// Enough watchers for the list: it is read, and cached.
+	many := users("f", 200)
+	checkReads(t, g, "a list short enough", func() []bool { return r.a.LastSeenTo(ctx, "star", many) },
+		func(i int) (string, string) { return many[i], "star" }, len(many), 0, 1)
+	checkReads(t, g, "the list cached", func() []bool { return r.a.LastSeenTo(ctx, "star", many) },
+		func(i int) (string, string) { return many[i], "star" }, len(many), 0, 0)
+}
