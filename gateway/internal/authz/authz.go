@@ -282,11 +282,16 @@ func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decisi
 
 // DecideAll decides every target for watcher, reading the graph in
 // parallel. Under the app policy the targets not cached are asked in one
-// question. When it fails, the refusals it returns still hold (see
-// Decision.refused).
+// question. Under the policies that ask whether the watcher follows each
+// target, for more than listAbove targets everyone the watcher follows is
+// read as one list (when it is not too long for it). When it fails, the
+// refusals it returns still hold (see Decision.refused).
 func (a *Authorizer) DecideAll(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
 	if a.cfg.Policy.external() {
 		return a.decideExternal(ctx, watcher, targets)
+	}
+	if a.cfg.Policy != Everyone && len(targets) > listAbove {
+		_, _ = a.following(ctx, watcher, len(targets)) // a list that cannot be read leaves the edges to Decide
 	}
 	out := make([]Decision, len(targets))
 	g, gctx := errgroup.WithContext(ctx)

@@ -230,3 +230,31 @@ func TestLongListGivenUp(t *testing.T) {
 	checkReads(t, g, "the list cached", func() []bool { return r.a.LastSeenTo(ctx, "star", many) },
 		func(i int) (string, string) { return many[i], "star" }, len(many), 0, 0)
 }
+
+// TestSubscribeReadsFollowsAsList: a subscription to many targets under
+// the mutual policy reads whether the watcher follows each from the list
+// of its follows, read once, and whether each follows the watcher one by
+// one.
+func TestSubscribeReadsFollowsAsList(t *testing.T) {
+	ctx := context.Background()
+	g := newGraph()
+	targets := users("t", 30)
+	for i, u := range targets {
+		g.set("alice", u, i%3 != 0) // alice follows two thirds of them
+		g.set(u, "alice", true)
+	}
+	r := newRig(Mutual, g)
+	alice := r.sock("alice")
+	e0, l0 := g.counts()
+	grants, denied, _, err := r.a.Subscribe(ctx, alice, targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e1, l1 := g.counts()
+	if len(grants) != 20 || len(denied) != 10 {
+		t.Errorf("granted %d and denied %d, want 20 and 10", len(grants), len(denied))
+	}
+	if e, l := e1-e0, l1-l0; e != 30 || l != 1 {
+		t.Errorf("read %d edges and %d lists, want 30 and 1", e, l)
+	}
+}
