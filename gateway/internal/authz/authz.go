@@ -153,8 +153,7 @@ type Authorizer struct {
 	mu       sync.Mutex
 	edges    map[string]cached[bool] // follow key -> it exists
 	settings map[string]cached[presence.Settings]
-	lists    map[string]cached[map[string]bool] // everyone a user follows, as a set (lastseen.go)
-	answers  map[pair]cached[bool]              // the app's answers
+	answers  map[pair]cached[bool] // the app's answers
 	// gen counts the entries dropped by graph changes: a read that began
 	// before one is not cached, since it may predate the change.
 	gen uint64
@@ -226,7 +225,6 @@ func New(cfg Config) *Authorizer {
 		cfg:      cfg,
 		edges:    make(map[string]cached[bool]),
 		settings: make(map[string]cached[presence.Settings]),
-		lists:    make(map[string]cached[map[string]bool]),
 		answers:  make(map[pair]cached[bool]),
 		tickets:  make(map[*ticket]struct{}),
 		retries:  make(map[retryKey]uint64),
@@ -282,16 +280,11 @@ func (a *Authorizer) Decide(ctx context.Context, watcher, target string) (Decisi
 
 // DecideAll decides every target for watcher, reading the graph in
 // parallel. Under the app policy the targets not cached are asked in one
-// question. Under the policies that ask whether the watcher follows each
-// target, for more than listAbove targets everyone the watcher follows is
-// read as one list (when it is not too long for it). When it fails, the
-// refusals it returns still hold (see Decision.refused).
+// question. When it fails, the refusals it returns still hold (see
+// Decision.refused).
 func (a *Authorizer) DecideAll(ctx context.Context, watcher string, targets []string) ([]Decision, error) {
 	if a.cfg.Policy.external() {
 		return a.decideExternal(ctx, watcher, targets)
-	}
-	if a.cfg.Policy != Everyone && len(targets) > listAbove {
-		_, _ = a.following(ctx, watcher, len(targets)) // a list that cannot be read leaves the edges to Decide
 	}
 	out := make([]Decision, len(targets))
 	g, gctx := errgroup.WithContext(ctx)
@@ -431,12 +424,8 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 	return out, nil
 }
 
-// follows reports whether x follows y: from the list of x's follows in
-// the cache, or the cache of edges, or else a read.
+// follows reports whether x follows y.
 func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
-	if v, ok := a.listed(x, y); ok {
-		return v, nil
-	}
 	return readThrough(a, a.edges, maxCacheEntries, presence.FollowKey(x, y), func() (bool, error) {
 		return a.cfg.Graph.Follows(ctx, x, y)
 	})
@@ -458,7 +447,6 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 	if x, y, ok := presence.ParseFollowKey(key); ok && !a.cfg.Policy.external() {
 		a.mu.Lock()
 		delete(a.edges, key)
-		delete(a.lists, x)
 		a.gen++
 		// x -> y decides whether x may watch y (every policy but
 		// everyone), whether y may watch x (mutual), and whether y may
@@ -477,9 +465,7 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 		a.gen++
 		a.touchLocked(func(_ *ticket, target string) bool { return target == u })
 		a.mu.Unlock()
-		watchers := a.cfg.Hub.WatchersOf(u)
-		a.prefetchFollowing(ctx, u, watchers)
-		for _, w := range watchers {
+		for _, w := range a.cfg.Hub.WatchersOf(u) {
 			a.recheck(ctx, w, u)
 		}
 	}
