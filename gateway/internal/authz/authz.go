@@ -180,9 +180,9 @@ type cached[V any] struct {
 
 // readThrough returns m's entry for key if it is younger than the cache's
 // TTL, or else what read returns, cached unless the graph changed while
-// it read (the read may predate the change); a cache of max entries is
-// emptied first.
-func readThrough[V any](a *Authorizer, m map[string]cached[V], max int, key string, read func() (V, error)) (V, error) {
+// it read (the read may predate the change); a cache of maxCacheEntries
+// is emptied first.
+func readThrough[V any](a *Authorizer, m map[string]cached[V], key string, read func() (V, error)) (V, error) {
 	now := time.Now()
 	a.mu.Lock()
 	e, ok := m[key]
@@ -197,7 +197,7 @@ func readThrough[V any](a *Authorizer, m map[string]cached[V], max int, key stri
 	}
 	a.mu.Lock()
 	if a.gen == gen {
-		if len(m) >= max {
+		if len(m) >= maxCacheEntries {
 			clear(m)
 		}
 		m[key] = cached[V]{v, now}
@@ -426,14 +426,14 @@ func (a *Authorizer) Friends(ctx context.Context, user string, max int) ([]hub.G
 
 // follows reports whether x follows y.
 func (a *Authorizer) follows(ctx context.Context, x, y string) (bool, error) {
-	return readThrough(a, a.edges, maxCacheEntries, presence.FollowKey(x, y), func() (bool, error) {
+	return readThrough(a, a.edges, presence.FollowKey(x, y), func() (bool, error) {
 		return a.cfg.Graph.Follows(ctx, x, y)
 	})
 }
 
 // settingsOf returns a user's privacy settings.
 func (a *Authorizer) settingsOf(ctx context.Context, userID string) (presence.Settings, error) {
-	return readThrough(a, a.settings, maxCacheEntries, userID, func() (presence.Settings, error) {
+	return readThrough(a, a.settings, userID, func() (presence.Settings, error) {
 		return a.cfg.Graph.Settings(ctx, userID)
 	})
 }
