@@ -408,7 +408,10 @@ func (h *Hub) Deliver(ev *presence.Event) (dropped int) {
 // Resend hands p, read at status revision rev, to w's subscription to p's
 // user even if w already has that revision: what w may see of it changed
 // (last_seen visibility). A newer event seen meanwhile wins. It does
-// nothing while w's snapshot of the user is being read.
+// nothing while w's snapshot of the user is being read, nor when w has a
+// newer revision than both: a snapshot settled after rev was read, so
+// after the change of what w may see (the caller reads after it), and
+// shown as w may see it now; p would take w back to an older state.
 func (h *Hub) Resend(w Watcher, p presence.Presence, rev uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -423,7 +426,10 @@ func (h *Hub) Resend(w Watcher, p presence.Presence, rev uint64) {
 	if t.last.Rev > rev {
 		p, rev = t.last.Presence(), t.last.Rev
 	}
-	wt.rev = max(wt.rev, rev)
+	if rev < wt.rev {
+		return
+	}
+	wt.rev = rev
 	if !wt.lastSeen {
 		p.LastSeen = 0
 	}
