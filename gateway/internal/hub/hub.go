@@ -71,8 +71,18 @@ type Hub struct {
 type target struct {
 	sub      Subscription // nil when events come from a shared subscription
 	watchers map[Watcher]*watch
-	// last is the newest event seen for the user; zero Rev if none.
+	// last is the newest state of the user the hub knows: from an event,
+	// a snapshot settled, or a state resent; zero Rev if none. No watch
+	// has a newer revision.
 	last presence.Event
+}
+
+// know takes p, the user's state at status revision rev written at (unix
+// ms, 0 if unknown), as the newest known if it is newer.
+func (t *target) know(p presence.Presence, rev uint64, at int64) {
+	if rev > t.last.Rev {
+		t.last = presence.Event{UserID: p.UserID, Status: p.Status, LastSeen: p.LastSeen, Rev: rev, At: at}
+	}
 }
 
 // watch is one socket's subscription to one user.
@@ -189,7 +199,8 @@ func (h *Hub) Settle(w Watcher, snapshot []Entry) []Entry {
 		if wt == nil {
 			continue
 		}
-		if t := h.targets[e.Presence.UserID]; t.last.Rev > e.Rev {
+		t := h.targets[e.Presence.UserID]
+		if t.know(e.Presence, e.Rev, 0); t.last.Rev > e.Rev {
 			e.Rev, e.Presence = t.last.Rev, t.last.Presence()
 		}
 		wt.rev, wt.blocked, wt.added = e.Rev, false, false
@@ -386,9 +397,7 @@ func (h *Hub) Deliver(ev *presence.Event) (dropped int) {
 	if t == nil {
 		return 0
 	}
-	if ev.Rev > t.last.Rev {
-		t.last = *ev
-	}
+	t.know(ev.Presence(), ev.Rev, ev.At)
 	p := ev.Presence()
 	for w, wt := range t.watchers {
 		if wt.blocked || wt.rev >= ev.Rev {
@@ -405,13 +414,11 @@ func (h *Hub) Deliver(ev *presence.Event) (dropped int) {
 	return dropped
 }
 
-// Resend hands p, read at status revision rev, to w's subscription to p's
-// user even if w already has that revision: what w may see of it changed
-// (last_seen visibility). A newer event seen meanwhile wins. It does
-// nothing while w's snapshot of the user is being read, nor when w has a
-// newer revision than both: a snapshot settled after rev was read, so
-// after the change of what w may see (the caller reads after it), and
-// shown as w may see it now; p would take w back to an older state.
+// Resend hands the user's newest state the hub knows, p read at status
+// revision rev or a newer one, to w's subscription to p's user even if w
+// already has that revision: what w may see of it changed (last_seen
+// visibility). It does nothing while w's snapshot of the user is being
+// read.
 func (h *Hub) Resend(w Watcher, p presence.Presence, rev uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -423,11 +430,8 @@ func (h *Hub) Resend(w Watcher, p presence.Presence, rev uint64) {
 	if wt == nil || wt.blocked {
 		return
 	}
-	if t.last.Rev > rev {
+	if t.know(p, rev, 0); t.last.Rev > rev {
 		p, rev = t.last.Presence(), t.last.Rev
-	}
-	if rev < wt.rev {
-		return
 	}
 	wt.rev = rev
 	if !wt.lastSeen {
