@@ -281,7 +281,7 @@ func (c *Consumer) firstStalled() (string, error) {
 func (c *Consumer) Run(ctx context.Context) error {
 	defer c.setStep("stopped")
 	c.setStep("opening its buckets")
-	store, err := presence.Open(ctx, c.nc, c.cfg.Buckets)
+	store, err := c.openStore(ctx)
 	if err != nil {
 		return startErr(ctx, err)
 	}
@@ -402,24 +402,47 @@ func (c *Consumer) stopAdmin(ops *admin.Server) {
 const flushTimeout = 10 * time.Second
 
 // createConsumer creates or updates a durable consumer of stream,
-// trying again while the server does not answer in time (a cluster still
-// electing its leaders, or too busy), with a pause that doubles from
-// retryFirst to retryMost, until ctx ends; each time, it tells unanswered
-// (if set) the error. Any other error is returned at once.
+// trying again while the server does not answer in time (see
+// untilAnswered); each time, it tells unanswered (if set) the error.
 func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, unanswered func(error)) (jetstream.Consumer, error) {
-	var pause time.Duration
-	for {
-		cons, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
-		if err == nil || ctx.Err() != nil || !isUnanswered(err) {
-			return cons, err
-		}
+	return untilAnswered(ctx, func() (jetstream.Consumer, error) {
+		return js.CreateOrUpdateConsumer(ctx, stream, cfg)
+	}, func(err error, pause time.Duration) {
 		if unanswered != nil {
 			unanswered(err)
 		}
-		pause = nextRetry(pause)
 		c.log.Warn("create the durable consumer: no answer in time; trying again", "consumer", cfg.Durable, "stream", stream, "err", err, "retry_in", pause)
+	})
+}
+
+// openStore opens greendot's buckets, trying again while the server does
+// not answer in time (see untilAnswered), as a cluster that is starting
+// may not for a while.
+func (c *Consumer) openStore(ctx context.Context) (*presence.Store, error) {
+	return untilAnswered(ctx, func() (*presence.Store, error) {
+		return presence.Open(ctx, c.nc, c.cfg.Buckets)
+	}, func(err error, pause time.Duration) {
+		c.setStep("opening its buckets, which got no answer in time; trying again: %v", err)
+		c.log.Warn("open the buckets: no answer in time; trying again", "err", err, "retry_in", pause)
+	})
+}
+
+// untilAnswered calls try until it succeeds or fails with an answer (a
+// refusal, returned at once), or ctx ends: a JetStream request that got
+// no answer in time (a cluster still electing its leaders, or too busy)
+// is tried again after a pause that doubles from retryFirst to retryMost,
+// and unanswered is told of it first.
+func untilAnswered[T any](ctx context.Context, try func() (T, error), unanswered func(err error, pause time.Duration)) (T, error) {
+	var pause time.Duration
+	for {
+		v, err := try()
+		if err == nil || ctx.Err() != nil || !isUnanswered(err) {
+			return v, err
+		}
+		pause = nextRetry(pause)
+		unanswered(err, pause)
 		if err := sleep.For(ctx, pause); err != nil {
-			return nil, err
+			return v, err
 		}
 	}
 }
