@@ -21,6 +21,7 @@ import (
 	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/gateway/internal/outbox"
 	"github.com/greendot/greendot/gateway/internal/socket"
+	"github.com/greendot/greendot/internal/jsretry"
 	"github.com/greendot/greendot/pkg/metrics"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
@@ -324,7 +325,12 @@ func startErr(ctx context.Context, err error) error {
 // open opens the buckets, takes the gateway's lease, and makes the parts
 // that need them. addr is the listen address, for the lease.
 func (s *Service) open(ctx context.Context, addr string) error {
-	store, err := presence.Open(ctx, s.nc, s.cfg.Buckets)
+	// A cluster that is starting may not answer for a while: asked again.
+	store, err := jsretry.Until(ctx, 100*time.Millisecond, 5*time.Second, func() (*presence.Store, error) {
+		return presence.Open(ctx, s.nc, s.cfg.Buckets)
+	}, func(err error, pause time.Duration) {
+		s.log.Warn("open the buckets: no answer in time; trying again", "err", err, "retry_in", pause)
+	})
 	if err != nil {
 		return err
 	}

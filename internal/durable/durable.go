@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/greendot/greendot/internal/sleep"
+	"github.com/greendot/greendot/internal/jsretry"
 	"github.com/greendot/greendot/pkg/admin"
 	"github.com/greendot/greendot/pkg/presence"
 )
@@ -403,9 +403,10 @@ const flushTimeout = 10 * time.Second
 
 // createConsumer creates or updates a durable consumer of stream,
 // trying again while the server does not answer in time (see
-// untilAnswered); each time, it tells unanswered (if set) the error.
+// jsretry.Until), after pauses from retryFirst doubling to retryMost;
+// each time, it tells unanswered (if set) the error.
 func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig, unanswered func(error)) (jetstream.Consumer, error) {
-	return untilAnswered(ctx, func() (jetstream.Consumer, error) {
+	return jsretry.Until(ctx, retryFirst, retryMost, func() (jetstream.Consumer, error) {
 		return js.CreateOrUpdateConsumer(ctx, stream, cfg)
 	}, func(err error, pause time.Duration) {
 		if unanswered != nil {
@@ -416,41 +417,15 @@ func (c *Consumer) createConsumer(ctx context.Context, js jetstream.JetStream, s
 }
 
 // openStore opens greendot's buckets, trying again while the server does
-// not answer in time (see untilAnswered), as a cluster that is starting
+// not answer in time, as createConsumer does: a cluster that is starting
 // may not for a while.
 func (c *Consumer) openStore(ctx context.Context) (*presence.Store, error) {
-	return untilAnswered(ctx, func() (*presence.Store, error) {
+	return jsretry.Until(ctx, retryFirst, retryMost, func() (*presence.Store, error) {
 		return presence.Open(ctx, c.nc, c.cfg.Buckets)
 	}, func(err error, pause time.Duration) {
 		c.setStep("opening its buckets, which got no answer in time; trying again: %v", err)
 		c.log.Warn("open the buckets: no answer in time; trying again", "err", err, "retry_in", pause)
 	})
-}
-
-// untilAnswered calls try until it succeeds or fails with an answer (a
-// refusal, returned at once), or ctx ends: a JetStream request that got
-// no answer in time (a cluster still electing its leaders, or too busy)
-// is tried again after a pause that doubles from retryFirst to retryMost,
-// and unanswered is told of it first.
-func untilAnswered[T any](ctx context.Context, try func() (T, error), unanswered func(err error, pause time.Duration)) (T, error) {
-	var pause time.Duration
-	for {
-		v, err := try()
-		if err == nil || ctx.Err() != nil || !isUnanswered(err) {
-			return v, err
-		}
-		pause = nextRetry(pause)
-		unanswered(err, pause)
-		if err := sleep.For(ctx, pause); err != nil {
-			return v, err
-		}
-	}
-}
-
-// isUnanswered reports whether err says that a JetStream request got no
-// answer in time, rather than an answer that refused it.
-func isUnanswered(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // startErr returns err, the reason a start failed, or nil when ctx was
