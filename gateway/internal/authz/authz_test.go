@@ -46,29 +46,23 @@ func (g *graph) Follows(_ context.Context, a, b string) (bool, error) {
 }
 
 func (g *graph) FollowingAtMost(_ context.Context, a string, max int) ([]string, bool, error) {
-	out, err := g.list(func(e [2]string) (string, bool) { return e[1], e[0] == a })
-	if max > 0 && len(out) > max {
-		return out[:max], false, err
-	}
-	return out, true, err
-}
-
-// list returns the users pick takes from the edges, sorted.
-func (g *graph) list(pick func(e [2]string) (string, bool)) ([]string, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.lists++
 	if g.down {
-		return nil, errGraphDown
+		return nil, false, errGraphDown
 	}
 	var out []string
 	for e, on := range g.follows {
-		if u, ok := pick(e); ok && on {
-			out = append(out, u)
+		if e[0] == a && on {
+			out = append(out, e[1])
 		}
 	}
 	slices.Sort(out)
-	return out, nil
+	if max > 0 && len(out) > max {
+		return out[:max], false, nil
+	}
+	return out, true, nil
 }
 
 func (g *graph) Settings(_ context.Context, u string) (presence.Settings, error) {
