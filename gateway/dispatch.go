@@ -142,17 +142,20 @@ func (n notifier) Revoked(w hub.Watcher, user, reason string) {
 	n.s.sendDenied(c, "", user, reason)
 }
 
-// Reshow reads user's presence and delivers it to the socket again, as it
-// may now see it.
-func (n notifier) Reshow(w hub.Watcher, user string) {
+// Reshow reads user's presence once and delivers it to each socket again,
+// as each may now see it. One read serves them all: the hub sends each the
+// newest state it knows, should a newer one have reached a socket since.
+func (n notifier) Reshow(user string, ws []hub.Watcher) {
 	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 	defer cancel()
 	p, rev, _, err := n.s.presenceOf(ctx, user)
 	if err != nil {
-		n.s.log.Warn("resend presence", "user_id", w.UserID(), "target", user, "err", err)
+		n.s.log.Warn("resend presence", "target", user, "sockets", len(ws), "err", err)
 		return
 	}
-	n.s.hub.Resend(w, p, rev)
+	for _, w := range ws {
+		n.s.hub.Resend(w, p, rev)
+	}
 }
 
 // presenceOf reads what others see of a user, with last_seen, the

@@ -489,3 +489,52 @@ func TestInvisibleNeverLeaks(t *testing.T) {
 	systest.AwaitStatus(t, global, "ghost", presence.Online)
 	systest.AwaitStatus(t, other, "ghost", presence.Online)
 }
+
+// TestSettingsChangeReadsPresenceOnce: a change of a user's settings that
+// changes what many sockets see of the user's last_seen shows the user
+// again to each of them, with one read of the user's status record for
+// them all, where it read the record once per socket.
+func TestSettingsChangeReadsPresenceOnce(t *testing.T) {
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyFollow}})
+	gw := sys.Gateway()
+	ctx := context.Background()
+	if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Everyone}); err != nil {
+		t.Fatal(err)
+	}
+	dialKept(t, sys, gw, "target")
+	watchers := make([]*client.Conn, 20)
+	contact := func(i int) bool { return i%2 == 0 }
+	for i := range watchers {
+		id := fmt.Sprintf("w%02d", i)
+		sys.Follow(id, "target")
+		if contact(i) {
+			sys.Follow("target", id)
+		}
+		watchers[i] = dialKept(t, sys, gw, id)
+		if err := watchers[i].Subscribe("s", "target"); err != nil {
+			t.Fatal(err)
+		}
+		if p := systest.AwaitStatus(t, watchers[i], "target", presence.Online); p.LastSeen == 0 {
+			t.Fatalf("%s sees no last_seen under everyone: %+v", id, p)
+		}
+	}
+	reads := func() float64 {
+		return metricValue(t, gw, "greendot_gateway_kv_seconds", map[string]string{"op": "get_status"})
+	}
+	before := reads()
+	if err := sys.Store.SetSettings(ctx, "target", presence.Settings{LastSeen: presence.Contacts}); err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range watchers {
+		if contact(i) {
+			continue
+		}
+		systest.Await(t, c, systest.EventTimeout, fmt.Sprintf("w%02d shown the target without last_seen", i), func(m protocol.ServerMessage) bool {
+			p, ok := presenceOf(m, "target")
+			return m.Type == protocol.TypePresenceBatch && ok && p.Status == presence.Online && p.LastSeen == 0
+		})
+	}
+	if n := reads() - before; n != 1 {
+		t.Errorf("the status record was read %v times to show the target again to %d sockets, want once", n, len(watchers)/2)
+	}
+}

@@ -77,9 +77,11 @@ type Notifier interface {
 	// Revoked says w may no longer watch user: its subscription was ended
 	// for reason (a denial reason of the protocol).
 	Revoked(w hub.Watcher, user, reason string)
-	// Reshow says what w may see of user changed (its last_seen): w is to
-	// be sent user's presence again.
-	Reshow(w hub.Watcher, user string)
+	// Reshow says what each of ws may see of user changed (its
+	// last_seen): each is to be sent user's presence again. One call
+	// carries every socket of one change, so that the presence is read
+	// once for them all.
+	Reshow(user string, ws []hub.Watcher)
 }
 
 // Config configures an Authorizer.
@@ -455,8 +457,10 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 			return t.watcher == x && target == y || t.watcher == y && target == x
 		})
 		a.mu.Unlock()
-		a.recheckUser(ctx, x, y)
-		a.recheckUser(ctx, y, x)
+		var again showing
+		a.recheckUser(ctx, x, y, &again)
+		a.recheckUser(ctx, y, x, &again)
+		a.show(&again)
 		return
 	}
 	if u, ok := presence.ParseSettingsKey(key); ok {
@@ -465,9 +469,56 @@ func (a *Authorizer) Changed(ctx context.Context, key string) {
 		a.gen++
 		a.touchLocked(func(_ *ticket, target string) bool { return target == u })
 		a.mu.Unlock()
-		for _, w := range a.cfg.Hub.WatchersOf(u) {
-			a.recheck(ctx, w, u)
-		}
+		a.recheckWatchers(ctx, u)
+	}
+}
+
+// recheckWatchers re-decides every subscription to u, after a change of
+// u's settings, readConcurrency at once: under the contacts setting each
+// watcher's decision reads an edge of its own. The settings are read
+// first, once for them all (a failure is each re-check's to handle). The
+// sockets that now see u's last_seen otherwise are shown u again, with
+// one read of u's presence.
+func (a *Authorizer) recheckWatchers(ctx context.Context, u string) {
+	ws := a.cfg.Hub.WatchersOf(u)
+	if len(ws) == 0 {
+		return
+	}
+	_, _ = a.settingsOf(ctx, u)
+	var again showing
+	var g errgroup.Group
+	g.SetLimit(readConcurrency)
+	for _, w := range ws {
+		g.Go(func() error {
+			a.recheck(ctx, w, u, &again)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	a.show(&again)
+}
+
+// showing gathers the sockets that re-checks found are to be shown a user
+// again, by user, so that each user's presence is read once for them.
+type showing struct {
+	mu sync.Mutex
+	to map[string][]hub.Watcher
+}
+
+// add has k's target shown to k's socket again.
+func (s *showing) add(k retryKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.to == nil {
+		s.to = make(map[string][]hub.Watcher)
+	}
+	s.to[k.target] = append(s.to[k.target], k.w)
+}
+
+// show tells the sockets s gathered.
+func (a *Authorizer) show(s *showing) {
+	for user, ws := range s.to {
+		a.cfg.Notify.Reshow(user, ws)
 	}
 }
 
@@ -484,41 +535,44 @@ func (a *Authorizer) touchLocked(match func(t *ticket, target string) bool) {
 	}
 }
 
-// recheckUser re-decides the subscriptions of watcher's sockets to target.
-func (a *Authorizer) recheckUser(ctx context.Context, watcher, target string) {
+// recheckUser re-decides the subscriptions of watcher's sockets to target,
+// gathering in again those to be shown target again.
+func (a *Authorizer) recheckUser(ctx context.Context, watcher, target string, again *showing) {
 	for _, w := range a.cfg.SocketsOf(watcher) {
 		if a.cfg.Hub.Watching(w, target) {
-			a.recheck(ctx, w, target)
+			a.recheck(ctx, w, target, again)
 		}
 	}
 }
 
 // recheck re-decides w's subscription to target: one no longer allowed
-// ends; a change of what w may see has target shown to it again. One that
-// cannot be decided for a failed read is tried again later.
-func (a *Authorizer) recheck(ctx context.Context, w hub.Watcher, target string) {
+// ends; one whose socket may now see otherwise is gathered in again, to
+// have target shown to it again. One that cannot be decided for a failed
+// read is tried again later.
+func (a *Authorizer) recheck(ctx context.Context, w hub.Watcher, target string, again *showing) {
 	k := retryKey{w, target}
 	before := a.queued(k)
 	d, err := a.Decide(withListOf(ctx, w), w.UserID(), target)
 	if err != nil {
 		a.cfg.Logger.Warn("recheck subscription; trying again", "user_id", w.UserID(), "target", target, "err", err)
 	}
-	a.settle(k, before, d, err)
+	a.settle(k, before, d, err, again)
 }
 
 // changeLocked makes k's subscription in the hub what d says, and returns
 // how to tell its socket: one no longer allowed ends (told once, however
 // many re-checks refuse it); a change of what it may see has its target
-// shown again. The caller holds mu, so that re-checks change a
-// subscription one at a time, and tells the socket once it has unlocked.
-func (a *Authorizer) changeLocked(k retryKey, d Decision) (tell func()) {
+// shown again (gathered in again). The caller holds mu, so that re-checks
+// change a subscription one at a time, and tells the socket once it has
+// unlocked.
+func (a *Authorizer) changeLocked(k retryKey, d Decision, again *showing) (tell func()) {
 	h := a.cfg.Hub
 	switch {
 	case !d.Allowed && h.Watching(k.w, k.target):
 		h.Remove(k.w, []string{k.target})
 		return func() { a.cfg.Notify.Revoked(k.w, k.target, d.Reason) }
 	case d.Allowed && h.SetLastSeen(k.w, k.target, d.LastSeen):
-		return func() { a.cfg.Notify.Reshow(k.w, k.target) }
+		return func() { again.add(k) }
 	}
 	return func() {}
 }

@@ -3,6 +3,7 @@ package authz
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -17,12 +18,16 @@ import (
 // graph is an in-memory Graph. While down, its reads fail, as they do
 // while NATS is slow or away.
 type graph struct {
-	mu       sync.Mutex
-	follows  map[[2]string]bool
-	settings map[string]presence.Settings
-	reads    int // of follow edges
-	lists    int // of follows or followers
-	down     bool
+	mu            sync.Mutex
+	follows       map[[2]string]bool
+	settings      map[string]presence.Settings
+	reads         int // of follow edges
+	lists         int // of follows or followers
+	settingsReads int
+	// latency, while set, is how long a read of settings takes (in a
+	// synctest bubble, virtual time).
+	latency time.Duration
+	down    bool
 }
 
 var errGraphDown = errors.New("nats: timeout")
@@ -67,6 +72,11 @@ func (g *graph) FollowingAtMost(_ context.Context, a string, max int) ([]string,
 
 func (g *graph) Settings(_ context.Context, u string) (presence.Settings, error) {
 	g.mu.Lock()
+	g.settingsReads++
+	latency := g.latency
+	g.mu.Unlock()
+	time.Sleep(latency)
+	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.down {
 		return presence.Settings{}, errGraphDown
@@ -106,6 +116,7 @@ type notes struct {
 	mu      sync.Mutex
 	revoked []string
 	reshown []string
+	calls   int // of Reshow
 }
 
 func (n *notes) Revoked(w hub.Watcher, user, reason string) {
@@ -114,9 +125,12 @@ func (n *notes) Revoked(w hub.Watcher, user, reason string) {
 	n.mu.Unlock()
 }
 
-func (n *notes) Reshow(w hub.Watcher, user string) {
+func (n *notes) Reshow(user string, ws []hub.Watcher) {
 	n.mu.Lock()
-	n.reshown = append(n.reshown, w.UserID()+"->"+user)
+	n.calls++
+	for _, w := range ws {
+		n.reshown = append(n.reshown, w.UserID()+"->"+user)
+	}
 	n.mu.Unlock()
 }
 
@@ -227,6 +241,51 @@ func TestChangeAfterRegisterRechecks(t *testing.T) {
 	if want := []string{"carol->bob"}; !slices.Equal(r.n.reshown, want) {
 		t.Errorf("reshown %v, want %v", r.n.reshown, want)
 	}
+}
+
+// TestSettingsChangeShowsOnce: a change of a user's settings re-checks
+// every subscription to the user, with the settings read once, and the
+// sockets whose view of last_seen changed are shown the user in one
+// call, which reads the user's presence once for them all.
+func TestSettingsChangeShowsOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g := newGraph()
+		g.settings["bob"] = presence.Settings{LastSeen: presence.Everyone}
+		r := newRig(Follow, g)
+		var want []string
+		for i := range 40 {
+			u := fmt.Sprintf("w%02d", i)
+			g.set(u, "bob", true)
+			if i%2 == 0 {
+				g.set("bob", u, true) // a contact: keeps seeing last_seen
+			} else {
+				want = append(want, u+"->bob")
+			}
+			if _, _, _, err := r.a.Subscribe(ctx, r.sock(u), []string{"bob"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g.mu.Lock()
+		g.settings["bob"] = presence.Settings{LastSeen: presence.Contacts}
+		g.settingsReads = 0
+		g.latency = time.Millisecond // the re-checks overlap it
+		g.mu.Unlock()
+		r.a.Changed(ctx, presence.SettingsKey("bob"))
+		slices.Sort(r.n.reshown)
+		if !slices.Equal(r.n.reshown, want) {
+			t.Errorf("reshown %v, want %v", r.n.reshown, want)
+		}
+		if r.n.calls != 1 {
+			t.Errorf("Reshow called %d times, want once for the change", r.n.calls)
+		}
+		if g.settingsReads != 1 {
+			t.Errorf("settings read %d times, want once", g.settingsReads)
+		}
+		if len(r.n.revoked) != 0 {
+			t.Errorf("revoked %v, want none", r.n.revoked)
+		}
+	})
 }
 
 // TestCacheIsDroppedByChanges: what a change drops is read again, and a

@@ -283,6 +283,7 @@ func (a *Authorizer) Invalidate(ctx context.Context, watcher, target string) {
 	default:
 		ws = a.cfg.Hub.Watchers()
 	}
+	var again showing
 	for _, w := range ws {
 		var targets []string
 		for _, u := range a.cfg.Hub.WatchedBy(w) {
@@ -290,8 +291,9 @@ func (a *Authorizer) Invalidate(ctx context.Context, watcher, target string) {
 				targets = append(targets, u)
 			}
 		}
-		a.recheckAll(ctx, w, targets)
+		a.recheckAll(ctx, w, targets, &again)
 	}
+	a.show(&again)
 }
 
 // Recheck re-decides every subscription of w, after its watch list
@@ -301,14 +303,17 @@ func (a *Authorizer) Recheck(ctx context.Context, w hub.Watcher) {
 	a.mu.Lock()
 	a.touchLocked(func(t *ticket, _ string) bool { return t.watcher == user })
 	a.mu.Unlock()
-	a.recheckAll(ctx, w, a.cfg.Hub.WatchedBy(w))
+	var again showing
+	a.recheckAll(ctx, w, a.cfg.Hub.WatchedBy(w), &again)
+	a.show(&again)
 }
 
 // recheckAll re-decides w's subscriptions to targets, in one question
 // under the app policy. When a read of settings fails, the targets no
 // longer allowed end all the same (their refusal needs no such read); the
-// others are tried again later.
-func (a *Authorizer) recheckAll(ctx context.Context, w hub.Watcher, targets []string) {
+// others are tried again later. The targets w is to be shown again are
+// gathered in again.
+func (a *Authorizer) recheckAll(ctx context.Context, w hub.Watcher, targets []string, again *showing) {
 	if len(targets) == 0 {
 		return
 	}
@@ -326,6 +331,6 @@ func (a *Authorizer) recheckAll(ctx context.Context, w hub.Watcher, targets []st
 			"user_id", w.UserID(), "targets", len(targets), "err", err)
 	}
 	for i, k := range keys {
-		a.settle(k, before[i], ds[i], err)
+		a.settle(k, before[i], ds[i], err, again)
 	}
 }

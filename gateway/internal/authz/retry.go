@@ -58,8 +58,8 @@ func (a *Authorizer) queued(k retryKey) uint64 {
 // queued to be tried again, unless it refused: a refusal holds even then
 // (see Decision.refused). A decision is not applied when k's re-check
 // failed again while it was made: the retry of that failure, newer,
-// decides.
-func (a *Authorizer) settle(k retryKey, before uint64, d Decision, err error) {
+// decides. A socket to be shown k's target again is gathered in again.
+func (a *Authorizer) settle(k retryKey, before uint64, d Decision, err error, again *showing) {
 	if err != nil && !d.refused() {
 		a.retryLater(k)
 		return
@@ -70,7 +70,7 @@ func (a *Authorizer) settle(k retryKey, before uint64, d Decision, err error) {
 		return
 	}
 	delete(a.retries, k)
-	tell := a.changeLocked(k, d)
+	tell := a.changeLocked(k, d, again)
 	a.mu.Unlock()
 	tell()
 }
@@ -163,9 +163,11 @@ func (a *Authorizer) settleRetry(k retryKey, seq, gen uint64, d Decision) bool {
 		return false
 	}
 	delete(a.retries, k)
-	tell := a.changeLocked(k, d)
+	var again showing
+	tell := a.changeLocked(k, d, &again)
 	a.mu.Unlock()
 	tell()
+	a.show(&again)
 	return true
 }
 
