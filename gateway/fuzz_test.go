@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"reflect"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/greendot/greendot/internal/natstest"
@@ -94,6 +96,32 @@ func normalize(m protocol.ClientMessage) protocol.ClientMessage {
 	return m
 }
 
+// fuzzStoreEnv names the directory under which the fuzzing workers' NATS
+// servers keep their stores: the coordinator's own temporary directory,
+// handed to the workers it starts in their environment.
+const fuzzStoreEnv = "GATEWAY_FUZZ_STORE_DIR"
+
+// fuzzStoreDir returns the directory for this process's NATS server's
+// store. A fuzzing worker still busy with an input when the fuzzing ends
+// is killed before its cleanups run, and would leave its store behind in
+// the temporary directory: a worker's is inside its coordinator's
+// temporary directory, which the coordinator, which outlives its
+// workers, removes with everything in it. Without fuzzing, the process
+// is the only one, and its store is its temporary directory.
+func fuzzStoreDir(f *testing.F) string {
+	if parent := os.Getenv(fuzzStoreEnv); parent != "" {
+		dir, err := os.MkdirTemp(parent, "worker")
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Cleanup(func() { _ = os.RemoveAll(dir) })
+		return dir
+	}
+	dir := f.TempDir()
+	f.Setenv(fuzzStoreEnv, dir) // read by the workers f.Fuzz starts
+	return dir
+}
+
 // fuzzGateway is a gateway on an embedded NATS server, with one client
 // socket that FuzzClientMessage sends to and a bystander whose state must
 // not change.
@@ -107,17 +135,16 @@ type fuzzGateway struct {
 }
 
 func startFuzzGateway(f *testing.F) *fuzzGateway {
-	srv := natstest.RunServer(f)
+	srv := natstest.RunServerWithOptions(f, &server.Options{StoreDir: fuzzStoreDir(f)})
 	nc := natstest.Connect(f, srv)
 	svc, err := New(nc, Config{
 		DevAuth:   true,
 		ConnTTL:   5 * time.Minute,
 		RateLimit: 1e6,
 		RateBurst: 1e6,
-		// In memory: a fuzzing worker still busy with an input when the
-		// fuzzing ends is killed before its cleanups, and leaves its NATS
-		// server's store directory behind: a few empty directories, not
-		// the buckets' files.
+		// In memory: a fuzzing worker killed in the middle of an input
+		// leaves its store for the coordinator to remove (fuzzStoreDir),
+		// and nothing of it need outlast the worker.
 		Buckets: presence.BucketOptions{Storage: jetstream.MemoryStorage},
 	})
 	if err != nil {
