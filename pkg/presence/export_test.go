@@ -1,6 +1,7 @@
 package presence
 
 import (
+	"context"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -37,4 +38,17 @@ const FeedAbsentFor = feedAbsentFor
 func CachedCopy(c *Cached) (Record, int, bool, error) {
 	r, unfed, err := c.current("")
 	return r, unfed, c.rec != nil, err
+}
+
+// FollowingBatch is FollowingAtMost in one batch of direct gets only, and
+// reports whether NATS answered it.
+func FollowingBatch(s *Store, ctx context.Context, a string, max int) ([]string, bool, bool, error) {
+	return s.followsBatch(ctx, FollowingFilter(a), max, func(_, b string) string { return b })
+}
+
+// FollowingListed is Following by a listing of the keys only, the
+// fallback of a batch NATS does not answer.
+func FollowingListed(s *Store, ctx context.Context, a string) ([]string, error) {
+	out, _, err := s.followsListed(ctx, FollowingFilter(a), 0, func(_, b string) string { return b })
+	return out, err
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // jsAPIPrefix is the JetStream API prefix of the default domain.
@@ -750,7 +751,77 @@ var errEnough = errors.New("listed enough")
 // choice of each key's two users, once each, and whether that is all of
 // them: past max (unless max is 0 or less) it stops reading and returns
 // the first max.
+//
+// It asks for the keys' newest values in one batch (a direct get of the
+// last message of every subject the filter matches), whose cost does not
+// grow with the graph; a listing (a watcher: a consumer NATS sets up for
+// it, whose cost does) is the fallback where NATS answers no batch (see
+// followsBatch): more than it gives at once (1,024 keys, deleted ones
+// counted), or no answer in time.
 func (s *Store) follows(ctx context.Context, filter string, max int, pick func(a, b string) string) ([]string, bool, error) {
+	if out, all, ok, err := s.followsBatch(ctx, filter, max, pick); ok || err != nil {
+		return out, all, err
+	}
+	return s.followsListed(ctx, filter, max, pick)
+}
+
+// batchWait bounds the wait for a batch of direct gets: one NATS does not
+// answer in that time is listed instead. A user without the permission
+// to ask for it (permissions that allow only single keys' subjects) gets
+// no answer at all, only the server's log of the violation.
+const batchWait = 2 * time.Second
+
+// followsBatch is follows in one batch of direct gets. It reports false,
+// and no error, when NATS answers no batch for filter: more keys than it
+// gives at once (an answer of 413, which jetstreamext reads as a server
+// without batches), a server without them, a bucket without direct gets
+// (no responders), or no answer within batchWait. It fails when ctx ends.
+func (s *Store) followsBatch(ctx context.Context, filter string, max int, pick func(a, b string) string) ([]string, bool, bool, error) {
+	// The batch's messages end quietly when its context does, as if they
+	// were all: which context ended tells the two apart.
+	bctx, cancel := context.WithTimeout(ctx, batchWait)
+	defer cancel()
+	noBatch := func(err error) bool {
+		return errors.Is(err, jetstreamext.ErrBatchUnsupported) || errors.Is(err, nats.ErrNoResponders)
+	}
+	msgs, err := jetstreamext.GetLastMsgsFor(bctx, s.js, StreamName(GraphBucket), []string{KeySubject(GraphBucket, filter)})
+	if noBatch(err) {
+		return nil, false, false, nil
+	} else if err != nil {
+		return nil, false, false, fmt.Errorf("read %s: %w", filter, err)
+	}
+	prefix := KeySubject(GraphBucket, "")
+	var out []string
+	for m, err := range msgs {
+		switch {
+		case errors.Is(err, jetstreamext.ErrNoMessages):
+			return nil, true, true, nil // no key matches
+		case noBatch(err):
+			return nil, false, false, nil
+		case err != nil:
+			return nil, false, false, fmt.Errorf("read %s: %w", filter, err)
+		}
+		if EntryOp(m.Header) != jetstream.KeyValuePut {
+			continue // unfollowed
+		}
+		if a, b, ok := ParseFollowKey(strings.TrimPrefix(m.Subject, prefix)); ok {
+			if max > 0 && len(out) == max {
+				return out, false, true, nil
+			}
+			out = append(out, pick(a, b))
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return nil, false, false, fmt.Errorf("read %s: %w", filter, ctx.Err())
+	case bctx.Err() != nil:
+		return nil, false, false, nil // no answer in time
+	}
+	return out, true, true, nil
+}
+
+// followsListed is follows by a listing of the keys.
+func (s *Store) followsListed(ctx context.Context, filter string, max int, pick func(a, b string) string) ([]string, bool, error) {
 	seen := make(map[string]bool)
 	var out []string
 	err := list(ctx, s.graph, []string{filter}, func(e jetstream.KeyValueEntry) error {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -396,6 +397,114 @@ func TestScans(t *testing.T) {
 	}
 	if conns, err := st.UserConns(ctx, "nobody"); err != nil || len(conns) != 0 {
 		t.Errorf("UserConns(nobody) = %v, %v", conns, err)
+	}
+}
+
+// TestFollowingInBatches: a user's follows are read in one batch, which
+// leaves out unfollowed users and stops at a limit; past what NATS gives
+// in one batch (1,024 keys) they are listed instead, all of them.
+func TestFollowingInBatches(t *testing.T) {
+	st, _ := openStore(t, presence.BucketOptions{})
+	ctx := context.Background()
+	if got, all, ok, err := presence.FollowingBatch(st, ctx, "nobody", 0); err != nil || !ok || !all || len(got) != 0 {
+		t.Errorf("batch of nobody's follows = %v, %v, %v, %v; want none, answered", got, all, ok, err)
+	}
+	for i := range 6 {
+		if err := st.Follow(ctx, "a", fmt.Sprintf("u%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, u := range []string{"u1", "u4"} {
+		if err := st.Unfollow(ctx, "a", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, all, ok, err := presence.FollowingBatch(st, ctx, "a", 0)
+	slices.Sort(got)
+	if want := []string{"u0", "u2", "u3", "u5"}; err != nil || !ok || !all || !slices.Equal(got, want) {
+		t.Errorf("batch of a's follows = %v, %v, %v, %v; want %v, all, answered", got, all, ok, err, want)
+	}
+	if got, all, ok, err := presence.FollowingBatch(st, ctx, "a", 3); err != nil || !ok || all || len(got) != 3 {
+		t.Errorf("batch of 3 of a's follows = %v, %v, %v, %v; want 3 of 4, answered", got, all, ok, err)
+	}
+
+	const many = 1100
+	for i := range many {
+		if err := st.Follow(ctx, "big", fmt.Sprintf("u%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, ok, err := presence.FollowingBatch(st, ctx, "big", 0); ok || err != nil {
+		t.Errorf("a batch of %d keys: answered %v, %v; want no answer, to list them", many, ok, err)
+	}
+	if got, all, err := st.FollowingAtMost(ctx, "big", 0); err != nil || !all || len(got) != many {
+		t.Errorf("FollowingAtMost(big) = %d users, %v, %v; want %d, all", len(got), all, err, many)
+	}
+	if got, all, err := st.FollowingAtMost(ctx, "big", 10); err != nil || all || len(got) != 10 {
+		t.Errorf("FollowingAtMost(big, 10) = %d users, %v, %v; want 10, not all", len(got), all, err)
+	}
+
+	// A batch cut short by its context is no list: its messages end
+	// quietly as if they were all.
+	expired, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if got, _, err := st.FollowingAtMost(expired, "a", 0); err == nil {
+		t.Errorf("FollowingAtMost with an expired context = %v, no error", got)
+	}
+
+	// A bucket that answers no direct gets has its keys listed.
+	js := st.JetStream()
+	stream, err := js.Stream(ctx, presence.StreamName(presence.GraphBucket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := stream.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok, err := presence.FollowingBatch(st, ctx, "a", 0); ok || err != nil {
+		t.Errorf("a batch without direct gets: answered %v, %v; want no answer, to list them", ok, err)
+	}
+	got, all, err = st.FollowingAtMost(ctx, "a", 0)
+	slices.Sort(got)
+	if want := []string{"u0", "u2", "u3", "u5"}; err != nil || !all || !slices.Equal(got, want) {
+		t.Errorf("FollowingAtMost(a) without direct gets = %v, %v, %v; want %v, all", got, all, err, want)
+	}
+}
+
+// TestFollowingWithoutBatchPermission: a user that may not ask for a
+// batch of the graph (permissions written before it) gets no answer, only
+// a violation in the server's log; its follows are listed instead.
+func TestFollowingWithoutBatchPermission(t *testing.T) {
+	srv := natstest.RunServerWithOptions(t, &server.Options{Users: []*server.User{{
+		Username: "u", Password: "p",
+		Permissions: &server.Permissions{Publish: &server.SubjectPermission{
+			Allow: []string{">"},
+			Deny:  []string{"$JS.API.DIRECT.GET." + presence.StreamName(presence.GraphBucket)},
+		}},
+	}}})
+	nc := natstest.Connect(t, srv, nats.UserInfo("u", "p"), nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	ctx := context.Background()
+	st, err := presence.Open(ctx, nc, presence.BucketOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"b", "c"} {
+		if err := st.Follow(ctx, "a", u); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := st.Follows(ctx, "a", "b"); !ok || err != nil {
+		t.Fatalf("a follows b: %v, %v (a read of one key is allowed)", ok, err)
+	}
+	if _, _, ok, err := presence.FollowingBatch(st, ctx, "a", 0); ok || err != nil {
+		t.Errorf("a batch refused: answered %v, %v; want no answer, to list them", ok, err)
+	}
+	got, all, err := st.FollowingAtMost(ctx, "a", 0)
+	slices.Sort(got)
+	if err != nil || !all || !slices.Equal(got, []string{"b", "c"}) {
+		t.Errorf("FollowingAtMost(a) = %v, %v, %v; want [b c], all", got, all, err)
 	}
 }
 
