@@ -336,6 +336,7 @@ func (s *Service) open(ctx context.Context, addr string) error {
 	}
 	store.OnConflict(s.metrics.statusConflicts.Inc)
 	store.OnFeedLate(s.metrics.feedLate.Inc)
+	store.ReadDirect()
 	s.store = store
 	if s.keys, err = newRegistrar(s.nc, store, s.cfg, addr, s.metrics, s.log); err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -26,7 +27,9 @@ const maxCASAttempts = 64
 //
 // Reads that a decision depends on (Status, Conn) go to the stream leader, so
 // they see every write acknowledged before they were sent; JetStream's direct
-// gets, which kv.Get uses, may be answered by a lagging replica.
+// gets, which kv.Get uses, may be answered by a lagging replica. A store
+// told to (ReadDirect) reads with direct gets where a compare-and-set
+// write makes a stale answer harmless.
 type Store struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
@@ -56,6 +59,10 @@ type Store struct {
 	// noFeedUntil is when (unix ns) the store stops believing that
 	// FeedStream does not exist, as a look found (see feedGate).
 	noFeedUntil atomic.Int64
+	// direct is set by ReadDirect; noDirectUntil is when (unix ns) the
+	// store tries direct gets again after one failed (see readStatus).
+	direct        atomic.Bool
+	noDirectUntil atomic.Int64
 }
 
 // buckets returns the store's buckets with where each is kept.
@@ -226,6 +233,80 @@ func (s *Store) last(ctx context.Context, bucket, key string) (rawEntry, error) 
 		return rawEntry{}, fmt.Errorf("get %s %q: %w", bucket, key, err)
 	}
 	e := rawEntry{data: msg.data, rev: msg.seq, op: EntryOp(msg.hdr)}
+	if e.op != jetstream.KeyValuePut {
+		return e, ErrNotFound
+	}
+	return e, nil
+}
+
+// ReadDirect has WriteStatus read the records it has no copy of with a
+// JetStream direct get, which any current replica of the bucket may
+// answer, rather than from the stream leader: a direct get costs the
+// server and the client a fraction of a leader read (no JSON request, no
+// base64 answer). A stale answer is harmless there: a write made from it
+// fails its compare-and-set, and "nothing to change" is believed only of
+// a leader read (see WriteStatus). Call it before the first WriteStatus.
+func (s *Store) ReadDirect() { s.direct.Store(true) }
+
+// directRetry is how long a store whose direct get failed (refused by the
+// user's permissions, say) reads from the leader before trying again.
+const directRetry = time.Minute
+
+// readStatus reads a user's newest status message, as last does: from the
+// stream leader, or with a direct get when leader is false and the store
+// reads direct (ReadDirect). It reports whether the answer came from the
+// leader. A direct get that fails is made again from the leader.
+func (s *Store) readStatus(ctx context.Context, userID string, leader bool) (rawEntry, bool, error) {
+	if !leader && s.direct.Load() && s.now().UnixNano() >= s.noDirectUntil.Load() {
+		e, err := s.lastDirect(ctx, StatusBucket, StatusKey(userID))
+		if err == nil || errors.Is(err, ErrNotFound) {
+			return e, false, err
+		}
+		if ctx.Err() != nil {
+			return rawEntry{}, false, err
+		}
+		s.noDirectUntil.Store(s.now().Add(directRetry).UnixNano())
+	}
+	e, err := s.last(ctx, StatusBucket, StatusKey(userID))
+	return e, true, err
+}
+
+// The headers of a direct get's answer that has no message.
+const (
+	statusHeader      = "Status"
+	descriptionHeader = "Description"
+)
+
+// directGetTimeout bounds a direct get: a request the user may not make
+// gets no answer at all (NATS drops it), and the read is then made from
+// the leader.
+const directGetTimeout = 2 * time.Second
+
+// lastDirect reads the newest message on a key with a direct get, which
+// any current replica of the bucket (or a mirror that serves direct gets)
+// may answer: it may miss writes acknowledged before it. It answers as
+// last does.
+func (s *Store) lastDirect(ctx context.Context, bucket, key string) (rawEntry, error) {
+	ctx, cancel := context.WithTimeout(ctx, directGetTimeout)
+	defer cancel()
+	msg, err := s.nc.RequestWithContext(ctx, jsAPIPrefix+"DIRECT.GET."+StreamName(bucket)+"."+KeySubject(bucket, key), nil)
+	if err != nil {
+		return rawEntry{}, fmt.Errorf("get %s %q: %w", bucket, key, err)
+	}
+	if len(msg.Data) == 0 {
+		switch st := msg.Header.Get(statusHeader); st {
+		case "":
+		case "404":
+			return rawEntry{}, ErrNotFound
+		default:
+			return rawEntry{}, fmt.Errorf("get %s %q: status %s: %s", bucket, key, st, msg.Header.Get(descriptionHeader))
+		}
+	}
+	rev, err := strconv.ParseUint(msg.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return rawEntry{}, fmt.Errorf("get %s %q: sequence of the answer: %w", bucket, key, err)
+	}
+	e := rawEntry{data: msg.Data, rev: rev, op: EntryOp(msg.Header)}
 	if e.op != jetstream.KeyValuePut {
 		return e, ErrNotFound
 	}
@@ -479,14 +560,19 @@ type Write struct {
 // returns may share their connections with the cache: the caller reads
 // them and changes nothing in them.
 func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, mutate func(*Record) error) (Write, error) {
+	// leader is set once a read or a copy led nowhere: it said nothing
+	// was to change, or a write from it lost (see ReadDirect).
+	leader := false
 	for attempt := 0; attempt < maxCASAttempts; attempt++ {
 		gen := s.copies.Load()
 		fresh := !cache.Valid || cache.gen != gen
+		fromLeader := false
 		if fresh {
-			e, err := s.last(ctx, StatusBucket, StatusKey(userID))
+			e, ok, err := s.readStatus(ctx, userID, leader)
 			if err != nil && !errors.Is(err, ErrNotFound) {
 				return Write{}, err
 			}
+			fromLeader = ok
 			*cache = Cached{data: e.data, Rev: e.rev, gen: gen, Valid: true}
 		}
 		cur, unfed, err := cache.current(userID)
@@ -500,13 +586,14 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			if !errors.Is(err, ErrNoChange) {
 				return Write{}, err
 			}
-			if fresh {
+			if fromLeader {
 				return Write{Prev: cur, Next: cur, Rev: curRev}, nil
 			}
-			// Nothing to change in the cached copy says nothing of the
-			// record, which another writer may have changed since: only
-			// a fresh read can tell.
+			// Nothing to change in the cached copy (or in a direct read)
+			// says nothing of the record, which another writer may have
+			// changed since: only a fresh read from the leader can tell.
 			cache.Valid = false
+			leader = true
 			attempt--
 			continue
 		}
@@ -526,6 +613,7 @@ func (s *Store) WriteStatus(ctx context.Context, userID string, cache *Cached, m
 			return Write{Prev: cur, Next: next, Rev: newRev, Written: true}, nil
 		}
 		cache.Valid = false
+		leader = true // another writer came first: a direct get may not see it yet
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return Write{}, fmt.Errorf("write status of %q: %w", userID, err)
 		}
