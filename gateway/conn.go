@@ -181,8 +181,17 @@ func (c *conn) Flush(buf []byte) ([]byte, bool) {
 }
 
 // flushLocked writes what waits for the socket, whose lock the caller
-// holds; buf is scratch space, returned for reuse.
+// holds, in one write to the kernel; buf is scratch space, returned for
+// reuse.
 func (c *conn) flushLocked(buf []byte) []byte {
+	c.sock.CorkLocked(nil)
+	buf = c.flushFramesLocked(buf)
+	c.wrote(c.sock.UncorkLocked())
+	return buf
+}
+
+// flushFramesLocked writes the frames of flushLocked.
+func (c *conn) flushFramesLocked(buf []byte) []byte {
 	updates, self, oldest, rooms := c.box.Take(nowNano(), c.env.scheduler.Pace())
 	m := c.env.metrics
 	if self.Pending {

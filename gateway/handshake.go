@@ -144,10 +144,22 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil, nil
 		},
 	}
+	// The answer is kept, not written: a 101 goes out with hello and the
+	// user's own state, in one write (start); a refusal is written here.
+	answer := answerPool.Get().(*bytes.Buffer)
+	answer.Reset()
+	defer func() {
+		if answer.Cap() <= 4<<10 {
+			answerPool.Put(answer)
+		}
+	}()
 	_, err := u.Upgrade(struct {
 		io.Reader
 		io.Writer
-	}{&headLimiter{r: br, n: maxRequestHead}, nc})
+	}{&headLimiter{r: br, n: maxRequestHead}, answer})
+	if err != nil && answer.Len() > 0 {
+		_, _ = nc.Write(answer.Bytes())
+	}
 	var rejected *ws.ConnectionRejectedError
 	switch {
 	case errors.Is(err, errHeadTooLarge):
@@ -181,8 +193,11 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	if hook := afterRegisterHook.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
-	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices})
+	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices}, answer.Bytes())
 }
+
+// answerPool holds the buffers upgrade keeps its answers in.
+var answerPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // newConn returns a connection of a verified client, not yet registered.
 func (s *Service) newConn(id identity) *conn {
@@ -205,9 +220,10 @@ func (s *Service) newConn(id identity) *conn {
 }
 
 // start runs a registered, upgraded connection: it indexes it, writes
-// hello (and the user's own state), and hands the socket to the poller.
-// reg is the user's own state its registration wrote.
-func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
+// the answer to its upgrade, hello and the user's own state in one write,
+// and hands the socket to the poller. reg is the user's own state its
+// registration wrote.
+func (s *Service) start(c *conn, nc net.Conn, reg selfState, answer []byte) {
 	// The TTL counts from hello, not from the start of registration: a
 	// slow upgrade must not eat into the client's first heartbeat interval.
 	c.lastFrame.Store(nowNano())
@@ -225,7 +241,9 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	// Hold the socket until hello is written: the scheduler must not
 	// write first.
 	c.sock.Lock()
+	c.sock.CorkLocked(answer)
 	if err := s.registry.add(c); err != nil {
+		c.wrote(c.sock.UncorkLocked())
 		c.sock.Unlock()
 		s.end(c, endClean, ws.StatusPolicyViolation, err.Error())
 		return
@@ -252,6 +270,9 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState) {
 	err := s.sendLocked(c, protocol.TypeHello, &hello)
 	if err == nil {
 		c.flushLocked(nil)
+	}
+	if !c.wrote(c.sock.UncorkLocked()) && err == nil {
+		err = errWriteFailed
 	}
 	c.sock.Unlock()
 	if err != nil || c.closed.Load() {

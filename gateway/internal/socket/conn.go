@@ -40,6 +40,11 @@ type Conn struct {
 
 	wmu    sync.Mutex
 	closed atomic.Bool
+	// cork holds what the writes made while the socket is corked wrote,
+	// to be written at once when it is uncorked; corks counts the corks
+	// not yet undone. Both are guarded by wmu.
+	cork  *bytes.Buffer
+	corks int
 	// out is what waits for the kernel to take it; nil when nothing does.
 	// It is set and changed under wmu, and read without it by Stalled.
 	out atomic.Pointer[backlog]
@@ -253,10 +258,59 @@ func (c *Conn) WriteControlLocked(op ws.OpCode, payload []byte) (stalled bool, e
 	return c.writeLocked(buf.Bytes())
 }
 
+// CorkLocked holds the frames written from now on, after prefix (bytes
+// to go first, such as the answer to the upgrade), until as many
+// UncorkLocked as CorkLocked: they are then written to the kernel in one
+// write, where each frame would have been a write (a system call, and on
+// loopback the peer's receipt) of its own. The caller holds the write
+// lock, and uncorks before it releases it.
+func (c *Conn) CorkLocked(prefix []byte) {
+	if c.corks == 0 {
+		c.cork = framePool.Get().(*bytes.Buffer)
+		c.cork.Reset()
+	}
+	c.corks++
+	c.cork.Write(prefix)
+}
+
+// UncorkLocked undoes one CorkLocked; the last writes what the corked
+// writes held, and reports it as WriteTextLocked does (a failure of any
+// of them shows here). The caller holds the write lock.
+func (c *Conn) UncorkLocked() (stalled bool, err error) {
+	if c.corks == 0 {
+		return false, nil
+	}
+	c.corks--
+	if c.corks > 0 {
+		return false, nil
+	}
+	fb := c.cork
+	c.cork = nil
+	if fb.Len() > 0 {
+		if c.closed.Load() {
+			err = net.ErrClosed
+		} else {
+			stalled, err = c.writeLocked(fb.Bytes())
+		}
+	}
+	if fb.Cap() <= 64<<10 {
+		framePool.Put(fb)
+	}
+	return stalled, err
+}
+
 // writeLocked writes the bytes of whole frames, b, which the caller may
 // reuse once it returns; the caller holds the write lock. See
-// WriteTextLocked.
+// WriteTextLocked. While the socket is corked, they are kept for its
+// uncorking.
 func (c *Conn) writeLocked(b []byte) (stalled bool, err error) {
+	if c.corks > 0 {
+		if c.cork.Len()+len(b) > MaxBacklog {
+			return false, ErrTooSlow
+		}
+		c.cork.Write(b)
+		return false, nil
+	}
 	nw, ok := c.nc.(nowWriter)
 	if !ok {
 		return false, c.writeRaw(b, c.writeTimeout)

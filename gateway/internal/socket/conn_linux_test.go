@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -227,4 +228,46 @@ func TestCloseWritesTheBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Stop()
+}
+
+// TestCorkHoldsWrites: a corked socket writes nothing until its last
+// cork is undone; then the peer gets the prefix and every frame written
+// meanwhile, in order, as one stream.
+func TestCorkHoldsWrites(t *testing.T) {
+	c, peer := detachedPair(t)
+	prefix := []byte("HTTP/1.1 101 Switching Protocols\r\n\r\n")
+	c.Lock()
+	c.CorkLocked(prefix)
+	for _, p := range []string{"one", "two"} {
+		if _, err := c.WriteTextLocked([]byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.CorkLocked(nil)
+	if _, err := c.WriteTextLocked([]byte("three")); err != nil {
+		t.Fatal(err)
+	}
+	if stalled, err := c.UncorkLocked(); stalled || err != nil {
+		t.Fatalf("inner uncork: stalled %v, %v", stalled, err)
+	}
+	_ = peer.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := peer.Read(make([]byte, 64)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("while corked the peer read %d bytes, %v; want nothing", n, err)
+	}
+	if stalled, err := c.UncorkLocked(); stalled || err != nil {
+		t.Fatalf("last uncork: stalled %v, %v", stalled, err)
+	}
+	c.Unlock()
+	_ = peer.SetReadDeadline(time.Now().Add(30 * time.Second))
+	got := make([]byte, len(prefix))
+	if _, err := io.ReadFull(peer, got); err != nil || !bytes.Equal(got, prefix) {
+		t.Fatalf("prefix %q, %v; want %q", got, err, prefix)
+	}
+	fs, err := frames(peer, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := fmt.Sprintf("%s", fs); g != "[one two three]" {
+		t.Errorf("frames %s, want [one two three]", g)
+	}
 }
