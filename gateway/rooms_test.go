@@ -368,7 +368,10 @@ func TestRoomTruncated(t *testing.T) {
 	w.until("u1's meta", func(w *roomWatch) bool { return w.members["u1"][users["u1"].Hello.ConnID] == `{"typing":false}` })
 	// A new user, not shown: the count only.
 	late := dialKept(t, sys, gw, "u9")
-	joinRoom(t, late, "j", "chat:big", "")
+	// Not shown to itself either: its room_state lists the first users.
+	if wl := joinRoom(t, late, "j", "chat:big", ""); !wl.truncated || !slices.Equal(wl.users(), []string{"dave", "u1"}) {
+		t.Errorf("u9's room_state: truncated %v, users %v; want truncated, [dave u1]", wl.truncated, wl.users())
+	}
 	w.until("the count of 4", func(w *roomWatch) bool { return w.count == 4 })
 	if _, shown := w.members["u9"]; shown {
 		t.Errorf("a user not shown came in a diff: %v", w.members)
