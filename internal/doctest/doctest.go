@@ -7,8 +7,13 @@ package doctest
 import (
 	"bufio"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -106,4 +111,63 @@ func Sample(tb testing.TB, path, needle string) Block {
 		tb.Fatalf("%s: %d code blocks contain %q, want 1", path, len(found), needle)
 	}
 	return found[0]
+}
+
+// importPath is an import path of an import declaration's line.
+var importPath = regexp.MustCompile(`"[^"]+"`)
+
+// Verbatim fails tb unless the Go code of b is in the source file (a path
+// from the working directory) line for line, leading white space aside,
+// so that the test running that source runs the sample. The block's
+// import declaration is checked against the file's imports instead.
+// replace holds pairs of old and new text: what the source has in place
+// of the block's (a test server's URL for a production one).
+func Verbatim(tb testing.TB, b Block, file string, replace ...string) {
+	tb.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	f, err := parser.ParseFile(token.NewFileSet(), file, src, parser.ImportsOnly)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var imports []string
+	for _, is := range f.Imports {
+		imports = append(imports, is.Path.Value)
+	}
+	text := b.Text
+	if len(replace) > 0 {
+		text = strings.NewReplacer(replace...).Replace(text)
+	}
+	var code []string
+	inImport := false
+	for _, l := range strings.Split(strings.TrimRight(text, "\n"), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "import (":
+			inImport = true
+		case inImport && l == ")":
+			inImport = false
+		case inImport || strings.HasPrefix(l, "import "):
+			for _, p := range importPath.FindAllString(l, -1) {
+				if !slices.Contains(imports, p) {
+					tb.Errorf("%s imports %s, which %s does not", b, p, file)
+				}
+			}
+		case len(code) == 0 && l == "":
+		default:
+			code = append(code, l)
+		}
+	}
+	var lines []string
+	for _, l := range strings.Split(string(src), "\n") {
+		lines = append(lines, strings.TrimSpace(l))
+	}
+	for i := 0; i+len(code) <= len(lines); i++ {
+		if slices.Equal(lines[i:i+len(code)], code) {
+			return
+		}
+	}
+	tb.Fatalf("%s is not in %s line for line (after replacing %s); its code:\n%s", b, file, strconv.Quote(strings.Join(replace, " ")), strings.Join(code, "\n"))
 }
