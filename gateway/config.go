@@ -174,8 +174,10 @@ type Config struct {
 	// zero means 40.
 	RateLimit float64
 	RateBurst int
-	// RateStrikes is how many rate_limited errors a socket may earn within
-	// a minute before it is closed with 1008; zero means 10.
+	// RateStrikes is how many rate_limited errors of RateLimit a socket
+	// may earn within a minute before it is closed with 1008 (those of the
+	// room update, signal and waiting-request limits do not count); zero
+	// means 10.
 	RateStrikes int
 	// APIRateLimit is how many HTTP API requests per second one identity
 	// may make on average, and APIRateBurst how many at once; zero means

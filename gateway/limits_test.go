@@ -315,6 +315,45 @@ func TestRateLimit(t *testing.T) {
 	awaitOffline(t, sys, "mallory")
 }
 
+// TestRoomLimitsEarnNoStrikes: the rate_limited errors of the room_update
+// and signal limits are not strikes of --rate-strikes: far more of them
+// than the strikes allowed leave the socket open.
+func TestRoomLimitsEarnNoStrikes(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{
+		RateStrikes: 2, RoomUpdateRate: 0.01, RoomUpdateBurst: 1, SignalRate: 0.01, SignalBurst: 1,
+	}})
+	gw := sys.Gateway()
+	by := newBystander(t, sys, gw)
+	c, err := secDialErr(gw.WS, bearer(roomToken(t, "mallory", []string{"doc:*"})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Abort() })
+	joinRoom(t, c, "j", "doc:1", "")
+	limited := 0
+	for i := range 6 {
+		sendRoom(t, c, protocol.TypeRoomUpdate, fmt.Sprint("u", i), "doc:1", `{}`)
+		sendRoom(t, c, protocol.TypeTyping, fmt.Sprint("t", i), "doc:1", "")
+		if i == 0 {
+			continue // the bursts of 1
+		}
+		for _, id := range []string{fmt.Sprint("u", i), fmt.Sprint("t", i)} {
+			m := systest.Await(t, c, systest.EventTimeout, "the refusal of "+id, func(m protocol.ServerMessage) bool {
+				return m.Type == protocol.TypeError && m.ID == id
+			})
+			if m.Code != protocol.CodeRateLimited {
+				t.Fatalf("%s: %+v, want rate_limited", id, m)
+			}
+			limited++
+		}
+	}
+	if limited <= gw.Config().RateStrikes {
+		t.Fatalf("%d refusals, want more than the %d strikes", limited, gw.Config().RateStrikes)
+	}
+	subscribeSelf(t, c, "after")
+	by.check(t)
+}
+
 // streamWrites returns how many messages the streams of buckets have
 // taken in all: their JetStream writes.
 func streamWrites(tb testing.TB, sys *systest.System, buckets ...string) uint64 {

@@ -326,6 +326,12 @@ func (ms *memberships) updateMessage(c *conn, m *protocol.ClientMessage, now int
 		ms.sendError(c, m.ID, protocol.CodeBadRequest, fmt.Sprintf("room_update needs the \"room\" of a room joined; %q is not a room id", m.Room))
 		return
 	}
+	// Unlike join's, room_update's meta is required: a misspelt field
+	// would otherwise wipe the member's meta for everyone.
+	if raw := bytes.TrimSpace(m.Meta); len(raw) == 0 || string(raw) == "null" {
+		ms.sendError(c, m.ID, protocol.CodeBadRequest, `room_update needs the field "meta": a JSON object, {} for none`)
+		return
+	}
 	meta, err := ms.meta(m.Meta)
 	if err != nil {
 		ms.sendError(c, m.ID, protocol.CodeBadRequest, err.Error())

@@ -304,6 +304,43 @@ func TestRoomRefusals(t *testing.T) {
 	joinRoom(t, c, "d", "doc:3", "")
 }
 
+// TestRoomUpdateNeedsMeta: a room_update without meta, or with a null
+// one, is answered with bad_request naming the field, and the member's
+// meta stays as it was for everyone: a misspelt field wipes no avatar.
+func TestRoomUpdateNeedsMeta(t *testing.T) {
+	sys := systest.Start(t, systest.Options{})
+	alice := dialKept(t, sys, sys.Gateway(), "alice")
+	bob := dialKept(t, sys, sys.Gateway(), "bob")
+	joinRoom(t, alice, "a", "doc:1", `{"avatar":"a"}`)
+	wb := joinRoom(t, bob, "b", "doc:1", "")
+	aliceMeta := func(w *roomWatch) string { return w.members["alice"][alice.Hello.ConnID] }
+	wb.until("alice's avatar", func(w *roomWatch) bool { return aliceMeta(w) == `{"avatar":"a"}` })
+
+	for _, tt := range []struct{ id, msg string }{
+		{"missing", `{"type":"room_update","id":"missing","room":"doc:1","mta":{"avatar":"x"}}`},
+		{"null", `{"type":"room_update","id":"null","room":"doc:1","meta":null}`},
+		{"spaced null", `{"type":"room_update","id":"spaced null","room":"doc:1","meta": null }`},
+	} {
+		if err := alice.SendRaw(1, []byte(tt.msg)); err != nil {
+			t.Fatal(err)
+		}
+		m := systest.Await(t, alice, systest.EventTimeout, "the error of "+tt.id, func(m protocol.ServerMessage) bool {
+			return m.Type == protocol.TypeError && m.ID == tt.id
+		})
+		if m.Code != protocol.CodeBadRequest || !strings.Contains(m.Message, `"meta"`) {
+			t.Errorf("room_update %s: %+v, want bad_request naming \"meta\"", tt.msg, m)
+		}
+	}
+	// The next update is the first change bob sees of alice.
+	sendRoom(t, alice, protocol.TypeRoomUpdate, "", "doc:1", `{"avatar":"b"}`)
+	wb.until("alice's new avatar", func(w *roomWatch) bool {
+		if got := aliceMeta(w); got != `{"avatar":"a"}` && got != `{"avatar":"b"}` {
+			t.Fatalf("bob sees alice's meta %s", got)
+		}
+		return aliceMeta(w) == `{"avatar":"b"}`
+	})
+}
+
 // TestRoomTruncated: a room with more users than a room_state lists is
 // shown truncated, with the true count; the client then gets the diffs of
 // the users it was shown, and the count as it moves.
@@ -331,7 +368,10 @@ func TestRoomTruncated(t *testing.T) {
 	w.until("u1's meta", func(w *roomWatch) bool { return w.members["u1"][users["u1"].Hello.ConnID] == `{"typing":false}` })
 	// A new user, not shown: the count only.
 	late := dialKept(t, sys, gw, "u9")
-	joinRoom(t, late, "j", "chat:big", "")
+	// Not shown to itself either: its room_state lists the first users.
+	if wl := joinRoom(t, late, "j", "chat:big", ""); !wl.truncated || !slices.Equal(wl.users(), []string{"dave", "u1"}) {
+		t.Errorf("u9's room_state: truncated %v, users %v; want truncated, [dave u1]", wl.truncated, wl.users())
+	}
 	w.until("the count of 4", func(w *roomWatch) bool { return w.count == 4 })
 	if _, shown := w.members["u9"]; shown {
 		t.Errorf("a user not shown came in a diff: %v", w.members)

@@ -18,8 +18,9 @@ import (
 // consumers than the reaper's own durable one, so the sweep, once it has
 // read the lease and the status records, cannot list the keys, and tries
 // again. Meanwhile Ready says that it waits for the sweep, how far the
-// failed attempt read, and why it failed; once the stream takes consumers
-// again, the sweep goes through and the reaper is ready.
+// failed attempt read (status records it skipped as not greendot's
+// included), and why it failed; once the stream takes consumers again,
+// the sweep goes through and the reaper is ready.
 func TestReadyNamesTheStartupSweep(t *testing.T) {
 	w := newWorld(t, presence.BucketOptions{})
 	ctx := context.Background()
@@ -29,6 +30,16 @@ func TestReadyNamesTheStartupSweep(t *testing.T) {
 		w.register("gw1", "e1", fmt.Sprintf("user%d", i), "c1")
 	}
 	js := w.store.JetStream()
+	status, err := js.KeyValue(ctx, presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	undecodable := []string{`not JSON`, `[1, 2]`, `{"status": 5}`}
+	for i, v := range undecodable {
+		if _, err := status.Put(ctx, fmt.Sprintf("junk%d", i), []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	st, err := js.Stream(ctx, presence.StreamName(presence.ConnsBucket))
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +55,7 @@ func TestReadyNamesTheStartupSweep(t *testing.T) {
 
 	// The lease and every status record were read before the listing
 	// failed.
-	read := fmt.Sprintf("%d records read", 1+users)
+	read := fmt.Sprintf("%d records read", 1+users+len(undecodable))
 	natstest.CheckFor(t, patience, 10*time.Millisecond, func() error {
 		err := r.Ready(ctx)
 		if !errors.Is(err, reaper.ErrNotReady) || !strings.Contains(err.Error(), "start-up sweep") ||

@@ -592,7 +592,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 	}
 	var records []seen
 	legacy := false
-	err = s.store.ScanStatus(ctx, func(userID string, rec presence.Record, _ uint64) error {
+	err = s.store.ScanStatusAll(ctx, func(userID string, rec presence.Record, _ uint64) error {
 		s.swept.Add(1)
 		if len(rec.Conns) == 0 {
 			return nil
@@ -602,7 +602,7 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 			legacy = legacy || c.Lease == ""
 		}
 		return nil
-	})
+	}, func(string, error) { s.swept.Add(1) }) // read, and not greendot's: nothing to sweep
 	if err != nil {
 		return 0, err
 	}

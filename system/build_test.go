@@ -8,13 +8,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greendot/greendot/internal/tooltest"
 )
 
 // TestBuild builds the greendot command from inside the module, and
 // refuses to from outside it.
 func TestBuild(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
-		t.Skip("no go command")
+		tooltest.Missing(t, "no go command on PATH to build greendot with: install Go")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

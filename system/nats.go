@@ -103,7 +103,7 @@ func StartNATS(cfg NATSConfig) (*server.Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	nlog := &natsLogger{log: log.With("svc", "nats"), fatal: make(chan string, 1)}
+	nlog := &natsLogger{log: log.With("svc", "nats"), fatal: make(chan error, 1)}
 	srv.SetLoggerV2(nlog, false, false, false)
 	go srv.Start()
 
@@ -117,8 +117,8 @@ func StartNATS(cfg NATSConfig) (*server.Server, error) {
 	for ready := false; !ready; {
 		ready = srv.ReadyForConnections(50 * time.Millisecond)
 		select {
-		case msg := <-nlog.fatal:
-			return fail(fmt.Errorf("nats server: %s", msg))
+		case err := <-nlog.fatal:
+			return fail(err)
 		default:
 		}
 		if !ready && time.Now().After(deadline) {
@@ -148,9 +148,21 @@ func natsReady(srv *server.Server) error {
 // for StartNATS to return, and later it is logged.
 type natsLogger struct {
 	log     *slog.Logger
-	fatal   chan string
+	fatal   chan error
 	started atomic.Bool
 }
+
+// startError is a fatal error of the NATS server while it starts: its
+// message, and the error the message holds (a *net.OpError for a port
+// in use), if any.
+type startError struct {
+	msg string
+	err error
+}
+
+func (e *startError) Error() string { return "nats server: " + e.msg }
+
+func (e *startError) Unwrap() error { return e.err }
 
 var _ server.Logger = (*natsLogger)(nil)
 
@@ -163,8 +175,15 @@ func (l *natsLogger) Tracef(format string, v ...any)  { l.log.Debug(fmt.Sprintf(
 func (l *natsLogger) Fatalf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	if !l.started.Load() {
+		err := &startError{msg: msg}
+		for _, a := range v {
+			if e, ok := a.(error); ok {
+				err.err = e
+				break
+			}
+		}
 		select {
-		case l.fatal <- msg:
+		case l.fatal <- err:
 		default:
 		}
 		return

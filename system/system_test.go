@@ -407,6 +407,10 @@ func TestStartNATS(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("StartNATS = %v, want %q", err, tt.wantErr)
 				}
+				// The listener's error is in it, for the command to name its flag.
+				if op := (*net.OpError)(nil); tt.name == "port in use" && (!errors.As(err, &op) || op.Op != "listen") {
+					t.Errorf("StartNATS = %v, want it to wrap the *net.OpError of the listen", err)
+				}
 				if d := time.Since(start); d > 20*time.Second {
 					t.Errorf("the failure took %v", d)
 				}

@@ -40,10 +40,12 @@ type Config struct {
 	// Timeout bounds one POST, from connecting to reading the response.
 	Timeout time.Duration
 	// MinBackoff is the wait after a first failed attempt; it doubles with
-	// every further one, up to MaxBackoff. A 429 or 503 response's
-	// Retry-After replaces it, up to MaxBackoff.
+	// every further one, and each wait has up to a fifth more at random,
+	// up to MaxBackoff. A 429 or 503 response's Retry-After replaces it,
+	// up to MaxBackoff.
 	MinBackoff time.Duration
-	// MaxBackoff bounds the wait between attempts, a Retry-After's too.
+	// MaxBackoff bounds the wait between attempts, its jitter and a
+	// Retry-After's included.
 	MaxBackoff time.Duration
 	// GiveUpAfter is how long after its first attempt a delivery that keeps
 	// failing is given up and dead-lettered; and how long after its last

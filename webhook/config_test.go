@@ -83,3 +83,38 @@ func TestEventOf(t *testing.T) {
 		t.Errorf("empty record: %+v", ev)
 	}
 }
+
+// TestRetryWait: the wait before a retry is the backoff with up to a fifth
+// more at random, or the endpoint's Retry-After, and never longer than
+// the max backoff, so that --webhook-max-backoff is the longest wait
+// between two attempts.
+func TestRetryWait(t *testing.T) {
+	const maxBackoff = 2 * time.Second
+	for _, tt := range []struct {
+		name                string
+		backoff, retryAfter time.Duration
+		least, most         time.Duration
+		varies              bool
+	}{
+		{"first", 500 * time.Millisecond, 0, 500 * time.Millisecond, 600 * time.Millisecond, true},
+		{"below the max", 1500 * time.Millisecond, 0, 1500 * time.Millisecond, 1800 * time.Millisecond, true},
+		{"near the max", 1900 * time.Millisecond, 0, 1900 * time.Millisecond, maxBackoff, true},
+		{"at the max", maxBackoff, 0, maxBackoff, maxBackoff, false},
+		{"retry-after", 500 * time.Millisecond, 1500 * time.Millisecond, 1500 * time.Millisecond, 1500 * time.Millisecond, false},
+		{"retry-after beyond the max", 500 * time.Millisecond, time.Hour, maxBackoff, maxBackoff, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			varied := false
+			for i := range 1000 {
+				got := webhook.RetryWait(tt.backoff, tt.retryAfter, maxBackoff)
+				if got < tt.least || got > tt.most {
+					t.Fatalf("draw %d: RetryWait(%v, %v, %v) = %v, want %v to %v", i, tt.backoff, tt.retryAfter, maxBackoff, got, tt.least, tt.most)
+				}
+				varied = varied || got != tt.least
+			}
+			if varied != tt.varies {
+				t.Errorf("RetryWait(%v, %v, %v) varied: %v in 1000 draws, want %v", tt.backoff, tt.retryAfter, maxBackoff, varied, tt.varies)
+			}
+		})
+	}
+}

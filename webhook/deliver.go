@@ -50,7 +50,7 @@ func (s *Service) deliver(batch []*item) bool {
 			s.deadLetter(batch, attempt, a.status, "refused")
 			return true
 		}
-		wait := s.retryWait(backoff, a.retryAfter)
+		wait := retryWait(backoff, a.retryAfter, s.cfg.MaxBackoff)
 		if time.Since(first)+wait > s.cfg.GiveUpAfter {
 			s.deadLetter(batch, attempt, a.status, fmt.Sprintf("gave up after %v: %s", time.Since(first).Round(time.Millisecond), failureReason(a.status, a.err)))
 			return true
@@ -103,13 +103,14 @@ func (s *Service) attempt(body []byte, n int) (answer, bool) {
 
 // retryWait is how long to wait before trying again after a failure:
 // backoff with up to a fifth more at random, or the endpoint's
-// Retry-After, bounded by MaxBackoff (an endpoint that asks for more than
-// the time left would have its batch given up at once).
-func (s *Service) retryWait(backoff, retryAfter time.Duration) time.Duration {
+// Retry-After, either bounded by maxBackoff (an endpoint that asks for
+// more than the time left would have its batch given up at once). The
+// bound comes after the jitter, so that maxBackoff is the longest wait.
+func retryWait(backoff, retryAfter, maxBackoff time.Duration) time.Duration {
 	if retryAfter > 0 {
-		return min(retryAfter, s.cfg.MaxBackoff)
+		return min(retryAfter, maxBackoff)
 	}
-	return backoff + rand.N(backoff/5+1)
+	return min(backoff+rand.N(backoff/5+1), maxBackoff)
 }
 
 // userRev names a user's revision as user@rev, for logs.

@@ -7,3 +7,6 @@ func SetMaxResync(n int) (restore func()) {
 	maxResync = n
 	return func() { maxResync = was }
 }
+
+// RetryWait is retryWait: the wait before the next attempt.
+var RetryWait = retryWait

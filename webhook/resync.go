@@ -406,7 +406,7 @@ func (s *Service) resyncFailed(users []string, status int, retryAfter time.Durat
 	if len(r.users) == 0 {
 		return
 	}
-	r.due = now.Add(s.retryWait(r.backoff, retryAfter))
+	r.due = now.Add(retryWait(r.backoff, retryAfter, s.cfg.MaxBackoff))
 	r.backoff = min(2*r.backoff, s.cfg.MaxBackoff)
 }
 

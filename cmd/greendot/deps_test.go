@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/greendot/greendot/internal/tooltest"
 )
 
 // TestProductDependencies checks with go list that the greendot binary
@@ -13,7 +15,7 @@ import (
 func TestProductDependencies(t *testing.T) {
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command")
+		tooltest.Missing(t, "no go command on PATH to list the dependencies with: install Go")
 	}
 	out, err := exec.Command(goTool, "list", "-deps", ".").Output()
 	if err != nil {

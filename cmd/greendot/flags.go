@@ -174,7 +174,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catLimits, "max-registering", d.MaxRegistering, "upgrades registered in NATS at once; more are refused with 503 at once, so a reconnect storm does not pile up work that times out"),
 		floatFlag(catLimits, "rate-limit", d.RateLimit, "messages per second a socket may send on average"),
 		intFlag(catLimits, "rate-burst", d.RateBurst, "messages a socket may send at once"),
-		intFlag(catLimits, "rate-strikes", d.RateStrikes, "rate_limited errors a socket may earn within a minute before it is closed with 1008"),
+		intFlag(catLimits, "rate-strikes", d.RateStrikes, "rate_limited errors of --rate-limit a socket may earn within a minute before it is closed with 1008 (those of other limits do not count)"),
 		floatFlag(catLimits, "api-rate-limit", d.APIRateLimit, "HTTP API requests per second one identity may make on average; more are answered 429 with Retry-After"),
 		intFlag(catLimits, "api-rate-burst", d.APIRateBurst, "HTTP API requests one identity may make at once"),
 		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),

@@ -3,6 +3,7 @@ package main
 import (
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -34,6 +35,12 @@ func TestBadInput(t *testing.T) {
 	}
 	data := filepath.Join(dir, "data")
 	deadNATS := "nats://" + freeAddr(t)
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = held.Close() }()
+	heldAddr := held.Addr().String()
 
 	tests := []struct {
 		name string
@@ -41,7 +48,9 @@ func TestBadInput(t *testing.T) {
 		want string
 	}{
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
-		{"unknown flag", []string{"gateway", "--frobnicate"}, "flag provided but not defined: -frobnicate"},
+		{"unknown flag", []string{"gateway", "--frobnicate"}, "flag provided but not defined: --frobnicate"},
+		{"unknown flag, one dash", []string{"gateway", "-frobnicate"}, "flag provided but not defined: --frobnicate"},
+		{"flag without its value", []string{"gateway", "--dev-auth", "--conn-ttl"}, "flag needs an argument: --conn-ttl"},
 		{"stray argument", []string{"gateway", "--dev-auth", "extra"}, `unexpected argument "extra"`},
 		{"unknown policy", []string{"gateway", "--dev-auth", "--policy", "friends"}, `--policy "friends": want mutual, follow, everyone, token or app`},
 		{"app policy with nothing to ask", []string{"gateway", "--dev-auth", "--policy", "app"}, "--policy app needs --authz-app-url (the app answers HTTP) or --authz-app-subject"},
@@ -66,7 +75,11 @@ func TestBadInput(t *testing.T) {
 		{"zero pace", []string{"gateway", "--dev-auth", "--batch-pace", "0s"}, "--batch-pace 0s: want a positive duration"},
 		{"pace under the interval", []string{"gateway", "--dev-auth", "--batch-interval", "100ms", "--batch-pace", "50ms"}, "batch pace 50ms: want at least the batch interval (100ms)"},
 		{"pace too long", []string{"gateway", "--dev-auth", "--batch-pace", "1m"}, "batch pace 1m0s: want at most 10s"},
-		{"not a duration", []string{"gateway", "--dev-auth", "--away-after", "soon"}, `invalid value "soon" for flag -away-after`},
+		{"not a duration", []string{"gateway", "--dev-auth", "--away-after", "soon"}, `--away-after "soon": want a duration such as 30s, 1m30s or 500ms`},
+		{"duration without a unit", []string{"standalone", "--conn-ttl", "30"}, `--conn-ttl "30": want a duration such as 30s, 1m30s or 500ms`},
+		{"not a whole number", []string{"gateway", "--dev-auth", "--max-conns", "1.5"}, `--max-conns "1.5": want a whole number`},
+		{"not a number", []string{"gateway", "--dev-auth", "--rate-limit", "fast"}, `--rate-limit "fast": want a number`},
+		{"not a boolean", []string{"gateway", "--dev-auth=maybe"}, `--dev-auth "maybe": want true or false`},
 		{"zero subscriptions", []string{"gateway", "--dev-auth", "--max-subscriptions", "0"}, "--max-subscriptions 0: want at least 1"},
 		{"negative max conns", []string{"gateway", "--dev-auth", "--max-conns", "-1"}, "--max-conns -1: want at least 0"},
 		{"zero max registering", []string{"gateway", "--dev-auth", "--max-registering", "0"}, "--max-registering 0: want at least 1"},
@@ -99,6 +112,7 @@ func TestBadInput(t *testing.T) {
 		{"negative cache", []string{"fanout", "--cache-size", "-1"}, "--cache-size -1: want at least 1"},
 		{"zero ack wait", []string{"fanout", "--ack-wait", "0s"}, "--ack-wait 0s: want a positive duration"},
 		{"bad metrics address", []string{"fanout", "--metrics-listen", "127.0.0.1:99999", "--nats-url", deadNATS}, "--metrics-listen"},
+		{"standalone NATS port in use", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", heldAddr}, "--nats-listen " + heldAddr + ": listen tcp " + heldAddr + ": bind: address already in use"},
 		{"standalone bad NATS port", []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:99999"}, "--nats-listen \"127.0.0.1:99999\": port must be 0 to 65535"},
 		{"webhooks without url", []string{"webhooks", "--secret", strings.Repeat("s", 16)}, "--url: want the endpoint's URL"},
 		{"webhooks without secret", []string{"webhooks", "--url", "https://app.example/hooks"}, "the deliveries must be signed: give --secret-file or --secret"},
@@ -145,8 +159,8 @@ func lastLine(s string) string {
 func TestBadEnvVar(t *testing.T) {
 	t.Setenv("GREENDOT_CONN_TTL", "forever")
 	code, _, stderr := runOnce(t, "gateway", "--dev-auth")
-	if code != 1 || !strings.Contains(stderr, "GREENDOT_CONN_TTL") {
-		t.Errorf("exit %d, stderr %q: want 1 and a message naming GREENDOT_CONN_TTL", code, stderr)
+	if want := `GREENDOT_CONN_TTL "forever" (--conn-ttl): want a duration such as 30s, 1m30s or 500ms`; code != 1 || !strings.Contains(stderr, want) {
+		t.Errorf("exit %d, stderr %q: want 1 and %q", code, stderr, want)
 	}
 	if err := os.Unsetenv("GREENDOT_CONN_TTL"); err != nil {
 		t.Fatal(err)

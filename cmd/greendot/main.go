@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -104,10 +105,62 @@ func listHelp(cmds []*cli.Command) {
 	}
 }
 
-// usageError returns a flag parsing error as it is, to be printed on one
-// line.
-func usageError(_ *cli.Context, err error, _ bool) error {
-	return fmt.Errorf("%w (see --help)", err)
+// usageError returns a flag parsing error, to be printed on one line, with
+// the flag named as the docs name it (--conn-ttl) and, for a bad value,
+// what the flag wants.
+func usageError(c *cli.Context, err error, _ bool) error {
+	var flags []cli.Flag
+	if c.Command != nil {
+		flags = c.Command.Flags
+	}
+	return fmt.Errorf("%s (see --help)", flagError(flags, err))
+}
+
+// The errors of the flag package and of urfave/cli that flagError
+// rewrites: they name a flag with one dash, or none, and a bad value with
+// "parse error" or the parser's message.
+var (
+	badFlagValue = regexp.MustCompile(`^invalid (?:boolean )?value ("(?:[^"\\]|\\.)*") for (?:flag )?-([\w-]+): (.*)$`)
+	badEnvValue  = regexp.MustCompile(`^could not parse ("(?:[^"\\]|\\.)*") .*from environment variable "(\w+)" for flag ([\w-]+): (.*)$`)
+	dashedFlag   = regexp.MustCompile(`^(flag provided but not defined|flag needs an argument): -+([\w-]+)$`)
+)
+
+// flagError returns the text of err, a flag parsing error of a command
+// with flags, naming the flag with two dashes and saying what a bad value
+// should have been.
+func flagError(flags []cli.Flag, err error) string {
+	msg := err.Error()
+	if m := dashedFlag.FindStringSubmatch(msg); m != nil {
+		return m[1] + ": --" + m[2]
+	}
+	if m := badFlagValue.FindStringSubmatch(msg); m != nil {
+		return fmt.Sprintf("--%s %s: %s", m[2], m[1], wantOf(flags, m[2], m[3]))
+	}
+	if m := badEnvValue.FindStringSubmatch(msg); m != nil {
+		return fmt.Sprintf("%s %s (--%s): %s", m[2], m[1], m[3], wantOf(flags, m[3], m[4]))
+	}
+	return msg
+}
+
+// wantOf says what a value of the flag name wants; reason, the parser's
+// word, for a flag it does not know.
+func wantOf(flags []cli.Flag, name, reason string) string {
+	for _, f := range flags {
+		if !slices.Contains(f.Names(), name) {
+			continue
+		}
+		switch f.(type) {
+		case *cli.DurationFlag:
+			return "want a duration such as 30s, 1m30s or 500ms"
+		case *cli.IntFlag, *cli.Int64Flag, *cli.UintFlag, *cli.Uint64Flag:
+			return "want a whole number"
+		case *cli.Float64Flag:
+			return "want a number"
+		case *cli.BoolFlag:
+			return "want true or false"
+		}
+	}
+	return reason
 }
 
 // oneLine joins the lines of an error's text.

@@ -134,6 +134,9 @@ func runStandalone(c *cli.Context) error {
 		StopTimeout: stopTimeout + gcfg.DrainPeriod})
 	if err != nil {
 		_ = ln.Close()
+		if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "listen" {
+			return fmt.Errorf("--nats-listen %s: %w", natsListen, op)
+		}
 		return err
 	}
 	attrs := []any{"store_dir", ncfg.StoreDir}

@@ -54,7 +54,7 @@ func run(ctx context.Context, listen, databaseURL string, secret []byte, log *sl
 	if databaseURL == "" {
 		return errors.New("no database: give -database-url or set DATABASE_URL")
 	}
-	pool, err := pgxpool.New(ctx, databaseURL)
+	pool, err := pgxpool.New(ctx, databaseURL) // -database-url, or DATABASE_URL
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}
@@ -86,6 +86,9 @@ func run(ctx context.Context, listen, databaseURL string, secret []byte, log *sl
 // it again.
 func pushOffline(log *slog.Logger) func(ctx context.Context, ev webhook.Event) {
 	return func(_ context.Context, ev webhook.Event) {
+		// Tell alice's contacts, or alice's other devices, through FCM,
+		// APNs or Web Push. Keep it quick, or queue it: greendot waits
+		// for the answer (--timeout) before it sends the next batch.
 		log.Info("push: user went offline", "user_id", ev.UserID,
 			"last_seen", time.Unix(ev.LastSeen, 0).UTC().Format(time.RFC3339), "rev", ev.Rev)
 	}

@@ -1,8 +1,10 @@
 package tooltest_test
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/greendot/greendot/internal/tooltest"
@@ -21,6 +23,11 @@ func (r *recorder) Fatal(args ...any) { r.calls = append(r.calls, "Fatal: "+fmt.
 
 func (r *recorder) Skip(args ...any) { r.calls = append(r.calls, "Skip: "+fmt.Sprint(args...)) }
 
+// tty is a terminal that keeps what is written to it.
+type tty struct{ bytes.Buffer }
+
+func (*tty) Close() error { return nil }
+
 // TestMissing fails the test when CI is "true" and skips it otherwise, with
 // the message as given, once.
 func TestMissing(t *testing.T) {
@@ -35,6 +42,7 @@ func TestMissing(t *testing.T) {
 		{"1", "Skip: " + msg},
 	} {
 		t.Run(fmt.Sprintf("CI=%q", tt.ci), func(t *testing.T) {
+			defer tooltest.SetTerminal(&tty{}, false)()
 			t.Setenv("CI", tt.ci)
 			r := &recorder{TB: t}
 			tooltest.Missing(r, msg)
@@ -42,5 +50,49 @@ func TestMissing(t *testing.T) {
 				t.Errorf("calls %q, want %q", r.calls, want)
 			}
 		})
+	}
+}
+
+// TestMissingSaysSoOnce: without -v, the first skip of each message writes
+// one line naming the package to the terminal; a test that fails in CI
+// writes none, and with -v (which shows the skips) none is written.
+func TestMissingSaysSoOnce(t *testing.T) {
+	const node, chromium = "no Node.js: install it", "no Chromium: install it"
+	t.Setenv("CI", "")
+	term := &tty{}
+	restore := tooltest.SetTerminal(term, false)
+	for _, msg := range []string{node, node, chromium, node} {
+		tooltest.Missing(&recorder{TB: t}, msg)
+	}
+	restore()
+	want := "internal/tooltest: skipped: " + node + "\ninternal/tooltest: skipped: " + chromium + "\n"
+	if term.String() != want {
+		t.Errorf("the terminal got %q, want %q", term.String(), want)
+	}
+
+	for _, tt := range []struct {
+		name, ci string
+		verbose  bool
+	}{
+		{"in CI", "true", false},
+		{"with -v", "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("CI", tt.ci)
+			term := &tty{}
+			defer tooltest.SetTerminal(term, tt.verbose)()
+			tooltest.Missing(&recorder{TB: t}, node)
+			if term.Len() != 0 {
+				t.Errorf("the terminal got %q, want nothing", term.String())
+			}
+		})
+	}
+
+	// Without a terminal, nothing is written and the test skips all the same.
+	defer tooltest.SetTerminal(nil, false)()
+	r := &recorder{TB: t}
+	tooltest.Missing(r, node)
+	if len(r.calls) != 1 || !strings.HasPrefix(r.calls[0], "Skip: ") {
+		t.Errorf("calls %q, want one Skip", r.calls)
 	}
 }

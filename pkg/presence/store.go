@@ -1008,13 +1008,23 @@ func (s *Store) WatchStatus(ctx context.Context) (jetstream.KeyWatcher, error) {
 }
 
 // ScanStatus calls fn with every user's Record and revision (see scan for
-// what a record written during the scan may show). It stops early if fn
-// returns an error, and returns it.
+// what a record written during the scan may show), skipping values that
+// are not JSON of a Record (not greendot's; the fanout logs these). It
+// stops early if fn returns an error, and returns it.
 func (s *Store) ScanStatus(ctx context.Context, fn func(userID string, rec Record, rev uint64) error) error {
+	return s.ScanStatusAll(ctx, fn, nil)
+}
+
+// ScanStatusAll is ScanStatus, and calls skipped, unless it is nil, with
+// the key of every value ScanStatus skips and the decoding error.
+func (s *Store) ScanStatusAll(ctx context.Context, fn func(userID string, rec Record, rev uint64) error, skipped func(key string, err error)) error {
 	return scan(ctx, s.status, func(e jetstream.KeyValueEntry) error {
 		var rec Record
 		if err := json.Unmarshal(e.Value(), &rec); err != nil {
-			return nil // not a record of ours; the fanout logs these
+			if skipped != nil {
+				skipped(e.Key(), err)
+			}
+			return nil
 		}
 		return fn(e.Key(), rec, e.Revision())
 	})

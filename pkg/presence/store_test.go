@@ -368,6 +368,41 @@ func TestScans(t *testing.T) {
 	if err := st.ScanStatus(ctx, func(string, presence.Record, uint64) error { n++; return stopErr }); !errors.Is(err, stopErr) || n != 1 {
 		t.Errorf("stopping early: %d calls, %v", n, err)
 	}
+	// A value that is not a record is skipped by ScanStatus, and named by
+	// ScanStatusAll.
+	status, err := st.JetStream().KeyValue(ctx, presence.StatusBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := status.Put(ctx, "junk", []byte("not JSON")); err != nil {
+		t.Fatal(err)
+	}
+	users, n = nil, 0
+	var skipped []string
+	if err := st.ScanStatusAll(ctx, func(userID string, _ presence.Record, _ uint64) error {
+		users = append(users, userID)
+		return nil
+	}, func(key string, err error) {
+		skipped = append(skipped, key)
+		if err == nil {
+			t.Errorf("%s skipped with no error", key)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(users)
+	if !slices.Equal(users, []string{"a", "b", "c"}) || !slices.Equal(skipped, []string{"junk"}) {
+		t.Errorf("ScanStatusAll: records of %v, skipped %v; want a, b, c and junk", users, skipped)
+	}
+	if err := st.ScanStatus(ctx, func(userID string, _ presence.Record, _ uint64) error {
+		n++
+		return nil
+	}); err != nil || n != 3 {
+		t.Errorf("ScanStatus with junk: %d records, %v; want 3", n, err)
+	}
+	if err := status.Delete(ctx, "junk"); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, k := range [][2]string{{"a", "1"}, {"a", "2"}, {"b", "1"}, {"b", "2"}} {
 		if _, err := st.CreateConn(ctx, k[0], k[1], presence.ConnRecord{Gateway: "g", Device: k[1]}, time.Minute); err != nil {
