@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -254,10 +255,14 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	httpLn := newChanListener(ln.Addr())
 	stopStarting()
-	var served, handshakes sync.WaitGroup
+	var served sync.WaitGroup
 	served.Go(func() { _ = httpSrv.Serve(httpLn) })
+	handshakes := newWorkerPoolKeeping(math.MaxInt, handshakersKept, func() struct{} { return struct{}{} },
+		func(nc net.Conn, _ struct{}) { s.handshake(nc, httpLn) })
+	sweeping := make(chan struct{})
+	served.Go(func() { sweepEvery(sweeping, handshakes) })
 	accepted := make(chan error, 1)
-	served.Go(func() { accepted <- s.accept(ln, httpLn, &handshakes) })
+	served.Go(func() { accepted <- s.accept(ln, httpLn, handshakes) })
 	s.ready.Store(true)
 	ops, err := s.startAdmin(ln.Addr().String())
 	if err != nil {
@@ -291,7 +296,8 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		// No handshake may start once handshakes is waited for.
 		<-accepted
 	}
-	handshakes.Wait()
+	handshakes.stop()
+	close(sweeping)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = httpSrv.Shutdown(shutdownCtx)
 	cancel()
@@ -461,7 +467,7 @@ func (g *group) stop() {
 
 // accept accepts connections until ln is closed, sorting WebSocket
 // upgrades from HTTP requests.
-func (s *Service) accept(ln net.Listener, httpLn *chanListener, handshakes *sync.WaitGroup) error {
+func (s *Service) accept(ln net.Listener, httpLn *chanListener, handshakes *workerPool[net.Conn, struct{}]) error {
 	defer httpLn.Close()
 	var delay time.Duration
 	for {
@@ -481,7 +487,9 @@ func (s *Service) accept(ln net.Listener, httpLn *chanListener, handshakes *sync
 			return err
 		}
 		delay = 0
-		handshakes.Go(func() { s.handshake(nc, httpLn) })
+		if !handshakes.run(nc) {
+			_ = nc.Close()
+		}
 	}
 }
 

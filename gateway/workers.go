@@ -115,6 +115,28 @@ func (p *workerPool[T, S]) sweep(now time.Time) {
 	p.running -= n
 }
 
+// sweepEvery sweeps p every half workerIdle until done is closed.
+func sweepEvery[T, S any](done <-chan struct{}, p *workerPool[T, S]) {
+	t := time.NewTicker(workerIdle / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case now := <-t.C:
+			p.sweep(now)
+		}
+	}
+}
+
+// handshakersKept is how many free handshake workers a gateway keeps. A
+// handshake's goroutine grows its stack through the upgrade, the
+// authentication and the registration (and pages it in): a goroutine
+// started per connection did that each time, 11% of a gateway's CPU in a
+// connect storm. A storm's handshakes wait on NATS in the hundreds at
+// once; those beyond this many end when they are done.
+const handshakersKept = 128
+
 // size returns how many workers run, free or not.
 func (p *workerPool[T, S]) size() int {
 	p.mu.Lock()
