@@ -169,9 +169,10 @@ type Config struct {
 	// MaxConnsPerUser bounds the connections of one user on this gateway;
 	// zero means 32.
 	MaxConnsPerUser int
-	// RateLimit is how many messages per second a socket may send on
-	// average; zero means 20. RateBurst is how many it may send at once;
-	// zero means 40.
+	// RateLimit is how many frames per second a socket may send on
+	// average, every frame counted (a message, each of its fragments, a
+	// ping, a pong); zero means 20. RateBurst is how many it may send at
+	// once; zero means 40.
 	RateLimit float64
 	RateBurst int
 	// RateStrikes is how many rate_limited errors a socket may earn within
