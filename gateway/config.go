@@ -196,8 +196,9 @@ type Config struct {
 	// them all time out. Zero means DefaultMaxRegistering.
 	MaxRegistering int
 	// HandshakeTimeout bounds the time from accepting a TCP connection to
-	// the end of its WebSocket handshake or HTTP request headers; zero
-	// means 10s.
+	// the end of its WebSocket handshake or of its first HTTP request (head
+	// and body), each later request from its first bytes, and how long a
+	// kept-alive HTTP connection may be idle; zero means 10s.
 	HandshakeTimeout time.Duration
 	// WriteTimeout is how long a socket may take nothing of the frames
 	// that wait for it before it is closed as too slow: a write never

@@ -41,7 +41,8 @@ var errRegisterFailed = fmt.Errorf("%w: presence state is unavailable right now;
 // authentication in the upgrader's callbacks; anything else goes to the
 // HTTP server.
 func (s *Service) handshake(nc net.Conn, httpLn *chanListener) {
-	if err := nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+	deadline := time.Now().Add(s.cfg.HandshakeTimeout)
+	if err := nc.SetDeadline(deadline); err != nil {
 		_ = nc.Close()
 		return
 	}
@@ -57,10 +58,11 @@ func (s *Service) handshake(nc net.Conn, httpLn *chanListener) {
 		return
 	}
 	if !isUpgradePath(head) {
-		// Hand the connection, and what was read of it, to net/http.
+		// Hand the connection, and what was read of it, to net/http; its
+		// first request keeps the deadline (httpConn).
 		buffered, _ := br.Peek(br.Buffered())
-		pc := &prefixConn{Conn: nc, r: io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), nc)}
-		if err := nc.SetDeadline(time.Time{}); err != nil || !httpLn.deliver(pc) {
+		hc := newHTTPConn(nc, bytes.Clone(buffered), deadline)
+		if err := nc.SetWriteDeadline(time.Time{}); err != nil || !httpLn.deliver(hc) {
 			_ = nc.Close()
 		}
 		return
@@ -290,14 +292,6 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	l.n -= n
 	return n, err
 }
-
-// prefixConn is a connection whose first bytes were already read.
-type prefixConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // chanListener is a net.Listener fed by the gateway's own accept loop, for
 // the HTTP server.

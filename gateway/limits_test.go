@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -650,6 +651,103 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 	rec, err := sys.StatusOf("slowpoke")
 	if err != nil || len(rec.Conns) != 0 {
 		t.Errorf("slowpoke registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
+// TestAPIHeadIsBounded: an HTTP request has an upgrade's bounds. The first
+// request of a connection must be read within the handshake timeout of
+// the accept, however long the gateway took to tell it from an upgrade;
+// its head holds at most 32 KiB; a connection kept alive is closed once
+// idle for the handshake timeout.
+func TestAPIHeadIsBounded(t *testing.T) {
+	const timeout = 3 * time.Second
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
+	auth := "Authorization: Bearer " + secLongToken(t, "slowpoke")
+	get := func(target string) string {
+		return "GET " + target + " HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n\r\n"
+	}
+	dial := func(t *testing.T) net.Conn {
+		nc, err := net.Dial("tcp", gw.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nc.Close() })
+		return nc
+	}
+
+	t.Run("trickled head", func(t *testing.T) {
+		// A byte every 350 ms: the 8 bytes read to tell an upgrade from
+		// an API request take most of the timeout, and the rest would
+		// take far longer.
+		nc := dial(t)
+		start := time.Now()
+		go trickle(nc, get("/api/presence/users/slowpoke"), 350*time.Millisecond)
+		got, took := readUntilCut(t, nc, start, 3*timeout)
+		if bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
+			t.Errorf("a trickled request was served: %q", got)
+		}
+		if took < timeout-100*time.Millisecond || took > timeout+time.Second {
+			t.Errorf("cut %v after the accept, want about %v", took, timeout)
+		}
+	})
+
+	t.Run("idle keep-alive", func(t *testing.T) {
+		nc := dial(t)
+		br := bufio.NewReader(nc)
+		for i := range 2 {
+			if _, err := io.WriteString(nc, get("/api/presence/users/slowpoke")); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("request %d: %s, want 200", i, resp.Status)
+			}
+		}
+		start := time.Now()
+		_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
+		_, err := br.ReadByte()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("an idle kept-alive connection still open after %v", time.Since(start))
+		}
+		if took := time.Since(start); took > timeout+2*time.Second {
+			t.Errorf("an idle kept-alive connection closed after %v, want about %v", took, timeout)
+		}
+	})
+
+	for _, tt := range []struct {
+		name   string
+		pad    int
+		status int
+	}{
+		{"URL within the bound", 20 << 10, http.StatusOK},
+		{"URL over the bound", 1 << 20, http.StatusRequestHeaderFieldsTooLarge},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nc := dial(t)
+			go func() {
+				_ = nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+				_, _ = io.WriteString(nc, get("/api/presence/users/slowpoke?pad="+strings.Repeat("a", tt.pad)))
+			}()
+			_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Errorf("%s, want %d", resp.Status, tt.status)
+			}
+		})
 	}
 	by.check(t)
 }

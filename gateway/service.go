@@ -237,18 +237,22 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	s.sockets.run(io)
 
 	// 4. Serving.
-	// A request's headers and body must come within the handshake
-	// timeout, and its answer go within the time it may take to decide
-	// (answerWithin) and a write's: without them a client that stops
-	// sending (a body announced and never sent, which net/http waits for
-	// even before answering /healthz) holds its connection and a goroutine
-	// for good.
+	// A request's head (at most 32 KiB, as an upgrade's) and body must
+	// come within the handshake timeout (the first request's counted from
+	// the accept: httpConn), a kept-alive connection may wait as long for
+	// the next, and an answer must go within the time it may take to
+	// decide (answerWithin) and a write's: without them a client that
+	// stops sending (a body announced and never sent, which net/http waits
+	// for even before answering /healthz) holds its connection and a
+	// goroutine for good.
 	httpSrv := &http.Server{
 		Handler:           withDeadline(s.httpHandler(), s.answerWithin()),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		ReadTimeout:       s.cfg.HandshakeTimeout,
 		WriteTimeout:      s.answerWithin() + s.cfg.WriteTimeout,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       s.cfg.HandshakeTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ConnState:         httpConnState,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return core.ctx },
 	}

@@ -179,7 +179,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catLimits, "api-rate-burst", d.APIRateBurst, "HTTP API requests one identity may make at once"),
 		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),
 		intFlag(catLimits, "api-address-rate-burst", d.APIAddressRateBurst, "HTTP API requests one source address may make at once"),
-		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or HTTP request headers"),
+		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or of its first HTTP request (head and body); as long for each later request from its first bytes, and for an idle kept-alive connection"),
 		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time a socket may take nothing of the frames waiting for it (at most 1 MiB); a slower socket is closed"),
 
 		intFlag(catTuning, "read-workers", d.ReadWorkers, "sockets read at once"),
