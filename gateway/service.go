@@ -638,7 +638,8 @@ func isTemporary(err error) bool {
 }
 
 // httpHandler returns what the gateway's listener serves over HTTP: the
-// probes, the API and Config.Static.
+// probes, the API and Config.Static, each request past the HTTP edge's
+// refusals (refuseTransferEncoding).
 func (s *Service) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	handleProbes(mux, s.readyz(), s.gathered(), true)
@@ -653,7 +654,7 @@ func (s *Service) httpHandler() http.Handler {
 	if s.cfg.Static != nil {
 		mux.Handle("/", s.cfg.Static)
 	}
-	return mux
+	return refuseTransferEncoding(mux)
 }
 
 // readyz is what /readyz asks: Config.Readyz, or Ready.

@@ -1,5 +1,8 @@
 package gateway
 
+// The HTTP edge: what the gateway bounds and refuses of an HTTP request
+// before a handler reads it.
+
 import (
 	"bytes"
 	"io"
@@ -75,4 +78,24 @@ func httpConnState(nc net.Conn, st http.ConnState) {
 	if c, ok := nc.(*httpConn); ok && st == http.StateIdle {
 		c.first.Store(0)
 	}
+}
+
+// refuseTransferEncoding answers a request with a Transfer-Encoding 400,
+// and closes its connection, before h sees it. net/http reads a request
+// with both Transfer-Encoding and Content-Length by the first (and drops
+// the second), where a proxy in front may read it by the second: the
+// rest of its body would be another request to one and not to the other
+// (request smuggling), so RFC 9112 §6.1 has the connection closed. Which
+// of them a request had is lost by then: a body with Transfer-Encoding is
+// refused alone too, and a body needs Content-Length.
+func refuseTransferEncoding(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TransferEncoding) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusBadRequest, "bad_request",
+			"Transfer-Encoding is not accepted: send the body with Content-Length alone")
+	})
 }
