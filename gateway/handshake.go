@@ -86,6 +86,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		status    presence.Record
 		statusRev uint64
 		refused   bool // counted by refuse
+		head      = newUpgradeHead(br)
 	)
 	refuse := func(err error) error {
 		refused = true
@@ -108,6 +109,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil
 		},
 		OnBeforeUpgrade: func() (ws.HandshakeHeader, error) {
+			if err := head.check(); err != nil {
+				return nil, refuse(err)
+			}
 			if err := s.checkOrigin(&cr); err != nil {
 				return nil, refuse(err)
 			}
@@ -149,7 +153,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	_, err := u.Upgrade(struct {
 		io.Reader
 		io.Writer
-	}{&headLimiter{r: br, n: maxRequestHead}, nc})
+	}{head, nc})
 	var rejected *ws.ConnectionRejectedError
 	switch {
 	case errors.Is(err, errHeadTooLarge):

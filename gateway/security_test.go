@@ -392,13 +392,19 @@ func TestUpgradeAuth(t *testing.T) {
 // returns the status line of the answer.
 func rawUpgrade(tb testing.TB, addr, target string, extra ...string) string {
 	tb.Helper()
+	return rawUpgradeTo(tb, addr, addr, target, extra...)
+}
+
+// rawUpgradeTo is rawUpgrade with the Host header host.
+func rawUpgradeTo(tb testing.TB, addr, host, target string, extra ...string) string {
+	tb.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-	req := "GET " + target + " HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+	req := "GET " + target + " HTTP/1.1\r\nHost: " + host + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
 	for _, h := range extra {
 		req += h + "\r\n"
@@ -440,9 +446,11 @@ func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
 }
 
 // TestMalformedUpgradeCounted: an upgrade request that breaks RFC 6455 (a
-// proxy that drops the Upgrade header, an old protocol version) is refused
-// by the WebSocket library itself, and counted as a refusal all the same,
-// so that an operator sees why clients cannot connect.
+// proxy that drops the Upgrade header, an old protocol version, a
+// Sec-WebSocket-Key that is not the base64 of 16 bytes, or two of them)
+// is refused with 400 (426 for the version), before anything is
+// registered, and counted as a refusal, so that an operator sees why
+// clients cannot connect.
 func TestMalformedUpgradeCounted(t *testing.T) {
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
@@ -461,6 +469,14 @@ func TestMalformedUpgradeCounted(t *testing.T) {
 			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n" + auth + "\r\n\r\n", "426"},
 		{"short key", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 			"Sec-WebSocket-Key: c2hvcnQ=\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		// 24 characters, as gobwas/ws checks, but not base64.
+		{"key not base64", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: !!!!!!!!!!!!!!!!!!!!!!==\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		{"key the base64 of 17 bytes", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZSE=\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		{"two keys", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-key: AAAAAAAAAAAAAAAAAAAAAA==\r\n" +
+			"Sec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
