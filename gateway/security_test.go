@@ -637,6 +637,50 @@ func TestOriginCheck(t *testing.T) {
 	by.check(t)
 }
 
+// TestDuplicateOriginRefused: a request with two Origin headers is refused
+// with 400, an upgrade as an API request, whichever of them is allowed and
+// whether origins are checked at all: one rule, where the upgrade read the
+// last and the API the first.
+func TestDuplicateOriginRefused(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
+	by := newBystander(t, sys, sys.Gateway())
+	anyOrigin := sys.StartGateway(gateway.Config{})
+	tok := secLongToken(t, "alice")
+	for _, gw := range []*systest.Gateway{sys.Gateway(), anyOrigin} {
+		for _, origins := range [][]string{
+			{"https://app.example.com", "https://evil.example"},
+			{"https://evil.example", "https://app.example.com"},
+			{"https://app.example.com", "https://app.example.com"},
+		} {
+			name := fmt.Sprintf("origins %v: %s", gw.Config().AllowedOrigins, strings.Join(origins, " then "))
+			t.Run(name, func(t *testing.T) {
+				extra := []string{"Authorization: Bearer " + tok}
+				for _, o := range origins {
+					extra = append(extra, "Origin: "+o)
+				}
+				if line := rawUpgrade(t, gw.Addr, "/ws", extra...); !strings.HasPrefix(line, "HTTP/1.1 400") {
+					t.Errorf("upgrade: %q, want HTTP/1.1 400", line)
+				}
+				h := bearer(tok)
+				h["Origin"] = origins
+				var e apiErr
+				st, hdr := apiCallHeader(t, "GET", gw.HTTP+"/api/presence/users/alice", h, nil, &e)
+				if st != http.StatusBadRequest || e.Error != "bad_request" || e.Message == "" {
+					t.Errorf("GET /api/presence/users/alice: %d %+v, want 400 bad_request", st, e)
+				}
+				if acao := hdr.Get("Access-Control-Allow-Origin"); acao != "" {
+					t.Errorf("CORS header for a request with two origins: %q", acao)
+				}
+			})
+		}
+	}
+	rec, err := sys.StatusOf("alice")
+	if err != nil || len(rec.Conns) != 0 {
+		t.Errorf("alice registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
 func TestGatewayFullAndConnsPerUser(t *testing.T) {
 	sys := secStart(t, systest.Options{})
 	gw := sys.StartGateway(gateway.Config{MaxConns: 3, MaxConnsPerUser: 2})
