@@ -97,8 +97,14 @@ type Config struct {
 	BatchPace time.Duration
 
 	// DevAuth accepts ?user=<id> as the identity of a WebSocket or HTTP
-	// client, with no proof. Only for development.
+	// client, with no proof. Only for development. A request then must
+	// name (Host) an IP address, localhost, a name under .localhost or one
+	// of DevAuthHosts: a web page of another name, made to point to this
+	// machine (DNS rebinding), must not act as any user.
 	DevAuth bool
+	// DevAuthHosts are the further host names (no port) a gateway with
+	// DevAuth answers requests for.
+	DevAuthHosts []string
 	// Tokens verifies bearer tokens (JWTs); nil accepts none.
 	Tokens TokenVerifier
 	// AllowedOrigins lists the Origin values a browser may connect from
@@ -455,6 +461,11 @@ func (c Config) Validate() error {
 	for _, o := range c.AllowedOrigins {
 		if err := checkAllowedOrigin(o); err != nil {
 			return bad("allowed origin %q: %v", o, err)
+		}
+	}
+	for _, h := range c.DevAuthHosts {
+		if h == "" || strings.ContainsAny(h, ":/[] ") {
+			return bad("dev auth host %q: want a host name, without scheme or port", h)
 		}
 	}
 	if err := c.Buckets.Validate(); err != nil {

@@ -150,6 +150,14 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil, nil
 		},
 	}
+	if s.cfg.DevAuth {
+		u.OnHost = func(host []byte) error {
+			if err := s.checkHost(string(host)); err != nil {
+				return refuse(err)
+			}
+			return nil
+		}
+	}
 	_, err := u.Upgrade(struct {
 		io.Reader
 		io.Writer

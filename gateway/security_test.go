@@ -21,11 +21,13 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/system/systest"
+	"github.com/greendot/greendot/web"
 )
 
 // The tests of this file, limits_test.go and privacy_test.go run gateways
@@ -677,6 +679,91 @@ func TestDuplicateOriginRefused(t *testing.T) {
 	rec, err := sys.StatusOf("alice")
 	if err != nil || len(rec.Conns) != 0 {
 		t.Errorf("alice registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
+// TestDevAuthAnswersOnlyThisMachine: under dev auth, a request that names
+// (Host) a host this machine is not known by is refused with 403
+// forbidden_host, the upgrade, the API and the demo's graph writes alike:
+// a web page whose name its site made point to this machine (DNS
+// rebinding: Host and Origin both the page's) must not act as any user.
+// localhost, names under .localhost, IP addresses and --dev-auth-hosts are
+// answered.
+func TestDevAuthAnswersOnlyThisMachine(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	dev := sys.StartGateway(gateway.Config{
+		DevAuth:      true,
+		DevAuthHosts: []string{"dev.example"},
+		Static:       web.Handler(web.Options{Demo: true, Store: sys.Store, Logger: testlog.New(t)}),
+	})
+	_, port, err := net.SplitHostPort(dev.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// call makes a request as a page at host would.
+	call := func(t *testing.T, method, path, host string, body string) (int, apiErr) {
+		t.Helper()
+		req, err := http.NewRequest(method, dev.HTTP+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Origin", "http://"+host)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e apiErr
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e
+	}
+	for _, tt := range []struct {
+		host string
+		ok   bool
+	}{
+		{"rebind.example:" + port, false},
+		{"rebind.example", false},
+		{"localhost.rebind.example:" + port, false},
+		{"localhost.:" + port, false},
+		{"127.0.0.1:" + port, true},
+		{"localhost:" + port, true},
+		{"app.localhost:" + port, true},
+		{"[::1]:" + port, true},
+		{"192.0.2.7:" + port, true},
+		{"DEV.example:" + port, true},
+	} {
+		t.Run(tt.host, func(t *testing.T) {
+			wantStatus, wantLine, wantEdge := http.StatusForbidden, "HTTP/1.1 403", false
+			if tt.ok {
+				wantStatus, wantLine, wantEdge = http.StatusOK, "HTTP/1.1 101", true
+			}
+			line := rawUpgradeTo(t, dev.Addr, tt.host, "/ws?user=mallory", "Origin: http://"+tt.host)
+			if !strings.HasPrefix(line, wantLine) {
+				t.Errorf("upgrade: %q, want %s", line, wantLine)
+			}
+			st, e := call(t, "GET", "/api/presence/users/mallory?user=mallory", tt.host, "")
+			if st != wantStatus || !tt.ok && e.Error != "forbidden_host" {
+				t.Errorf("GET /api/presence/users/mallory: %d %+v, want %d", st, e, wantStatus)
+			}
+			st, e = call(t, "POST", "/demo/api/follow?user=mallory", tt.host, `{"user_id":"victim"}`)
+			if tt.ok && st != http.StatusNoContent || !tt.ok && (st != http.StatusForbidden || e.Error != "forbidden_host") {
+				t.Errorf("POST /demo/api/follow: %d %+v", st, e)
+			}
+			follows, err := sys.Store.Follows(context.Background(), "mallory", "victim")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if follows != wantEdge {
+				t.Errorf("mallory follows victim: %v, want %v", follows, wantEdge)
+			}
+			if err := sys.Store.Unfollow(context.Background(), "mallory", "victim"); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 	by.check(t)
 }

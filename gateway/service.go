@@ -639,7 +639,7 @@ func isTemporary(err error) bool {
 
 // httpHandler returns what the gateway's listener serves over HTTP: the
 // probes, the API and Config.Static, each request past the HTTP edge's
-// refusals (refuseTransferEncoding).
+// refusals (refuseTransferEncoding) and, under dev auth, refuseOtherHosts.
 func (s *Service) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	handleProbes(mux, s.readyz(), s.gathered(), true)
@@ -654,7 +654,7 @@ func (s *Service) httpHandler() http.Handler {
 	if s.cfg.Static != nil {
 		mux.Handle("/", s.cfg.Static)
 	}
-	return refuseTransferEncoding(mux)
+	return refuseTransferEncoding(s.refuseOtherHosts(mux))
 }
 
 // readyz is what /readyz asks: Config.Readyz, or Ready.

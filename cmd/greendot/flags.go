@@ -149,6 +149,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 
 		devAuth,
 		boolFlag(catAuth, "dev-auth-allow-public", "allow --dev-auth on an address that is not loopback: anyone who reaches it can claim any user id"),
+		stringFlag(catAuth, "dev-auth-hosts", "", "comma-separated host names, besides localhost and IP addresses, that a gateway with dev auth answers for (the names this machine is reached by); a request naming another host is refused with 403, so that a web page whose name points to this machine cannot act as any user"),
 		stringFlag(catAuth, "jwt-secret", "", "HMAC secret of HS256/HS384/HS512 tokens, at least 32 bytes (prefer --jwt-secret-file or the environment variable: command lines are visible to other users)"),
 		stringFlag(catAuth, "jwt-secret-file", "", "file holding the HMAC secret (trailing newlines are ignored)"),
 		stringFlag(catAuth, "jwt-public-key", "", "PEM file with the public key (or certificate) of RS256/ES256/EdDSA tokens"),
