@@ -39,6 +39,8 @@ type credentials struct {
 	hasDevice bool
 	origin    string
 	hasOrigin bool
+	// origins counts the Origin headers: a request with more is refused.
+	origins int
 }
 
 // identity is a verified client.
@@ -76,6 +78,7 @@ func (cr *credentials) setHeader(key, value string) {
 		}
 	case strings.EqualFold(key, "Origin"):
 		cr.origin, cr.hasOrigin = value, true
+		cr.origins++
 	}
 }
 
@@ -86,7 +89,7 @@ func credentialsFromHTTP(r *http.Request) (credentials, error) {
 	if h := r.Header.Get("Authorization"); h != "" {
 		cr.setHeader("Authorization", h)
 	}
-	if o := r.Header.Get("Origin"); o != "" {
+	for _, o := range r.Header.Values("Origin") {
 		cr.setHeader("Origin", o)
 	}
 	return cr, cr.parseQuery(r.URL.RawQuery)
@@ -140,9 +143,13 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 	return id, nil
 }
 
-// checkOrigin refuses a browser request from an Origin that is not allowed.
+// checkOrigin refuses a browser request from an Origin that is not allowed,
+// and one with more than one Origin (which one would be the page's?).
 // Requests without an Origin (not from a browser) pass.
 func (s *Service) checkOrigin(cr *credentials) error {
+	if cr.origins > 1 {
+		return fmt.Errorf("%w: %d Origin headers, want one", ErrBadRequest, cr.origins)
+	}
 	if !cr.hasOrigin || len(s.cfg.AllowedOrigins) == 0 {
 		return nil
 	}

@@ -97,8 +97,14 @@ type Config struct {
 	BatchPace time.Duration
 
 	// DevAuth accepts ?user=<id> as the identity of a WebSocket or HTTP
-	// client, with no proof. Only for development.
+	// client, with no proof. Only for development. A request then must
+	// name (Host) an IP address, localhost, a name under .localhost or one
+	// of DevAuthHosts: a web page of another name, made to point to this
+	// machine (DNS rebinding), must not act as any user.
 	DevAuth bool
+	// DevAuthHosts are the further host names (no port) a gateway with
+	// DevAuth answers requests for.
+	DevAuthHosts []string
 	// Tokens verifies bearer tokens (JWTs); nil accepts none.
 	Tokens TokenVerifier
 	// AllowedOrigins lists the Origin values a browser may connect from
@@ -169,9 +175,10 @@ type Config struct {
 	// MaxConnsPerUser bounds the connections of one user on this gateway;
 	// zero means 32.
 	MaxConnsPerUser int
-	// RateLimit is how many messages per second a socket may send on
-	// average; zero means 20. RateBurst is how many it may send at once;
-	// zero means 40.
+	// RateLimit is how many frames per second a socket may send on
+	// average, every frame counted (a message, each of its fragments, a
+	// ping, a pong); zero means 20. RateBurst is how many it may send at
+	// once; zero means 40.
 	RateLimit float64
 	RateBurst int
 	// RateStrikes is how many rate_limited errors of RateLimit a socket
@@ -197,8 +204,9 @@ type Config struct {
 	// them all time out. Zero means DefaultMaxRegistering.
 	MaxRegistering int
 	// HandshakeTimeout bounds the time from accepting a TCP connection to
-	// the end of its WebSocket handshake or HTTP request headers; zero
-	// means 10s.
+	// the end of its WebSocket handshake or of its first HTTP request (head
+	// and body), each later request from its first bytes, and how long a
+	// kept-alive HTTP connection may be idle; zero means 10s.
 	HandshakeTimeout time.Duration
 	// WriteTimeout is how long a socket may take nothing of the frames
 	// that wait for it before it is closed as too slow: a write never
@@ -455,6 +463,11 @@ func (c Config) Validate() error {
 	for _, o := range c.AllowedOrigins {
 		if err := checkAllowedOrigin(o); err != nil {
 			return bad("allowed origin %q: %v", o, err)
+		}
+	}
+	for _, h := range c.DevAuthHosts {
+		if h == "" || strings.ContainsAny(h, ":/[] ") {
+			return bad("dev auth host %q: want a host name, without scheme or port", h)
 		}
 	}
 	if err := c.Buckets.Validate(); err != nil {

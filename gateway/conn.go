@@ -54,6 +54,9 @@ type conn struct {
 	polled  bool
 	wpolled bool
 	rpaused bool
+	// msg is the state of the message in fragments being read (msgOpen,
+	// msgRefused); it is the reading goroutine's, as limiter is.
+	msg msgState
 	// due is the tick on which the gateway's dueRing looks at it next; 0
 	// while none will. Under the ring's lock.
 	due int64
@@ -95,8 +98,19 @@ type connEnv struct {
 // frameHandler handles what a conn's socket decodes.
 type frameHandler interface {
 	message(c *conn, payload []byte) bool
+	fragment(c *conn) bool
 	control(c *conn, op ws.OpCode, payload []byte) bool
 }
+
+// msgState is what a connection knows of the message in fragments its
+// client is sending: whether one is open, and whether one of its frames
+// was refused by the rate limit (the message is then dropped).
+type msgState uint8
+
+const (
+	msgOpen msgState = 1 << iota
+	msgRefused
+)
 
 // endKind says how a connection ended, which decides what happens to its
 // key.
@@ -120,6 +134,10 @@ var (
 
 // Message handles a text message from the client (socket.Sink).
 func (c *conn) Message(payload []byte) bool { return c.env.handler.message(c, payload) }
+
+// Fragment handles a frame of a message in fragments but its last
+// (socket.Sink).
+func (c *conn) Fragment([]byte) bool { return c.env.handler.fragment(c) }
 
 // Control handles a control frame from the client (socket.Sink).
 func (c *conn) Control(op ws.OpCode, payload []byte) bool {

@@ -16,6 +16,11 @@ var ErrUnauthorized = errors.New("unauthorized")
 // allowed.
 var ErrForbiddenOrigin = errors.New("origin not allowed")
 
+// ErrForbiddenHost means a request under dev auth named a host (Host)
+// that is not this machine's: a web page whose name was made to point here
+// (DNS rebinding).
+var ErrForbiddenHost = errors.New("host not allowed")
+
 // ErrUnavailable means the gateway cannot take the request now: it is full,
 // draining, or cannot reach NATS.
 var ErrUnavailable = errors.New("unavailable")
@@ -34,7 +39,7 @@ func httpStatus(err error) int {
 	switch {
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized
-	case errors.Is(err, ErrForbiddenOrigin):
+	case errors.Is(err, ErrForbiddenOrigin), errors.Is(err, ErrForbiddenHost):
 		return http.StatusForbidden
 	case errors.Is(err, ErrBadRequest):
 		return http.StatusBadRequest
@@ -55,6 +60,8 @@ func errorCode(err error) string {
 		return "unauthorized"
 	case errors.Is(err, ErrForbiddenOrigin):
 		return "forbidden_origin"
+	case errors.Is(err, ErrForbiddenHost):
+		return "forbidden_host"
 	case errors.Is(err, ErrBadRequest):
 		return "bad_request"
 	case errors.Is(err, ErrTooManyConns):

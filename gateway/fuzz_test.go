@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/gateway/internal/socket"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
@@ -29,6 +31,7 @@ import (
 //
 //	go test ./gateway -run '^$' -fuzz '^FuzzDecodeClient$' -fuzztime 20s
 //	go test ./gateway -run '^$' -fuzz '^FuzzClientMessage$' -fuzztime 20s
+//	go test ./gateway -run '^$' -fuzz '^FuzzFrames$' -fuzztime 20s
 
 // FuzzDecodeClient feeds arbitrary bytes to protocol.DecodeClient, the
 // decoding of every client message: it must never panic, must refuse
@@ -134,19 +137,18 @@ type fuzzGateway struct {
 	n         int
 }
 
-func startFuzzGateway(f *testing.F) *fuzzGateway {
+// startFuzzGateway starts a gateway with cfg's limits, dev auth, a long
+// TTL and its buckets in memory.
+func startFuzzGateway(f *testing.F, cfg Config) *fuzzGateway {
 	srv := natstest.RunServerWithOptions(f, &server.Options{StoreDir: fuzzStoreDir(f)})
 	nc := natstest.Connect(f, srv)
-	svc, err := New(nc, Config{
-		DevAuth:   true,
-		ConnTTL:   5 * time.Minute,
-		RateLimit: 1e6,
-		RateBurst: 1e6,
-		// In memory: a fuzzing worker killed in the middle of an input
-		// leaves its store for the coordinator to remove (fuzzStoreDir),
-		// and nothing of it need outlast the worker.
-		Buckets: presence.BucketOptions{Storage: jetstream.MemoryStorage},
-	})
+	cfg.DevAuth = true
+	cfg.ConnTTL = 5 * time.Minute
+	// In memory: a fuzzing worker killed in the middle of an input
+	// leaves its store for the coordinator to remove (fuzzStoreDir), and
+	// nothing of it need outlast the worker.
+	cfg.Buckets = presence.BucketOptions{Storage: jetstream.MemoryStorage}
+	svc, err := New(nc, cfg)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -234,7 +236,7 @@ func FuzzClientMessage(f *testing.F) {
 	// Larger than a read: the gateway stops at its header, and its close
 	// must still reach the client.
 	f.Add(bytes.Repeat([]byte("x"), 40_000))
-	g := startFuzzGateway(f)
+	g := startFuzzGateway(f, Config{RateLimit: 1e6, RateBurst: 1e6})
 	maxMsg := g.svc.cfg.MaxMessageSize
 	knownTypes := map[string]bool{
 		protocol.TypePresenceInit: true, protocol.TypePresenceBatch: true, protocol.TypeSelf: true,
@@ -319,12 +321,255 @@ func FuzzClientMessage(f *testing.F) {
 				}
 			}
 		}
-		rec, _, err := g.store.Status(context.Background(), "friend")
+		g.checkBystander(t, data)
+	})
+}
+
+// checkBystander fails the test if the friend's status record changed.
+func (g *fuzzGateway) checkBystander(t *testing.T, data []byte) {
+	t.Helper()
+	rec, _, err := g.store.Status(context.Background(), "friend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(rec.Conns, g.bystander.Conns) || rec.Status != g.bystander.Status {
+		t.Fatalf("after %q: the friend's record changed: %+v, was %+v", data, rec, g.bystander)
+	}
+}
+
+// FuzzFrames' gateway lets a socket send fuzzFramesBurst frames at once
+// and hardly any after (the bucket refills once in days), and closes it at
+// the fuzzFramesStrikes+1st frame refused, so that a flood reaches both
+// soon; its messages are at most 256 bytes, the least allowed.
+const (
+	fuzzFramesBurst   = 8
+	fuzzFramesStrikes = 4
+	fuzzFramesMaxMsg  = 256
+	// fuzzFramesMaxBytes bounds the bytes of one input's frames: all of
+	// them are read by a gateway closing the socket (its linger reads up
+	// to 1 MiB), so that no reset destroys its close frame.
+	fuzzFramesMaxBytes = 256 << 10
+)
+
+// fuzzOps are the op codes a frame of FuzzFrames may have: the six of RFC
+// 6455, a reserved data one and a reserved control one.
+var fuzzOps = [8]ws.OpCode{ws.OpText, ws.OpContinuation, ws.OpPing, ws.OpPong, ws.OpClose, ws.OpBinary, 0x3, 0xb}
+
+// fuzzRepeats are how many times a frame of FuzzFrames may be sent.
+var fuzzRepeats = [4]int{1, fuzzFramesBurst, 64, 1024}
+
+// fuzzFrames builds the frames data describes, one after another: each
+// from a head byte, a length byte and as many payload bytes (fewer at the
+// end of data). The head byte's bits 0-2 pick the op code of fuzzOps, bit
+// 3 makes the frame final, bit 4 leaves it unmasked, bit 5 sets the first
+// reserved bit, and bits 6-7 repeat it as fuzzRepeats says: floods. The
+// length field is always the payload's, so every frame is whole.
+func fuzzFrames(data []byte) []byte {
+	var out []byte
+	for len(data) >= 2 {
+		head, n := data[0], int(data[1])
+		payload := bytes.Clone(data[2:][:min(n, len(data)-2)])
+		data = data[2+len(payload):]
+		h := ws.Header{
+			Fin:    head&0x08 != 0,
+			OpCode: fuzzOps[head&0x07],
+			Masked: head&0x10 == 0,
+			Length: int64(len(payload)),
+		}
+		if head&0x20 != 0 {
+			h.Rsv = 0x4
+		}
+		if h.Masked {
+			h.Mask = [4]byte{0x5a, 0x01, 0xc3, 0x7e}
+			ws.Cipher(payload, h.Mask, 0)
+		}
+		var b bytes.Buffer
+		_ = ws.WriteHeader(&b, h)
+		b.Write(payload)
+		for range fuzzRepeats[head>>6] {
+			if len(out)+b.Len() > fuzzFramesMaxBytes {
+				return out
+			}
+			out = append(out, b.Bytes()...)
+		}
+	}
+	return out
+}
+
+// frameModel works out what the gateway answers to a sequence of frames,
+// by the rules docs/protocol.md and docs/security.md give, from what the
+// gateway's decoder finds in it (a socket.Sink): every frame but a close
+// takes one of burst tokens, and each one over is refused (a message one
+// of whose frames was refused is dropped), with a rate_limited error, up
+// to strikes of them, the next closing with 1008; an auth message closes
+// with 1008 (no token is valid here), a close frame is answered with its
+// code (1000 for none, 1002 for a malformed one), a protocol violation
+// closes with the decoder's code.
+type frameModel struct {
+	burst, strikes int
+	probe          []byte
+
+	taken, refused int
+	dropping       bool
+	// close is the code the socket is closed with; 0 while it stays open.
+	close ws.StatusCode
+	// served says the probe was served.
+	served bool
+}
+
+var _ socket.Sink = (*frameModel)(nil)
+
+// take takes a token for a frame, and reports whether there was one.
+func (m *frameModel) take() bool {
+	if m.taken++; m.taken <= m.burst {
+		return true
+	}
+	if m.refused++; m.refused > m.strikes {
+		m.close = ws.StatusPolicyViolation
+	}
+	return false
+}
+
+// errors is how many rate_limited errors the socket gets.
+func (m *frameModel) errors() int { return min(m.refused, m.strikes) }
+
+func (m *frameModel) Message(p []byte) bool {
+	dropped := m.dropping
+	m.dropping = false
+	if !m.take() || dropped {
+		return m.close == 0
+	}
+	var cm protocol.ClientMessage
+	if protocol.DecodeClient(p, &cm) == nil && cm.Type == protocol.TypeAuth {
+		m.close = ws.StatusPolicyViolation
+		return false
+	}
+	m.served = m.served || bytes.Equal(p, m.probe)
+	return true
+}
+
+func (m *frameModel) Fragment([]byte) bool {
+	if !m.take() {
+		m.dropping = true
+	}
+	return m.close == 0
+}
+
+func (m *frameModel) Control(op ws.OpCode, p []byte) bool {
+	if op != ws.OpClose {
+		m.take()
+		return m.close == 0
+	}
+	code, reason := ws.ParseCloseFrameData(p)
+	switch {
+	case len(p) == 0:
+		code = ws.StatusNormalClosure
+	case len(p) == 1 || code > maxCloseCode || ws.CheckCloseFrameData(code, reason) != nil:
+		code = ws.StatusProtocolError
+	}
+	m.close = code
+	return false
+}
+
+// FuzzFrames sends sequences of frames built from arbitrary bytes
+// (fuzzFrames) on a real socket to a real gateway, each on a new socket
+// and followed by a probe, a subscribe: control frames between fragments,
+// empty fragments, floods of pongs, pings or anything, and whatever the
+// frames hold. The gateway must close the socket with the code frameModel
+// works out, or keep it open and serve the probe as the model says; send
+// exactly the rate_limited errors the model counts; and leave another
+// user's status record untouched.
+func FuzzFrames(f *testing.F) {
+	// A frame's head byte: op (index into fuzzOps), final, repeated.
+	const (
+		text, cont, ping, pong, closeOp, binary = 0, 1, 2, 3, 4, 5
+		fin                                     = 0x08
+		unmasked                                = 0x10
+		x8, x64, x1024                          = 1 << 6, 2 << 6, 3 << 6
+	)
+	fr := func(head byte, payload string) []byte { return append([]byte{head, byte(len(payload))}, payload...) }
+	join := func(frames ...[]byte) []byte { return bytes.Join(frames, nil) }
+	hb := `{"type":"heartbeat"}`
+	for _, seed := range [][]byte{
+		{},
+		fr(text|fin, hb),
+		fr(pong|fin|x1024, ""), // a pong flood
+		join(fr(text, `{"type":`), fr(cont|x1024, "")),     // empty fragments, never ended
+		join(fr(text, `{"type":`), fr(pong|fin|x1024, "")), // pongs between fragments
+		join(fr(text, `{"type":`), fr(ping|fin, "p"), fr(cont|fin, `"heartbeat"}`)),
+		join(fr(text, `{"type":"sub`), fr(cont, ""), fr(cont|fin, `scribe"}`)),
+		fr(ping|fin|x8, "p"),                        // the burst, then the probe refused
+		join(fr(pong|fin|x8, ""), fr(ping|fin, "")), // refused, and strikes
+		join(fr(text, "{"), fr(cont|fin|x8, "}")),   // a new message in a fragmented one
+		fr(text|fin, `{"type":"auth","token":"x"}`),
+		fr(text|fin, `{"type":"subscribe","id":"s","user_ids":["friend","nobody"]}`),
+		fr(closeOp|fin, "\x03\xe8bye"),
+		fr(closeOp|fin, "\x03"),
+		fr(closeOp|fin, ""),
+		fr(binary|fin, "x"),
+		fr(text|fin|unmasked, hb),
+		fr(0x20|text|fin, hb), // a reserved bit
+		fr(6|fin, "x"),        // a reserved op code
+		fr(ping, "p"),         // a fragmented ping
+		fr(text|fin, "\xff"),
+		join(fr(text, string(bytes.Repeat([]byte("m"), 255))), fr(cont|fin, "m")), // over 256 bytes
+	} {
+		f.Add(seed)
+	}
+	g := startFuzzGateway(f, Config{
+		RateLimit:       1e-6,
+		RateBurst:       fuzzFramesBurst,
+		RateStrikes:     fuzzFramesStrikes,
+		MaxMessageSize:  fuzzFramesMaxMsg,
+		MaxConnsPerUser: 1000,
+	})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		g.n++
+		probeID := fmt.Sprintf("probe-%d", g.n)
+		probe, err := json.Marshal(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: probeID, UserIDs: []string{"fuzzer"}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !reflect.DeepEqual(rec.Conns, g.bystander.Conns) || rec.Status != g.bystander.Status {
-			t.Fatalf("after %q: the friend's record changed: %+v, was %+v", data, rec, g.bystander)
+		wire := append(fuzzFrames(data), fuzzFrames(append([]byte{fin, byte(len(probe))}, probe...))...)
+		m := &frameModel{burst: fuzzFramesBurst, strikes: fuzzFramesStrikes, probe: probe}
+		var d socket.Decoder
+		var fe *socket.FrameError
+		if err := d.Decode(bytes.Clone(wire), fuzzFramesMaxMsg, m); errors.As(err, &fe) && m.close == 0 {
+			m.close = fe.Code
 		}
+		if m.close == 0 && !m.served && m.errors() == 0 {
+			t.Fatalf("%q: the model neither serves nor refuses the probe", data)
+		}
+
+		c, err := client.Dial(context.Background(), g.url+"?user=fuzzer", client.Options{})
+		if err != nil {
+			t.Fatalf("dial: %v", err)
+		}
+		defer func() { _ = c.Abort() }()
+		if err := c.WriteBytes(wire); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		limited := 0
+		for range 10_000 {
+			msg, raw, err := c.Read()
+			if err != nil {
+				var ce *client.CloseError
+				if !errors.As(err, &ce) || ce.Code != m.close {
+					t.Fatalf("%q: %v (%s), want close %d after %d rate_limited errors (%d seen)", data, err, raw, m.close, m.errors(), limited)
+				}
+				break
+			}
+			if msg.Type == protocol.TypeError && msg.Code == protocol.CodeRateLimited && strings.HasPrefix(msg.Message, "too many frames") {
+				limited++
+			}
+			if m.close == 0 && (m.served && msg.Type == protocol.TypePresenceInit && msg.ID == probeID || !m.served && limited == m.errors()) {
+				break
+			}
+		}
+		if limited != m.errors() {
+			t.Fatalf("%q: %d rate_limited errors, want %d", data, limited, m.errors())
+		}
+		g.checkBystander(t, data)
 	})
 }

@@ -41,7 +41,8 @@ var errRegisterFailed = fmt.Errorf("%w: presence state is unavailable right now;
 // authentication in the upgrader's callbacks; anything else goes to the
 // HTTP server.
 func (s *Service) handshake(nc net.Conn, httpLn *chanListener) {
-	if err := nc.SetDeadline(time.Now().Add(s.cfg.HandshakeTimeout)); err != nil {
+	deadline := time.Now().Add(s.cfg.HandshakeTimeout)
+	if err := nc.SetDeadline(deadline); err != nil {
 		_ = nc.Close()
 		return
 	}
@@ -57,10 +58,11 @@ func (s *Service) handshake(nc net.Conn, httpLn *chanListener) {
 		return
 	}
 	if !isUpgradePath(head) {
-		// Hand the connection, and what was read of it, to net/http.
+		// Hand the connection, and what was read of it, to net/http; its
+		// first request keeps the deadline (httpConn).
 		buffered, _ := br.Peek(br.Buffered())
-		pc := &prefixConn{Conn: nc, r: io.MultiReader(bytes.NewReader(bytes.Clone(buffered)), nc)}
-		if err := nc.SetDeadline(time.Time{}); err != nil || !httpLn.deliver(pc) {
+		hc := newHTTPConn(nc, bytes.Clone(buffered), deadline)
+		if err := nc.SetWriteDeadline(time.Time{}); err != nil || !httpLn.deliver(hc) {
 			_ = nc.Close()
 		}
 		return
@@ -84,6 +86,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		status    presence.Record
 		statusRev uint64
 		refused   bool // counted by refuse
+		head      = newUpgradeHead(br)
 	)
 	refuse := func(err error) error {
 		refused = true
@@ -106,6 +109,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil
 		},
 		OnBeforeUpgrade: func() (ws.HandshakeHeader, error) {
+			if err := head.check(); err != nil {
+				return nil, refuse(err)
+			}
 			if err := s.checkOrigin(&cr); err != nil {
 				return nil, refuse(err)
 			}
@@ -144,6 +150,14 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil, nil
 		},
 	}
+	if s.cfg.DevAuth {
+		u.OnHost = func(host []byte) error {
+			if err := s.checkHost(string(host)); err != nil {
+				return refuse(err)
+			}
+			return nil
+		}
+	}
 	// The answer is kept, not written: a 101 goes out with hello and the
 	// user's own state, in one write (start); a refusal is written here.
 	answer := answerPool.Get().(*bytes.Buffer)
@@ -156,7 +170,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	_, err := u.Upgrade(struct {
 		io.Reader
 		io.Writer
-	}{&headLimiter{r: br, n: maxRequestHead}, answer})
+	}{head, answer})
 	if err != nil && answer.Len() > 0 {
 		_, _ = nc.Write(answer.Bytes())
 	}
@@ -311,14 +325,6 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	l.n -= n
 	return n, err
 }
-
-// prefixConn is a connection whose first bytes were already read.
-type prefixConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 // chanListener is a net.Listener fed by the gateway's own accept loop, for
 // the HTTP server.

@@ -1,11 +1,16 @@
 package gateway_test
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/pkg/presence"
@@ -115,5 +120,68 @@ func TestQueryBodyFitsMaxQueryIDs(t *testing.T) {
 	tooBig := map[string]any{"user_ids": []string{strings.Repeat("a", n*(presence.MaxUserIDLen+8))}}
 	if st := apiCall(t, "POST", gw.HTTP+"/api/presence/query", bearer(secLongToken(t, "alice")), tooBig, &e); st != http.StatusRequestEntityTooLarge || e.Error != "bad_request" {
 		t.Errorf("a body over what %d ids take: %d %+v, want 413 bad_request", n, st, e)
+	}
+}
+
+// TestTransferEncodingRefused: a request with Transfer-Encoding is
+// refused with 400 and its connection closed, with Content-Length or
+// without: with both, a proxy in front that trusts Content-Length would
+// read another request than the gateway does (request smuggling, RFC 9112
+// §6.1), and a request pipelined behind it must not be served. A request
+// with Content-Length alone keeps its connection for the next.
+func TestTransferEncodingRefused(t *testing.T) {
+	gw := secStart(t, systest.Options{}).Gateway()
+	auth := "Authorization: Bearer " + secLongToken(t, "alice") + "\r\n"
+	next := "GET /api/presence/users/alice HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"
+	query := func(headers, body string) string {
+		return "POST /api/presence/query HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Type: application/json\r\n" + headers + "\r\n" + body
+	}
+	ids := `{"user_ids":["alice"]}`
+	chunked := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(ids), ids)
+	for _, tt := range []struct {
+		name    string
+		request string
+		status  []int // the answers, in order
+		closed  bool  // the connection ends after them
+	}{
+		{"Content-Length and Transfer-Encoding", query(fmt.Sprintf("Content-Length: %d\r\nTransfer-Encoding: chunked\r\n", len(next)+5), "0\r\n\r\n"+next), []int{http.StatusBadRequest}, true},
+		{"Transfer-Encoding alone", query("Transfer-Encoding: chunked\r\n", chunked), []int{http.StatusBadRequest}, true},
+		{"Content-Length alone", query(fmt.Sprintf("Content-Length: %d\r\n", len(ids)), ids), []int{http.StatusOK, http.StatusOK}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nc, err := net.Dial("tcp", gw.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(nc, tt.request+next); err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(nc)
+			for i, want := range tt.status {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("answer %d: %v", i, err)
+				}
+				var e apiErr
+				_ = json.NewDecoder(resp.Body).Decode(&e)
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("answer %d: %d %+v, want %d", i, resp.StatusCode, e, want)
+				}
+				if want == http.StatusBadRequest && (e.Error != "bad_request" || e.Message == "" || !resp.Close) {
+					t.Errorf("answer %d: %+v, close %v; want bad_request with a message, and the connection closed", i, e, resp.Close)
+				}
+			}
+			if !tt.closed {
+				return
+			}
+			if resp, err := http.ReadResponse(br, nil); err == nil {
+				t.Errorf("answered again (%s) on a connection that should have ended", resp.Status)
+			} else if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("after the answers: %v, want the connection closed", err)
+			}
+		})
 	}
 }

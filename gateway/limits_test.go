@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -312,6 +313,43 @@ func TestRateLimit(t *testing.T) {
 		}
 		by.check(t)
 	})
+
+	// Every frame counts, not only messages and pings: unsolicited pongs
+	// (masked and empty, the cheapest frame there is), empty fragments of
+	// a message that never ends, pongs between the fragments of one.
+	n := cfg.RateBurst + cfg.RateStrikes + 5
+	pong := handFrame(true, 0, byte(ws.OpPong), true, -1, nil)
+	open := handFrame(false, 0, byte(ws.OpText), true, -1, []byte(`{"type":`))
+	empty := handFrame(false, 0, byte(ws.OpContinuation), true, -1, nil)
+	for _, tt := range []struct {
+		name   string
+		frames []byte
+	}{
+		{"pongs count too", bytes.Repeat(pong, n)},
+		{"fragments count too", append(bytes.Clone(open), bytes.Repeat(empty, n)...)},
+		{"pongs between fragments count too", append(bytes.Clone(open), bytes.Repeat(pong, n)...)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := secDial(t, gw, "mallory")
+			if err := c.WriteBytes(tt.frames); err != nil {
+				t.Fatal(err)
+			}
+			code, seen := awaitClose(t, c, systest.EventTimeout)
+			if code != protocol.ClosePolicy {
+				t.Errorf("closed with %d, want %d", code, protocol.ClosePolicy)
+			}
+			limited := 0
+			for _, m := range seen {
+				if m.Type == protocol.TypeError && m.Code == protocol.CodeRateLimited {
+					limited++
+				}
+			}
+			if limited != cfg.RateStrikes {
+				t.Errorf("%d rate_limited errors before the close, want %d", limited, cfg.RateStrikes)
+			}
+			by.check(t)
+		})
+	}
 	awaitOffline(t, sys, "mallory")
 }
 
@@ -351,6 +389,72 @@ func TestRoomLimitsEarnNoStrikes(t *testing.T) {
 		t.Fatalf("%d refusals, want more than the %d strikes", limited, gw.Config().RateStrikes)
 	}
 	subscribeSelf(t, c, "after")
+	by.check(t)
+}
+
+// TestRefusedFrameDropsItsMessage: a message one of whose fragments was
+// refused by the rate limit is dropped, even when its last frame comes
+// once the socket may send again: the refusal's rate_limited error is its
+// only answer.
+func TestRefusedFrameDropsItsMessage(t *testing.T) {
+	// One frame at once, then one every 50 ms; a TTL that outlasts the
+	// waits for the bucket to refill.
+	const rate = 20
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{RateLimit: rate, RateBurst: 1, ConnTTL: 30 * time.Second}})
+	gw := sys.Gateway()
+	c := secDial(t, gw, "alice")
+	answer := func(what string) protocol.ServerMessage {
+		return systest.Await(t, c, systest.EventTimeout, what, func(m protocol.ServerMessage) bool {
+			return m.Type == protocol.TypeError || m.Type == protocol.TypePresenceInit
+		})
+	}
+	sub := `{"type":"subscribe","id":"dropped","user_ids":["alice"]}`
+	// The first fragment takes the one token, the second finds none.
+	first := handFrame(false, 0, byte(ws.OpText), true, -1, []byte(sub[:10]))
+	second := handFrame(false, 0, byte(ws.OpContinuation), true, -1, []byte(sub[10:20]))
+	if err := c.WriteBytes(append(first, second...)); err != nil {
+		t.Fatal(err)
+	}
+	if m := answer("rate_limited"); m.Type != protocol.TypeError || m.Code != protocol.CodeRateLimited {
+		t.Fatalf("after a fragment over the limit: %+v, want error rate_limited", m)
+	}
+	// The time under test: the bucket holds a token again after 50 ms,
+	// surely after ten times that. Then the last frame is taken, and
+	// after another wait a subscribe, whose answer must be the next.
+	refill := func() { time.Sleep(10 * time.Second / rate) }
+	refill()
+	if err := c.WriteBytes(handFrame(true, 0, byte(ws.OpContinuation), true, -1, []byte(sub[20:]))); err != nil {
+		t.Fatal(err)
+	}
+	refill()
+	if err := c.Subscribe("after", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	if m := answer("presence_init after"); m.Type != protocol.TypePresenceInit || m.ID != "after" {
+		t.Errorf("next answer %+v, want presence_init after: the message of the refused fragment was served", m)
+	}
+}
+
+// TestUnfinishedMessageIsCut: frames between the fragments of a message
+// that never ends are no sign of life, however slowly they come: the
+// socket is closed at the connection TTL, as a silent one is.
+func TestUnfinishedMessageIsCut(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	c := secDial(t, sys.Gateway(), "slowpoke")
+	if err := c.WriteBytes(handFrame(false, 0, byte(ws.OpText), true, -1, []byte(`{"type":`))); err != nil {
+		t.Fatal(err)
+	}
+	// A pong every heartbeat interval, well within the rate limit, for
+	// far longer than the TTL.
+	start := time.Now()
+	pongs := strings.Repeat(string(handFrame(true, 0, byte(ws.OpPong), true, -1, nil)), 30)
+	go trickleFrames(c.NetConn(), pongs, len(handFrame(true, 0, byte(ws.OpPong), true, -1, nil)), systest.Heartbeat)
+	_, took := readUntilCut(t, c.NetConn(), start, systest.TTL+5*time.Second)
+	if took > systest.TTL+2*time.Second {
+		t.Errorf("cut after %v, want within the TTL (%v) and the sweep", took, systest.TTL)
+	}
+	awaitOffline(t, sys, "slowpoke")
 	by.check(t)
 }
 
@@ -532,6 +636,20 @@ func trickle(nc net.Conn, data string, interval time.Duration) {
 	}
 }
 
+// trickleFrames writes data to nc size bytes at a time, every interval,
+// until it is all written or a write fails.
+func trickleFrames(nc net.Conn, data string, size int, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for i := 0; i < len(data); i += size {
+		<-t.C
+		_ = nc.SetWriteDeadline(time.Now().Add(time.Second))
+		if _, err := nc.Write([]byte(data[i:min(i+size, len(data))])); err != nil {
+			return
+		}
+	}
+}
+
 func TestSlowHandshakeIsCut(t *testing.T) {
 	const timeout = time.Second
 	sys := secStart(t, systest.Options{})
@@ -572,6 +690,103 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 	rec, err := sys.StatusOf("slowpoke")
 	if err != nil || len(rec.Conns) != 0 {
 		t.Errorf("slowpoke registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
+// TestAPIHeadIsBounded: an HTTP request has an upgrade's bounds. The first
+// request of a connection must be read within the handshake timeout of
+// the accept, however long the gateway took to tell it from an upgrade;
+// its head holds at most 32 KiB; a connection kept alive is closed once
+// idle for the handshake timeout.
+func TestAPIHeadIsBounded(t *testing.T) {
+	const timeout = 3 * time.Second
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
+	auth := "Authorization: Bearer " + secLongToken(t, "slowpoke")
+	get := func(target string) string {
+		return "GET " + target + " HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n\r\n"
+	}
+	dial := func(t *testing.T) net.Conn {
+		nc, err := net.Dial("tcp", gw.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nc.Close() })
+		return nc
+	}
+
+	t.Run("trickled head", func(t *testing.T) {
+		// A byte every 350 ms: the 8 bytes read to tell an upgrade from
+		// an API request take most of the timeout, and the rest would
+		// take far longer.
+		nc := dial(t)
+		start := time.Now()
+		go trickle(nc, get("/api/presence/users/slowpoke"), 350*time.Millisecond)
+		got, took := readUntilCut(t, nc, start, 3*timeout)
+		if bytes.HasPrefix(got, []byte("HTTP/1.1 200")) {
+			t.Errorf("a trickled request was served: %q", got)
+		}
+		if took < timeout-100*time.Millisecond || took > timeout+time.Second {
+			t.Errorf("cut %v after the accept, want about %v", took, timeout)
+		}
+	})
+
+	t.Run("idle keep-alive", func(t *testing.T) {
+		nc := dial(t)
+		br := bufio.NewReader(nc)
+		for i := range 2 {
+			if _, err := io.WriteString(nc, get("/api/presence/users/slowpoke")); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("request %d: %v", i, err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("request %d: %s, want 200", i, resp.Status)
+			}
+		}
+		start := time.Now()
+		_ = nc.SetReadDeadline(start.Add(timeout + 5*time.Second))
+		_, err := br.ReadByte()
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("an idle kept-alive connection still open after %v", time.Since(start))
+		}
+		if took := time.Since(start); took > timeout+2*time.Second {
+			t.Errorf("an idle kept-alive connection closed after %v, want about %v", took, timeout)
+		}
+	})
+
+	for _, tt := range []struct {
+		name   string
+		pad    int
+		status int
+	}{
+		{"URL within the bound", 20 << 10, http.StatusOK},
+		{"URL over the bound", 1 << 20, http.StatusRequestHeaderFieldsTooLarge},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			nc := dial(t)
+			go func() {
+				_ = nc.SetWriteDeadline(time.Now().Add(10 * time.Second))
+				_, _ = io.WriteString(nc, get("/api/presence/users/slowpoke?pad="+strings.Repeat("a", tt.pad)))
+			}()
+			_ = nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tt.status {
+				t.Errorf("%s, want %d", resp.Status, tt.status)
+			}
+		})
 	}
 	by.check(t)
 }

@@ -18,11 +18,22 @@ const requestTimeout = 10 * time.Second
 // socket and never waits on NATS: what needs NATS (set_status, subscribe)
 // is queued for the connection's requests goroutine, which handles them in
 // order (an unsubscribe behind them waits its turn too).
+//
+// Every frame a client sends counts against one budget, its limiter: a
+// message (for one in fragments, its last frame), each other fragment,
+// each ping and pong. A frame over it is answered with rate_limited (a
+// message one of whose frames was refused is dropped), and too many of
+// those with close 1008.
 func (s *Service) message(c *conn, payload []byte) bool {
 	now := nowNano()
 	c.lastFrame.Store(now)
+	refused := c.msg&msgRefused != 0
+	c.msg = 0
 	if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
 		return s.limited(c, now)
+	}
+	if refused {
+		return c.open() // answered with its fragment's rate_limited
 	}
 	if protocol.IsHeartbeat(payload) {
 		// The most frequent message needs no decoding, no context and
@@ -77,10 +88,28 @@ func (s *Service) message(c *conn, payload []byte) bool {
 	return c.open()
 }
 
-// control handles a ping, pong or close frame.
+// fragment handles a frame of a message in fragments but its last. It
+// counts against the budget as any frame does, and is no sign of life: a
+// message is once it is whole, so that a client that never ends one is
+// ended at the TTL, whatever it sends between its fragments.
+func (s *Service) fragment(c *conn) bool {
+	c.msg |= msgOpen
+	now := nowNano()
+	if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
+		c.msg |= msgRefused
+		return s.limited(c, now)
+	}
+	return c.open()
+}
+
+// control handles a ping, pong or close frame. A ping or pong counts
+// against the budget as any frame does; one between the fragments of a
+// message is no sign of life (see fragment).
 func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
 	now := nowNano()
-	c.lastFrame.Store(now)
+	if c.msg&msgOpen == 0 {
+		c.lastFrame.Store(now)
+	}
 	switch op {
 	case ws.OpPing:
 		s.metrics.heartbeats.Inc()
@@ -90,6 +119,10 @@ func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
 		c.sock.Lock()
 		c.wrote(c.sock.WriteControlLocked(ws.OpPong, payload))
 		c.sock.Unlock()
+	case ws.OpPong:
+		if !c.limiter.Allow(now, s.cfg.RateLimit, s.cfg.RateBurst) {
+			return s.limited(c, now)
+		}
 	case ws.OpClose:
 		code, reason := ws.ParseCloseFrameData(payload)
 		switch {
@@ -111,7 +144,7 @@ func (s *Service) control(c *conn, op ws.OpCode, payload []byte) bool {
 // top of the private range 4000-4999).
 const maxCloseCode = 4999
 
-// limited answers a message over the rate limit: a rate_limited error, or,
+// limited answers a frame over the rate limit: a rate_limited error, or,
 // after RateStrikes of them within a minute, a close with 1008.
 func (s *Service) limited(c *conn, now int64) bool {
 	s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
@@ -119,7 +152,7 @@ func (s *Service) limited(c *conn, now int64) bool {
 		s.end(c, endClean, ws.StatusPolicyViolation, "rate limit exceeded")
 		return false
 	}
-	s.sendError(c, "", protocol.CodeRateLimited, fmt.Sprintf("too many messages: at most %g per second", s.cfg.RateLimit))
+	s.sendError(c, "", protocol.CodeRateLimited, fmt.Sprintf("too many frames (messages, fragments, pings, pongs): at most %g per second", s.cfg.RateLimit))
 	return c.open()
 }
 

@@ -21,11 +21,13 @@ import (
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/internal/testlog"
 	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/system/systest"
+	"github.com/greendot/greendot/web"
 )
 
 // The tests of this file, limits_test.go and privacy_test.go run gateways
@@ -392,13 +394,19 @@ func TestUpgradeAuth(t *testing.T) {
 // returns the status line of the answer.
 func rawUpgrade(tb testing.TB, addr, target string, extra ...string) string {
 	tb.Helper()
+	return rawUpgradeTo(tb, addr, addr, target, extra...)
+}
+
+// rawUpgradeTo is rawUpgrade with the Host header host.
+func rawUpgradeTo(tb testing.TB, addr, host, target string, extra ...string) string {
+	tb.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer nc.Close()
 	_ = nc.SetDeadline(time.Now().Add(10 * time.Second))
-	req := "GET " + target + " HTTP/1.1\r\nHost: " + addr + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+	req := "GET " + target + " HTTP/1.1\r\nHost: " + host + "\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 		"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
 	for _, h := range extra {
 		req += h + "\r\n"
@@ -440,9 +448,11 @@ func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
 }
 
 // TestMalformedUpgradeCounted: an upgrade request that breaks RFC 6455 (a
-// proxy that drops the Upgrade header, an old protocol version) is refused
-// by the WebSocket library itself, and counted as a refusal all the same,
-// so that an operator sees why clients cannot connect.
+// proxy that drops the Upgrade header, an old protocol version, a
+// Sec-WebSocket-Key that is not the base64 of 16 bytes, or two of them)
+// is refused with 400 (426 for the version), before anything is
+// registered, and counted as a refusal, so that an operator sees why
+// clients cannot connect.
 func TestMalformedUpgradeCounted(t *testing.T) {
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
@@ -461,6 +471,14 @@ func TestMalformedUpgradeCounted(t *testing.T) {
 			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n" + auth + "\r\n\r\n", "426"},
 		{"short key", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 			"Sec-WebSocket-Key: c2hvcnQ=\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		// 24 characters, as gobwas/ws checks, but not base64.
+		{"key not base64", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: !!!!!!!!!!!!!!!!!!!!!!==\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		{"key the base64 of 17 bytes", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZSE=\r\nSec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
+		{"two keys", "GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-key: AAAAAAAAAAAAAAAAAAAAAA==\r\n" +
+			"Sec-WebSocket-Version: 13\r\n" + auth + "\r\n\r\n", "400"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -615,6 +633,135 @@ func TestOriginCheck(t *testing.T) {
 			}
 			if tt.status != 0 && (resp.StatusCode != http.StatusForbidden || acao != "") {
 				t.Errorf("preflight from a refused origin: %d, allow-origin %q; want 403 and none", resp.StatusCode, acao)
+			}
+		})
+	}
+	by.check(t)
+}
+
+// TestDuplicateOriginRefused: a request with two Origin headers is refused
+// with 400, an upgrade as an API request, whichever of them is allowed and
+// whether origins are checked at all: one rule, where the upgrade read the
+// last and the API the first.
+func TestDuplicateOriginRefused(t *testing.T) {
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
+	by := newBystander(t, sys, sys.Gateway())
+	anyOrigin := sys.StartGateway(gateway.Config{})
+	tok := secLongToken(t, "alice")
+	for _, gw := range []*systest.Gateway{sys.Gateway(), anyOrigin} {
+		for _, origins := range [][]string{
+			{"https://app.example.com", "https://evil.example"},
+			{"https://evil.example", "https://app.example.com"},
+			{"https://app.example.com", "https://app.example.com"},
+		} {
+			name := fmt.Sprintf("origins %v: %s", gw.Config().AllowedOrigins, strings.Join(origins, " then "))
+			t.Run(name, func(t *testing.T) {
+				extra := []string{"Authorization: Bearer " + tok}
+				for _, o := range origins {
+					extra = append(extra, "Origin: "+o)
+				}
+				if line := rawUpgrade(t, gw.Addr, "/ws", extra...); !strings.HasPrefix(line, "HTTP/1.1 400") {
+					t.Errorf("upgrade: %q, want HTTP/1.1 400", line)
+				}
+				h := bearer(tok)
+				h["Origin"] = origins
+				var e apiErr
+				st, hdr := apiCallHeader(t, "GET", gw.HTTP+"/api/presence/users/alice", h, nil, &e)
+				if st != http.StatusBadRequest || e.Error != "bad_request" || e.Message == "" {
+					t.Errorf("GET /api/presence/users/alice: %d %+v, want 400 bad_request", st, e)
+				}
+				if acao := hdr.Get("Access-Control-Allow-Origin"); acao != "" {
+					t.Errorf("CORS header for a request with two origins: %q", acao)
+				}
+			})
+		}
+	}
+	rec, err := sys.StatusOf("alice")
+	if err != nil || len(rec.Conns) != 0 {
+		t.Errorf("alice registered: %+v %v", rec, err)
+	}
+	by.check(t)
+}
+
+// TestDevAuthAnswersOnlyThisMachine: under dev auth, a request that names
+// (Host) a host this machine is not known by is refused with 403
+// forbidden_host, the upgrade, the API and the demo's graph writes alike:
+// a web page whose name its site made point to this machine (DNS
+// rebinding: Host and Origin both the page's) must not act as any user.
+// localhost, names under .localhost, IP addresses and --dev-auth-hosts are
+// answered.
+func TestDevAuthAnswersOnlyThisMachine(t *testing.T) {
+	sys := secStart(t, systest.Options{})
+	by := newBystander(t, sys, sys.Gateway())
+	dev := sys.StartGateway(gateway.Config{
+		DevAuth:      true,
+		DevAuthHosts: []string{"dev.example"},
+		Static:       web.Handler(web.Options{Demo: true, Store: sys.Store, Logger: testlog.New(t)}),
+	})
+	_, port, err := net.SplitHostPort(dev.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// call makes a request as a page at host would.
+	call := func(t *testing.T, method, path, host string, body string) (int, apiErr) {
+		t.Helper()
+		req, err := http.NewRequest(method, dev.HTTP+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Origin", "http://"+host)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e apiErr
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		return resp.StatusCode, e
+	}
+	for _, tt := range []struct {
+		host string
+		ok   bool
+	}{
+		{"rebind.example:" + port, false},
+		{"rebind.example", false},
+		{"localhost.rebind.example:" + port, false},
+		{"localhost.:" + port, false},
+		{"127.0.0.1:" + port, true},
+		{"localhost:" + port, true},
+		{"app.localhost:" + port, true},
+		{"[::1]:" + port, true},
+		{"192.0.2.7:" + port, true},
+		{"DEV.example:" + port, true},
+	} {
+		t.Run(tt.host, func(t *testing.T) {
+			wantStatus, wantLine, wantEdge := http.StatusForbidden, "HTTP/1.1 403", false
+			if tt.ok {
+				wantStatus, wantLine, wantEdge = http.StatusOK, "HTTP/1.1 101", true
+			}
+			line := rawUpgradeTo(t, dev.Addr, tt.host, "/ws?user=mallory", "Origin: http://"+tt.host)
+			if !strings.HasPrefix(line, wantLine) {
+				t.Errorf("upgrade: %q, want %s", line, wantLine)
+			}
+			st, e := call(t, "GET", "/api/presence/users/mallory?user=mallory", tt.host, "")
+			if st != wantStatus || !tt.ok && e.Error != "forbidden_host" {
+				t.Errorf("GET /api/presence/users/mallory: %d %+v, want %d", st, e, wantStatus)
+			}
+			st, e = call(t, "POST", "/demo/api/follow?user=mallory", tt.host, `{"user_id":"victim"}`)
+			if tt.ok && st != http.StatusNoContent || !tt.ok && (st != http.StatusForbidden || e.Error != "forbidden_host") {
+				t.Errorf("POST /demo/api/follow: %d %+v", st, e)
+			}
+			follows, err := sys.Store.Follows(context.Background(), "mallory", "victim")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if follows != wantEdge {
+				t.Errorf("mallory follows victim: %v, want %v", follows, wantEdge)
+			}
+			if err := sys.Store.Unfollow(context.Background(), "mallory", "victim"); err != nil {
+				t.Fatal(err)
 			}
 		})
 	}

@@ -238,18 +238,22 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	s.sockets.run(io)
 
 	// 4. Serving.
-	// A request's headers and body must come within the handshake
-	// timeout, and its answer go within the time it may take to decide
-	// (answerWithin) and a write's: without them a client that stops
-	// sending (a body announced and never sent, which net/http waits for
-	// even before answering /healthz) holds its connection and a goroutine
-	// for good.
+	// A request's head (at most 32 KiB, as an upgrade's) and body must
+	// come within the handshake timeout (the first request's counted from
+	// the accept: httpConn), a kept-alive connection may wait as long for
+	// the next, and an answer must go within the time it may take to
+	// decide (answerWithin) and a write's: without them a client that
+	// stops sending (a body announced and never sent, which net/http waits
+	// for even before answering /healthz) holds its connection and a
+	// goroutine for good.
 	httpSrv := &http.Server{
 		Handler:           withDeadline(s.httpHandler(), s.answerWithin()),
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		ReadTimeout:       s.cfg.HandshakeTimeout,
 		WriteTimeout:      s.answerWithin() + s.cfg.WriteTimeout,
-		IdleTimeout:       2 * time.Minute,
+		IdleTimeout:       s.cfg.HandshakeTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ConnState:         httpConnState,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		BaseContext:       func(net.Listener) context.Context { return core.ctx },
 	}
@@ -643,7 +647,8 @@ func isTemporary(err error) bool {
 }
 
 // httpHandler returns what the gateway's listener serves over HTTP: the
-// probes, the API and Config.Static.
+// probes, the API and Config.Static, each request past the HTTP edge's
+// refusals (refuseTransferEncoding) and, under dev auth, refuseOtherHosts.
 func (s *Service) httpHandler() http.Handler {
 	mux := http.NewServeMux()
 	handleProbes(mux, s.readyz(), s.gathered(), true)
@@ -658,7 +663,7 @@ func (s *Service) httpHandler() http.Handler {
 	if s.cfg.Static != nil {
 		mux.Handle("/", s.cfg.Static)
 	}
-	return mux
+	return refuseTransferEncoding(s.refuseOtherHosts(mux))
 }
 
 // readyz is what /readyz asks: Config.Readyz, or Ready.

@@ -44,6 +44,7 @@ func (s *Service) serveStarting(ln net.Listener) (stop func()) {
 		ReadHeaderTimeout: s.cfg.HandshakeTimeout,
 		ReadTimeout:       s.cfg.HandshakeTimeout,
 		WriteTimeout:      s.cfg.HandshakeTimeout + s.cfg.WriteTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 	srv.SetKeepAlivesEnabled(false)

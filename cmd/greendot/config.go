@@ -170,6 +170,12 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 			return cfg, fmt.Errorf("--allowed-origins %s: empty entry", quote(c.String("allowed-origins")))
 		}
 	}
+	devHosts := splitList(c.String("dev-auth-hosts"))
+	for _, h := range devHosts {
+		if h == "" {
+			return cfg, fmt.Errorf("--dev-auth-hosts %s: empty entry", quote(c.String("dev-auth-hosts")))
+		}
+	}
 	grace := c.Duration("offline-grace")
 	if grace == 0 {
 		grace = gateway.NoOfflineGrace
@@ -195,6 +201,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		cfg.BatchPace = c.Duration("batch-pace")
 	}
 	cfg.AllowedOrigins = origins
+	cfg.DevAuthHosts = devHosts
 	cfg.Policy = policy
 	cfg.AuthzCacheTTL = c.Duration("authz-cache-ttl")
 	cfg.MaxMessageSize = c.Int("max-message-size")

@@ -89,6 +89,8 @@ func TestBadInput(t *testing.T) {
 		{"signal rate not a number", []string{"gateway", "--dev-auth", "--signal-rate", "NaN"}, "--signal-rate NaN: want a positive number"},
 		{"API rate not a number", []string{"gateway", "--dev-auth", "--api-rate-limit", "nan"}, "--api-rate-limit NaN: want a positive number"},
 		{"empty origin", []string{"gateway", "--dev-auth", "--allowed-origins", "https://a.example,,https://b.example"}, "--allowed-origins"},
+		{"empty dev auth host", []string{"gateway", "--dev-auth", "--dev-auth-hosts", "a.example,"}, "--dev-auth-hosts"},
+		{"dev auth host with a port", []string{"gateway", "--dev-auth", "--dev-auth-hosts", "dev.example:8080"}, `dev auth host "dev.example:8080": want a host name, without scheme or port`},
 		{"bad gateway id", []string{"gateway", "--dev-auth", "--gateway-id", "gw.1"}, `gateway id "gw.1"`},
 		{"bad log level", []string{"gateway", "--dev-auth", "--log-level", "loud"}, `--log-level "loud": want debug, info, warn or error`},
 		{"bad log format", []string{"gateway", "--dev-auth", "--log-format", "xml"}, `--log-format "xml": want text or json`},

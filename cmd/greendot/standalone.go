@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/greendot/greendot/fanout"
@@ -42,7 +43,10 @@ func standaloneCommand() *cli.Command {
 		Name:  "standalone",
 		Usage: "run everything in one process: an embedded NATS server with JetStream, a gateway, a reaper and a fanout (and webhooks, with --webhook-url)",
 		Description: "The NATS server stores its data under --data and also listens on --nats-listen, so the nats CLI\n" +
-			"can inspect the state (nats --server nats://127.0.0.1:4222 kv ls). The gateway, reaper and fanout\n" +
+			"can inspect the state (nats --server nats://127.0.0.1:4222 kv ls). With dev auth off it takes only\n" +
+			"the NKey whose seed it keeps in --data/" + natsKeyFile + " (made the first time, readable by its owner only):\n" +
+			"give it to the nats CLI with --nkey, to the greendot commands with --nats-nkey. With dev auth on it\n" +
+			"takes any client, as the log says. The gateway, reaper and fanout\n" +
 			"each use their own connection to it. Dev auth (?user=<id>) is on while --listen is a loopback\n" +
 			"address, and then the demo page is served at / (its endpoints write the graph for any ?user=).\n" +
 			"The browser client is at /greendot.js. With --webhook-url, a webhooks process POSTs every\n" +
@@ -103,7 +107,7 @@ func runStandalone(c *cli.Context) error {
 		if err != nil {
 			return fmt.Errorf("--nats-listen %s: %w", quote(natsListen), err)
 		}
-		if !loopback {
+		if !loopback && gcfg.DevAuth {
 			log.Warn("the embedded NATS server listens on an address that is not loopback, with no authentication: anyone who reaches it can read and change all presence state",
 				"addr", natsListen)
 		}
@@ -130,8 +134,28 @@ func runStandalone(c *cli.Context) error {
 	}
 	defer unlock()
 	ncfg.StartTimeout = startTimeout
-	sys, err := system.Start(system.Options{Name: "greendot standalone", NATS: &ncfg, InProcess: true, Logger: log,
-		StopTimeout: stopTimeout + gcfg.DrainPeriod})
+	sopts := system.Options{Name: "greendot standalone", NATS: &ncfg, InProcess: true, Logger: log,
+		StopTimeout: stopTimeout + gcfg.DrainPeriod}
+	// Out of dev mode, a NATS server that listens takes only the NKey
+	// kept in the data directory: its own processes use it, and so may
+	// the operator's tools. In dev mode it takes anyone, as the gateway
+	// does.
+	var key string
+	if natsListen != "" && !gcfg.DevAuth {
+		var public string
+		if key, public, err = natsKey(ncfg.StoreDir); err != nil {
+			_ = ln.Close()
+			return err
+		}
+		ncfg.Options = &server.Options{Nkeys: []*server.NkeyUser{{Nkey: public}}}
+		opt, err := nats.NkeyOptionFromSeed(key)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("--data: NATS key: %w", err)
+		}
+		sopts.NATSOptions = []nats.Option{opt}
+	}
+	sys, err := system.Start(sopts)
 	if err != nil {
 		_ = ln.Close()
 		if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "listen" {
@@ -144,8 +168,14 @@ func runStandalone(c *cli.Context) error {
 		attrs = append(attrs, "url", "nats://"+dialHost(sys.NATS().Addr()))
 	}
 	log.Info("nats server ready", attrs...)
+	switch {
+	case key != "":
+		log.Info("the embedded NATS server takes only the NKey in the data directory (nats --nkey, greendot --nats-nkey)", "nkey", key)
+	case natsListen != "":
+		log.Warn("the embedded NATS server takes any client, with no authentication, while dev auth is on: whatever runs on this machine can change presence state and the graph")
+	}
 
-	serveErr := serveStandalone(c, sys, ln, gcfg, rcfg, fcfg, wcfg, demo)
+	serveErr := serveStandalone(c, sys, ln, gcfg, rcfg, fcfg, wcfg, demo, key)
 	// The gateway stops first, so that what its closing sockets wrote is
 	// still processed by the reaper and fanout; then they stop, then NATS.
 	stopErr := sys.Stop()
@@ -159,7 +189,7 @@ func runStandalone(c *cli.Context) error {
 // ready (GET /readyz answers 200), and returns when the command's context
 // is canceled or a part has stopped. The caller stops sys, whose Stop
 // returns the parts' errors.
-func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, wcfg *webhook.Config, demo bool) error {
+func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg gateway.Config, rcfg reaper.Config, fcfg fanout.Config, wcfg *webhook.Config, demo bool, natsKey string) error {
 	// The buckets exist before the services start, so that none of them
 	// creates a bucket while another creates its consumer on it. The demo
 	// writes the graph through this store. The webhooks read presence_feed,
@@ -219,7 +249,7 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}()
 	switch err := awaitParts(ctx, gcfg.Logger, sys); {
 	case err == nil:
-		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg.DevAuth, demo, sys, c.String("data")))
+		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg.DevAuth, demo, sys, natsKey, c.String("data")))
 	case ctx.Err() != nil || errors.Is(err, system.ErrStopped):
 		// Shutting down, or a part failed and its error says why.
 		return nil
@@ -285,12 +315,16 @@ func openBuckets(ctx context.Context, sys *system.System, feed bool) (*presence.
 	return store, nil
 }
 
-// readyLine is the one line standalone mode prints when it serves.
-func readyLine(addr net.Addr, devAuth, demo bool, sys *system.System, data string) string {
+// readyLine is the one line standalone mode prints when it serves; key is
+// the NKey seed file NATS takes, if it takes only that.
+func readyLine(addr net.Addr, devAuth, demo bool, sys *system.System, key, data string) string {
 	base := dialHost(addr)
 	nats := "in-process only"
 	if srv := sys.NATS(); srv.Addr() != nil {
 		nats = "nats://" + dialHost(srv.Addr())
+	}
+	if key != "" {
+		nats += " with the NKey in " + key
 	}
 	var how string
 	switch {

@@ -511,3 +511,103 @@ func TestStandaloneStoppedWhileStarting(t *testing.T) {
 		t.Errorf("exit code %d after a stop while starting, want 0; stderr:\n%s", code, stderr.String())
 	}
 }
+
+// readyNATSRE matches the NATS part of the ready line: the URL of the
+// embedded server, and the NKey it takes, if it takes only one.
+var readyNATSRE = regexp.MustCompile(`; NATS (nats://[^\s;]+)(?: with the NKey in ([^;]+))?; data `)
+
+// TestStandaloneProtectsNATS: out of dev mode, the standalone's NATS
+// server takes only the NKey the standalone keeps in its data directory:
+// its own processes use it, so do the graph commands given it with
+// --nats-nkey and the nats CLI with --nkey; without it, no process of the
+// machine can rewrite who may watch whom. The ready line and the log say
+// so, and the key is the same after a restart. In dev mode the server
+// takes anyone, and the log says that too.
+func TestStandaloneProtectsNATS(t *testing.T) {
+	data := t.TempDir()
+	t.Setenv("GREENDOT_JWT_SECRET", "a secret of thirty-two bytes or more")
+	args := []string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--dev-auth=false"}
+	p := start(t, args...)
+	p.awaitOutput(t, jwtReadyRE)
+	line := strings.TrimSpace(p.stdout.String())
+	m := readyNATSRE.FindStringSubmatch(p.stdout.String())
+	if m == nil {
+		t.Fatalf("ready line %q names no NATS URL", line)
+	}
+	natsURL, key := m[1], m[2]
+
+	// Without the key, nothing.
+	if nc, err := nats.Connect(natsURL); err == nil {
+		nc.Close()
+		t.Errorf("connected to %s without the key", natsURL)
+	} else if !errors.Is(err, nats.ErrAuthorization) {
+		t.Errorf("connect without the key: %v, want an authorization violation", err)
+	}
+	if code, _, _ := runOnce(t, "graph", "follow", "--nats-url", natsURL, "mallory", "victim"); code == 0 {
+		t.Errorf("graph follow without the key succeeded")
+	}
+
+	if want := filepath.Join(data, "nats.nk"); key != want {
+		t.Fatalf("ready line %q: NKey in %q, want %q", line, key, want)
+	}
+	if fi, err := os.Stat(key); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("key file: %v, %v; want one only its owner reads", fi, err)
+	}
+	if !strings.Contains(p.stderr.String(), key) {
+		t.Errorf("the log does not name the key:\n%s", p.stderr)
+	}
+	// With it, the graph commands and the nats CLI's way in.
+	if code, _, stderr := runOnce(t, "graph", "follow", "--nats-url", natsURL, "--nats-nkey", key, "alice", "bob"); code != 0 {
+		t.Errorf("graph follow with the key: exit %d: %s", code, stderr)
+	}
+	graph := func() map[string]bool {
+		opt, err := nats.NkeyOptionFromSeed(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(natsURL, opt)
+		if err != nil {
+			t.Fatalf("connect with the key: %v", err)
+		}
+		defer nc.Close()
+		store, err := presence.Bind(context.Background(), nc, presence.BucketOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, e := range [][2]string{{"alice", "bob"}, {"mallory", "victim"}} {
+			if got[e[0]+">"+e[1]], err = store.Follows(context.Background(), e[0], e[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return got
+	}
+	if got := graph(); !got["alice>bob"] || got["mallory>victim"] {
+		t.Errorf("follows %v, want alice>bob only", got)
+	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit %d; stderr:\n%s", code, p.stderr)
+	}
+
+	// Started again on its data, it takes the same key.
+	p = start(t, args...)
+	p.awaitOutput(t, jwtReadyRE)
+	if m := readyNATSRE.FindStringSubmatch(p.stdout.String()); m == nil || m[2] != key {
+		t.Errorf("after a restart, NATS %v, want the NKey in %s", m, key)
+	} else if natsURL = m[1]; !graph()["alice>bob"] {
+		t.Errorf("after a restart, the graph lost alice>bob")
+	}
+	if code := p.stop(t); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+
+	// In dev mode, anyone: as the log says.
+	dev := start(t, "standalone", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0")
+	dev.awaitOutput(t, devReadyRE)
+	if m := readyNATSRE.FindStringSubmatch(dev.stdout.String()); m == nil || m[2] != "" {
+		t.Errorf("dev mode: NATS %v, want no key", m)
+	}
+	if !strings.Contains(dev.stderr.String(), "takes any client") {
+		t.Errorf("dev mode: the log does not say NATS takes any client:\n%s", dev.stderr)
+	}
+}

@@ -198,6 +198,12 @@ func (s *stopSink) Message(p []byte) bool {
 	return ok
 }
 
+func (s *stopSink) Fragment(p []byte) bool {
+	ok := s.Sink.Fragment(p)
+	s.stopped = s.stopped || !ok
+	return ok
+}
+
 func (s *stopSink) Control(op ws.OpCode, p []byte) bool {
 	ok := s.Sink.Control(op, p)
 	s.stopped = s.stopped || !ok
@@ -515,7 +521,8 @@ func (c *Conn) discardBuffered() {
 // closeSink ignores messages and notes the peer's close frame.
 type closeSink struct{ closed bool }
 
-func (s *closeSink) Message([]byte) bool { return true }
+func (s *closeSink) Message([]byte) bool  { return true }
+func (s *closeSink) Fragment([]byte) bool { return true }
 
 func (s *closeSink) Control(op ws.OpCode, _ []byte) bool {
 	if op == ws.OpClose {

@@ -42,16 +42,19 @@ type Decoder struct {
 	fragmented bool
 }
 
-// Sink receives what a Decoder finds. Message is called with a whole text
-// message, Control with a ping, pong or close frame. The payload is valid
-// only during the call. Returning false stops decoding.
+// Sink receives what a Decoder finds, one call for each frame: Message
+// with a whole text message (for one in fragments, at its last frame),
+// Fragment with each other frame of a message in fragments, Control with
+// a ping, pong or close frame (also one between fragments). The payload is
+// valid only during the call. Returning false stops decoding.
 type Sink interface {
 	Message(payload []byte) bool
+	Fragment(payload []byte) bool
 	Control(op ws.OpCode, payload []byte) bool
 }
 
 // Decode decodes data, which follows whatever earlier calls left partial,
-// and passes each complete message and control frame to sink. data is not
+// and passes each complete frame to sink. data is not
 // retained; an incomplete frame at its end is copied. maxMsg bounds a
 // message (and the frames it is made of).
 //
@@ -120,6 +123,10 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 			d.frag = append(d.frag, payload...)
 			d.fragmented = true
 			if !h.Fin {
+				if !sink.Fragment(payload) {
+					d.stopped(data)
+					return nil
+				}
 				continue
 			}
 			msg := d.frag

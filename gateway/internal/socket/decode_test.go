@@ -21,9 +21,10 @@ func clientFrame(tb testing.TB, payload string) []byte {
 }
 
 // countSink counts what a decoder finds.
-type countSink struct{ messages, controls int }
+type countSink struct{ messages, fragments, controls int }
 
 func (s *countSink) Message([]byte) bool            { s.messages++; return true }
+func (s *countSink) Fragment([]byte) bool           { s.fragments++; return true }
 func (s *countSink) Control(ws.OpCode, []byte) bool { s.controls++; return true }
 
 // TestDecoderAllocs pins the frame decoder at zero allocations for whole
@@ -58,6 +59,36 @@ func TestDecoderAllocs(t *testing.T) {
 		if sink.messages+sink.controls == 0 {
 			t.Errorf("%s: nothing decoded", tc.name)
 		}
+	}
+}
+
+// TestDecoderReportsEveryFrame: each frame reaches the sink once, the
+// fragments of a message and the control frames between them included,
+// so that a sink can count every frame a client sends.
+func TestDecoderReportsEveryFrame(t *testing.T) {
+	frame := func(op ws.OpCode, fin bool, payload string) []byte {
+		var b bytes.Buffer
+		if err := ws.WriteFrame(&b, ws.MaskFrameInPlace(ws.NewFrame(op, fin, []byte(payload)))); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	wire := bytes.Join([][]byte{
+		frame(ws.OpText, false, `{"type":`),
+		frame(ws.OpPong, true, ""),
+		frame(ws.OpContinuation, false, ""),
+		frame(ws.OpPing, true, "p"),
+		frame(ws.OpContinuation, false, `"heartbeat"`),
+		frame(ws.OpContinuation, true, "}"),
+		frame(ws.OpPong, true, ""),
+	}, nil)
+	var d Decoder
+	var sink countSink
+	if err := d.Decode(wire, 4096, &sink); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sink, (countSink{messages: 1, fragments: 3, controls: 3}); got != want {
+		t.Errorf("sink saw %+v, want %+v", got, want)
 	}
 }
 

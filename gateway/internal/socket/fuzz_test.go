@@ -19,8 +19,8 @@ import (
 // gateway can be configured with, so that the fuzzer reaches it easily.
 const fuzzMaxMsg = 256
 
-// decoded is what a decoder passed to its sink: a message (op 0) or a
-// control frame.
+// decoded is what a decoder passed to its sink: a message (op 0), a
+// fragment of one (op ws.OpText) or a control frame.
 type decoded struct {
 	op      ws.OpCode
 	payload string
@@ -34,17 +34,23 @@ func (r *recorder) Message(p []byte) bool {
 	return true
 }
 
+func (r *recorder) Fragment(p []byte) bool {
+	r.got = append(r.got, decoded{ws.OpText, string(p)})
+	return true
+}
+
 func (r *recorder) Control(op ws.OpCode, p []byte) bool {
 	r.got = append(r.got, decoded{op, string(p)})
 	return true
 }
 
 // FuzzFrameDecoder feeds arbitrary bytes, cut into arbitrary pieces, to the
-// decoder that turns what a socket reads into messages and control
-// frames. It must never panic, never hold more than the message size limit
+// decoder that turns what a socket reads into messages, fragments and
+// control frames. It must never panic, never hold more than the message size limit
 // plus a frame header (14 bytes), hand over only valid UTF-8 messages
 // within the limit and control payloads of at most 125 bytes, and find the
-// same messages and the same error however the bytes are cut.
+// same messages, fragments and control frames, and the same error, however
+// the bytes are cut.
 func FuzzFrameDecoder(f *testing.F) {
 	mask := func(op ws.OpCode, fin bool, payload string) []byte {
 		fr := ws.NewFrame(op, fin, []byte(payload))
@@ -133,6 +139,10 @@ func checkDecoded(t *testing.T, got []decoded) {
 		case 0:
 			if len(d.payload) > fuzzMaxMsg || !utf8.ValidString(d.payload) {
 				t.Fatalf("message of %d bytes handed over: %q", len(d.payload), d.payload)
+			}
+		case ws.OpText:
+			if len(d.payload) > fuzzMaxMsg {
+				t.Fatalf("fragment of %d bytes handed over", len(d.payload))
 			}
 		case ws.OpPing, ws.OpPong, ws.OpClose:
 			if len(d.payload) > ws.MaxControlFramePayloadSize {

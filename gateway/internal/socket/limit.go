@@ -2,8 +2,8 @@ package socket
 
 import "time"
 
-// Limiter limits how fast one connection may send messages: a token
-// bucket, and strikes for the messages it refuses. The zero value is a full
+// Limiter limits how fast one connection may send frames: a token
+// bucket, and strikes for the frames it refuses. The zero value is a full
 // bucket. A Limiter is not safe for concurrent use: the goroutine reading
 // the connection owns it.
 type Limiter struct {
@@ -32,7 +32,7 @@ func (l *Limiter) Allow(now int64, rate float64, burst int) bool {
 // strikeWindow is how long strikes are counted before they start over.
 const strikeWindow = time.Minute
 
-// Strike counts a refused message at now (unix ns) and reports whether the
+// Strike counts a refused frame at now (unix ns) and reports whether the
 // connection has now earned more than max strikes within the window: it
 // is then to be closed.
 func (l *Limiter) Strike(now int64, max int) bool {
