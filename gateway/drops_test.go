@@ -211,6 +211,12 @@ func TestSelfHandedOver(t *testing.T) {
 	defer systest.KeepAlive(phone, systest.Heartbeat)()
 	systest.AwaitSelf(t, phone, presence.Online, 2)
 	systest.AwaitSelf(t, web, presence.Online, 2)
+	// Registering a connection is a write of gw1's too: its self event
+	// reached web, and the phone, being registered, got its state from
+	// its registration (or the newest gw1 wrote since), not from NATS.
+	if n := carried(gw1); n != 0 {
+		t.Errorf("%d self events to gw1 through NATS while her connections were registered, want none", n)
+	}
 
 	// Both of her connections are on gw1: with its dispatcher held, which
 	// would hold a self event from NATS, both see her change.

@@ -93,9 +93,6 @@ type connKey struct {
 	closedAt int64  // unix ms of a clean close; 0 while open
 	idle     bool
 	ended    bool // taken out of the user's state
-	// listed is set once the connection is in the gateway's registry,
-	// where a self event handed over in process reaches it.
-	listed bool
 }
 
 // tasks tracks goroutines that must finish before the registrar stops.
@@ -222,18 +219,16 @@ func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uin
 	}
 }
 
-// listed notes that c, registered, is now in the gateway's registry (see
-// listedLocked), and returns the user's own state to show it: st, what
-// its registration wrote, unless the writer wrote or read a newer
-// revision since. While c was not listed, the self events of the user's
-// writes went through NATS, and one the dispatcher handed out before c
-// was in the registry missed it; the writer notes each write's state
-// before publishing its events, so c gets the newest either here or from
-// the registry.
+// listed returns the user's own state to show c, registered and now in
+// the gateway's registry: st, what its registration wrote, unless the
+// writer wrote or read a newer revision since. The self events of the
+// user's writes here are handed to the connections in the registry; one
+// handed out before c was in it missed c, but the writer notes each
+// write's state before handing its events out, so c gets the newest
+// either here or from the registry.
 func (r *registrar) listed(c *conn, st selfState) selfState {
 	c.us.mu.Lock()
 	defer c.us.mu.Unlock()
-	c.key.listed = true
 	if c.us.self.rev > st.rev {
 		return c.us.self
 	}

@@ -168,7 +168,6 @@ func (r *registrar) write(us *userState) {
 		}
 		gen := us.gen
 		entries, gone, chosen, epoch := r.desiredLocked(us)
-		handOver := listedLocked(us)
 		us.mu.Unlock()
 
 		w, err := r.writeOnce(us, entries, gone, chosen, epoch)
@@ -198,7 +197,7 @@ func (r *registrar) write(us *userState) {
 		us.mu.Lock()
 		us.keepSelfLocked(selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices})
 		us.mu.Unlock()
-		r.publish(us.id, &w, handOver)
+		r.publish(us.id, &w)
 		r.removeKeys(gone)
 
 		us.mu.Lock()
@@ -328,25 +327,11 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 	return w, nil
 }
 
-// listedLocked reports whether every connection of the user here is in
-// the registry, so that the self event of a write reaches each of them
-// when it is handed over in process (presence.Publisher.HandOver). One
-// still being registered is not yet: the self events of writes made
-// meanwhile go through NATS, as those of other gateways do. The caller
-// holds us.mu.
-func listedLocked(us *userState) bool {
-	for _, c := range us.conns {
-		if !c.key.listed {
-			return false
-		}
-	}
-	return true
-}
-
-// publish publishes the events a write calls for; with handOver, the self
-// event for this gateway is handed over in process (see listedLocked).
-func (r *registrar) publish(userID string, w *presence.Write, handOver bool) {
-	n, err := r.events.Publish(userID, w, handOver)
+// publish publishes the events a write calls for; the self event for
+// this gateway is handed to the user's connections here in process (see
+// listed for one not yet in the registry).
+func (r *registrar) publish(userID string, w *presence.Write) {
+	n, err := r.events.Publish(userID, w, true)
 	r.metrics.eventsOut.Add(float64(n))
 	if err != nil {
 		r.log.Warn("publish events", "user_id", userID, "err", err)
