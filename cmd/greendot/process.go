@@ -130,7 +130,7 @@ func runGateway(c *cli.Context) error {
 		return err
 	}
 	cfg.Static = web.Handler(web.Options{Logger: log}) // the browser client, /greendot.js
-	ln, err := net.Listen("tcp", c.String("listen"))
+	ln, err := listenGateway(c.String("listen"))
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -167,6 +167,16 @@ var (
 	_ worker = (*fanout.Service)(nil)
 	_ worker = (*webhook.Service)(nil)
 )
+
+// listenGateway listens on a gateway's --listen address. Its connections
+// get no TCP keepalive: the gateway finds a silent client itself (no frame
+// for the connection TTL) and closes an idle HTTP connection after the
+// handshake timeout, and the keepalive's four socket options were system
+// calls at every accept.
+func listenGateway(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{KeepAlive: -1}
+	return lc.Listen(context.Background(), "tcp", addr)
+}
 
 // runWorker runs a reaper, fanout or webhooks process until the command's context is
 // canceled, with the health and metrics server of --metrics-listen beside

@@ -123,7 +123,7 @@ func runStandalone(c *cli.Context) error {
 	}
 	demo := gcfg.DevAuth && loopback
 
-	ln, err := net.Listen("tcp", c.String("listen"))
+	ln, err := listenGateway(c.String("listen"))
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
