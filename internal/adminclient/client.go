@@ -256,12 +256,20 @@ func Services() []string {
 
 // PingSubject returns the micro discovery subject every instance of a
 // service answers a ping on (`nats micro ping <service>`).
-func PingSubject(service string) string { return "$SRV.PING." + service }
+func PingSubject(service string) string { return controlSubject(micro.PingVerb, service) }
 
 // InfoSubject returns the micro discovery subject every instance of a
 // service answers its micro.Info on (`nats micro info <service>`).
-func InfoSubject(service string) string { return "$SRV.INFO." + service }
+func InfoSubject(service string) string { return controlSubject(micro.InfoVerb, service) }
 
 // StatsSubject returns the micro discovery subject every instance of a
 // service answers its micro.Stats on (`nats micro stats <service>`).
-func StatsSubject(service string) string { return "$SRV.STATS." + service }
+func StatsSubject(service string) string { return controlSubject(micro.StatsVerb, service) }
+
+// controlSubject returns the subject of verb for every instance of
+// service, as the micro package names it. It fails only for a verb of its
+// own or an instance id without a service, which these never are.
+func controlSubject(verb micro.Verb, service string) string {
+	subject, _ := micro.ControlSubject(verb, service, "")
+	return subject
+}
