@@ -197,11 +197,11 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		// The new watch claim replaces the old one: the subscriptions it
 		// no longer allows end, with denied frames.
 		c.watch.Store(watch)
-		go func() {
+		s.workers.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 			defer cancel()
 			s.authz.Recheck(ctx, c)
-		}()
+		})
 	}
 }
 

@@ -386,6 +386,9 @@ func (s *Service) open(ctx context.Context, addr string) error {
 
 // closeResources releases what open made and the core used.
 func (s *Service) closeResources() {
+	if s.authz != nil {
+		s.authz.Close()
+	}
 	s.sockets.release()
 	s.hub.Close()
 }

@@ -167,6 +167,14 @@ type Authorizer struct {
 	retries  map[retryKey]uint64
 	retrySeq uint64
 	retrying bool
+	// closed is set by Close: no retry loop starts after it.
+	closed bool
+
+	// ctx ends with Close, and with it the retry loop, which loops
+	// tracks.
+	ctx    context.Context
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
 
 	// decided, when set, is called by Subscribe between deciding and
 	// registering (tests make the graph change there).
@@ -218,11 +226,12 @@ type ticket struct {
 
 // New returns an authorizer. It starts nothing and does no I/O; a
 // re-check that fails later starts the goroutine that tries it again,
-// which ends once no re-check is left to try.
+// which ends once no re-check is left to try, or at Close.
 func New(cfg Config) *Authorizer {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
 	return &Authorizer{
 		cfg:      cfg,
 		edges:    make(map[string]cached[bool]),
@@ -230,7 +239,20 @@ func New(cfg Config) *Authorizer {
 		answers:  make(map[pair]cached[bool]),
 		tickets:  make(map[*ticket]struct{}),
 		retries:  make(map[retryKey]uint64),
+		ctx:      ctx,
+		cancel:   cancel,
 	}
+}
+
+// Close stops the re-checks that wait to be tried again, and returns once
+// the goroutine trying them has returned; none is tried after it. The
+// authorizer decides as before, but re-checks that fail are dropped.
+func (a *Authorizer) Close() {
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	a.cancel()
+	a.loops.Wait()
 }
 
 // Everyone reports whether the policy lets anyone watch anyone, and so

@@ -390,3 +390,28 @@ func TestRecheckRetriesEndWithTheSubscription(t *testing.T) {
 		}
 	})
 }
+
+// TestCloseEndsRetries: Close ends the goroutine that tries failed
+// re-checks again, and returns once it has: with the graph down for good,
+// nothing is read after it, and nothing is left running (synctest's
+// bubble would not end).
+func TestCloseEndsRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		g, r, _ := aliceWatchesBob(t)
+		g.setDown(true)
+		r.a.Changed(ctx, presence.FollowKey("bob", "alice"))
+		time.Sleep(retryMax)
+		synctest.Wait()
+		if g.readCount() < 2 {
+			t.Fatalf("%d reads while the graph is down, want the re-check tried again", g.readCount())
+		}
+		r.a.Close()
+		reads := g.readCount()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if g.readCount() != reads {
+			t.Errorf("%d reads in a minute after Close, want none", g.readCount()-reads)
+		}
+	})
+}

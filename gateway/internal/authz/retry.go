@@ -38,11 +38,11 @@ func (a *Authorizer) retryLater(k retryKey) {
 	a.mu.Lock()
 	a.retrySeq++
 	a.retries[k] = a.retrySeq
-	start := !a.retrying
-	a.retrying = true
+	start := !a.retrying && !a.closed
+	a.retrying = a.retrying || start
 	a.mu.Unlock()
 	if start {
-		go a.retryLoop()
+		a.loops.Go(a.retryLoop)
 	}
 }
 
@@ -75,11 +75,18 @@ func (a *Authorizer) settle(k retryKey, before uint64, d Decision, err error, ag
 	tell()
 }
 
-// retryLoop tries the queued re-checks again until none is left.
+// retryLoop tries the queued re-checks again until none is left, or the
+// authorizer is closed.
 func (a *Authorizer) retryLoop() {
 	pause := retryFirst
+	t := time.NewTimer(pause)
+	defer t.Stop()
 	for {
-		time.Sleep(pause)
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-t.C:
+		}
 		left, err := a.retryRound()
 		if left == 0 {
 			return
@@ -88,10 +95,12 @@ func (a *Authorizer) retryLoop() {
 			// Those left were queued meanwhile: they fail for the
 			// first time.
 			pause = retryFirst
+			t.Reset(pause)
 			continue
 		}
 		pause = min(2*pause, retryMax)
 		a.cfg.Logger.Warn("recheck subscriptions again", "left", left, "err", err, "retry_in", pause)
+		t.Reset(pause)
 	}
 }
 
@@ -133,7 +142,7 @@ func (a *Authorizer) retryOne(k retryKey, seq uint64) error {
 		if !still {
 			return nil // settled, or queued again, by another re-check
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), retryTimeout)
+		ctx, cancel := context.WithTimeout(a.ctx, retryTimeout)
 		d, err := a.Decide(withListOf(ctx, k.w), k.w.UserID(), k.target)
 		cancel()
 		if err != nil && !d.refused() {
