@@ -52,3 +52,7 @@ func FollowingListed(s *Store, ctx context.Context, a string) ([]string, error) 
 	out, _, err := s.followsListed(ctx, FollowingFilter(a), 0, func(_, b string) string { return b })
 	return out, err
 }
+
+// SetListStall sets how long s's listings wait, at first, for their
+// watcher's next entry before they start again.
+func SetListStall(s *Store, d time.Duration) { s.listStall = d }

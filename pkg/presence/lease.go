@@ -83,7 +83,7 @@ func (s *Store) DeleteLease(ctx context.Context, gatewayID, epoch string, rev ui
 // lease written while it runs: confirm an absence with Lease.
 func (s *Store) Leases(ctx context.Context) (map[string]LeaseRecord, error) {
 	out := make(map[string]LeaseRecord)
-	err := scan(ctx, s.leases, func(e jetstream.KeyValueEntry) error {
+	err := s.scan(ctx, s.leases, func(e jetstream.KeyValueEntry) error {
 		var r LeaseRecord
 		if json.Unmarshal(e.Value(), &r) == nil {
 			out[e.Key()] = r
@@ -179,7 +179,7 @@ func (s *Store) LeaseConns(ctx context.Context, gatewayID, epoch string) ([]Leas
 // runs.
 func (s *Store) UserLeaseConns(ctx context.Context, userID string) (map[LeaseConn]ConnRecord, error) {
 	out := make(map[LeaseConn]ConnRecord)
-	err := list(ctx, s.conns, []string{UserConnsFilter(userID)}, func(e jetstream.KeyValueEntry) error {
+	err := s.list(ctx, s.conns, []string{UserConnsFilter(userID)}, func(e jetstream.KeyValueEntry) error {
 		gw, epoch, u, c, ok := ParseLeaseConnKey(e.Key())
 		var rec ConnRecord
 		if ok && json.Unmarshal(e.Value(), &rec) == nil {
@@ -196,7 +196,7 @@ func (s *Store) UserLeaseConns(ctx context.Context, userID string) (map[LeaseCon
 func (s *Store) listLeaseConns(ctx context.Context, filter string) ([]LeaseConn, error) {
 	seen := make(map[LeaseConn]bool)
 	var out []LeaseConn
-	err := list(ctx, s.conns, []string{filter}, func(e jetstream.KeyValueEntry) error {
+	err := s.list(ctx, s.conns, []string{filter}, func(e jetstream.KeyValueEntry) error {
 		gw, epoch, u, c, ok := ParseLeaseConnKey(e.Key())
 		if k := (LeaseConn{gw, epoch, u, c}); ok && !seen[k] {
 			seen[k] = true
@@ -214,7 +214,7 @@ func (s *Store) listLeaseConns(ctx context.Context, filter string) ([]LeaseConn,
 // scan: a key written during the scan may be missed). It stops early if fn
 // returns an error, and returns it.
 func (s *Store) ScanLeaseConns(ctx context.Context, fn func(LeaseConn) error) error {
-	return scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
+	return s.scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
 		gw, epoch, u, c, ok := ParseLeaseConnKey(e.Key())
 		if !ok {
 			return nil

@@ -147,7 +147,7 @@ func (s *Store) ScanRoomKeys(ctx context.Context) ([]RoomEntry, error) {
 func (s *Store) listRooms(ctx context.Context, filter string) ([]RoomEntry, error) {
 	at := make(map[RoomMember]int)
 	var out []RoomEntry
-	err := list(ctx, s.rooms, []string{filter}, func(e jetstream.KeyValueEntry) error {
+	err := s.list(ctx, s.rooms, []string{filter}, func(e jetstream.KeyValueEntry) error {
 		m, ok := ParseRoomKey(e.Key())
 		var v RoomValue
 		if !ok || json.Unmarshal(e.Value(), &v) != nil {

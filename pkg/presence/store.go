@@ -56,6 +56,9 @@ type Store struct {
 	// feedWait bounds how long a status write waits for FeedStream to
 	// copy the user's revisions before it (see feedGate).
 	feedWait time.Duration
+	// listStall is how long a listing waits, at first, for its watcher's
+	// next entry before it starts again (see list): ListStall.
+	listStall time.Duration
 	// noFeedUntil is when (unix ns) the store stops believing that
 	// FeedStream does not exist, as a look found (see feedGate).
 	noFeedUntil atomic.Int64
@@ -86,7 +89,7 @@ func Open(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, created: make(map[string]time.Time)}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, listStall: ListStall, created: make(map[string]time.Time)}
 	for _, b := range s.buckets() {
 		var st jetstream.KeyValueStatus
 		if *b.kv, st, err = ensureBucket(ctx, js, b.name, opts); err != nil {
@@ -111,7 +114,7 @@ func Bind(ctx context.Context, nc *nats.Conn, opts BucketOptions) (*Store, error
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
-	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, created: make(map[string]time.Time)}
+	s := &Store{nc: nc, js: js, opts: opts, now: time.Now, feedWait: FeedWait, listStall: ListStall, created: make(map[string]time.Time)}
 	for _, b := range s.buckets() {
 		kv, err := js.KeyValue(ctx, b.name)
 		switch {
@@ -912,7 +915,7 @@ func (s *Store) followsBatch(ctx context.Context, filter string, max int, pick f
 func (s *Store) followsListed(ctx context.Context, filter string, max int, pick func(a, b string) string) ([]string, bool, error) {
 	seen := make(map[string]bool)
 	var out []string
-	err := list(ctx, s.graph, []string{filter}, func(e jetstream.KeyValueEntry) error {
+	err := s.list(ctx, s.graph, []string{filter}, func(e jetstream.KeyValueEntry) error {
 		if a, b, ok := ParseFollowKey(e.Key()); ok && !seen[e.Key()] {
 			if max > 0 && len(out) == max {
 				return errEnough
@@ -1018,7 +1021,7 @@ func (s *Store) ScanStatus(ctx context.Context, fn func(userID string, rec Recor
 // ScanStatusAll is ScanStatus, and calls skipped, unless it is nil, with
 // the key of every value ScanStatus skips and the decoding error.
 func (s *Store) ScanStatusAll(ctx context.Context, fn func(userID string, rec Record, rev uint64) error, skipped func(key string, err error)) error {
-	return scan(ctx, s.status, func(e jetstream.KeyValueEntry) error {
+	return s.scan(ctx, s.status, func(e jetstream.KeyValueEntry) error {
 		var rec Record
 		if err := json.Unmarshal(e.Value(), &rec); err != nil {
 			if skipped != nil {
@@ -1035,7 +1038,7 @@ func (s *Store) ScanStatusAll(ctx context.Context, fn func(userID string, rec Re
 // must be confirmed with Conn before anything is concluded from it). It
 // stops early if fn returns an error, and returns it.
 func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, rec ConnRecord, rev uint64) error) error {
-	return scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
+	return s.scan(ctx, s.conns, func(e jetstream.KeyValueEntry) error {
 		userID, connID, ok := SplitConnKey(e.Key())
 		if !ok {
 			return nil
@@ -1052,7 +1055,7 @@ func (s *Store) ScanConns(ctx context.Context, fn func(userID, connID string, re
 // may miss a key written while it runs.
 func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRecord, error) {
 	out := make(map[string]ConnRecord)
-	err := list(ctx, s.conns, []string{ConnKeyFilter(userID)}, func(e jetstream.KeyValueEntry) error {
+	err := s.list(ctx, s.conns, []string{ConnKeyFilter(userID)}, func(e jetstream.KeyValueEntry) error {
 		_, connID, ok := SplitConnKey(e.Key())
 		var rec ConnRecord
 		if ok && json.Unmarshal(e.Value(), &rec) == nil {
@@ -1078,13 +1081,13 @@ func (s *Store) UserConns(ctx context.Context, userID string) (map[string]ConnRe
 // connection's heartbeat refresh, every few seconds), and a key can be seen
 // in a revision newer than others'. Callers use a scan to find candidates,
 // and read each key they act on from the stream leader (Status, Conn).
-func scan(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
-	return list(ctx, kv, []string{">"}, fn)
+func (s *Store) scan(ctx context.Context, kv jetstream.KeyValue, fn func(jetstream.KeyValueEntry) error) error {
+	return s.list(ctx, kv, []string{">"}, fn)
 }
 
-// listStall is how long a listing waits, at first, for the next entry of
+// ListStall is how long a listing waits, at first, for the next entry of
 // its watcher before it starts again.
-const listStall = 2 * time.Second
+const ListStall = 2 * time.Second
 
 // list calls fn with the newest value of every live key of a bucket that
 // matches one of filters, as scan does.
@@ -1093,11 +1096,11 @@ const listStall = 2 * time.Second
 // counted pending when it started; when some of them are removed before it
 // gets them (a lease's keys purged by a reaper, a key's TTL), it waits for
 // them forever. nats.go's jetstream KV has no guard against that. So a
-// listing that hears nothing from its watcher for listStall starts again
+// listing that hears nothing from its watcher for s.listStall starts again
 // with a new one, waiting twice as long each time (a watcher merely slow on
 // a loaded machine is not cut short): fn may then see a key a second time.
-func list(ctx context.Context, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
-	for stall := listStall; ; stall = min(2*stall, time.Minute) {
+func (s *Store) list(ctx context.Context, kv jetstream.KeyValue, filters []string, fn func(jetstream.KeyValueEntry) error) error {
+	for stall := s.listStall; ; stall = min(2*stall, time.Minute) {
 		done, err := listOnce(ctx, kv, filters, stall, fn)
 		if done || err != nil {
 			return err
