@@ -18,6 +18,7 @@ import (
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/internal/testlog"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -68,6 +69,7 @@ const seedEnv = "GREENDOT_STRESS_SEED"
 //   - every watcher's view, every status record and presence_conns equal the
 //     truth once the churn stops, and again once everyone has disconnected.
 func TestInvariant(t *testing.T) {
+	tooltest.Long(t)
 	seed := uint64(time.Now().UnixNano())
 	if v := os.Getenv(seedEnv); v != "" {
 		var err error

@@ -20,6 +20,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/greendot/greendot/internal/tooltest"
 )
 
 // commandFlags returns the flags `greendot <command> --help` lists, by
@@ -147,6 +149,7 @@ var composeRoles = map[string]string{
 // that role's password, health checks hit what each process serves, the
 // start order holds, and nginx sends /ws to every gateway.
 func TestComposeFile(t *testing.T) {
+	tooltest.Long(t)
 	f := loadCompose(t)
 	var names []string
 	for name := range f.Services {
@@ -401,6 +404,7 @@ func ignores(tb testing.TB, ignoreFile, name string) bool {
 // binary (checked by building it the same way and reading its ELF
 // headers), and a final image that runs as a user other than root.
 func TestDockerfile(t *testing.T) {
+	tooltest.Long(t)
 	data, err := os.ReadFile(repoFile("Dockerfile"))
 	if err != nil {
 		t.Fatal(err)
@@ -508,6 +512,7 @@ func shellWords(s string) []string {
 // TestTaskfile checks Taskfile.yml: go-task v3, and the tasks the README
 // and docs/deploy.md name, doing what they say.
 func TestTaskfile(t *testing.T) {
+	tooltest.Long(t)
 	data, err := os.ReadFile(repoFile("Taskfile.yml"))
 	if err != nil {
 		t.Fatal(err)
@@ -607,6 +612,7 @@ var natsServerBinary = sync.OnceValues(func() (string, error) {
 // fanouts. Two users on different gateways see each other, then
 // `cluster.sh down` stops every process it started.
 func TestLocalCluster(t *testing.T) {
+	tooltest.Long(t)
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("cluster.sh needs curl")
 	}

@@ -1,6 +1,10 @@
 // Package faulttest proves that greendot survives the failures of a real
 // deployment, and that the deployment files say what the code does.
 //
+// It is a long suite: its tests run in CI (CI=true) and with
+// GREENDOT_LONG_TESTS=1, and go test ./... skips them elsewhere, saying so
+// on one line (tooltest.Long).
+//
 // The package has no code of its own. Its tests run greendot's processes
 // against real NATS servers on loopback: an in-process three-node JetStream
 // cluster (nats-server/v2, routes between the nodes, buckets with three

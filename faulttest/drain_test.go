@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -21,6 +22,7 @@ import (
 // gateway, may ever see them offline; afterwards each has exactly one
 // connection, on the other gateway, and keeps its chosen status.
 func TestGatewayDrain(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: 2 * time.Second, heartbeat: 500 * time.Millisecond, grace: 3 * time.Second, drain: 4 * time.Second,

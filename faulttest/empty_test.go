@@ -12,6 +12,7 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/system"
@@ -31,6 +32,7 @@ import (
 // vanished user goes offline, and so do the users of a gateway that dies,
 // through the new reaper.
 func TestNATSBackEmpty(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: 3 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second, ackWait: 3 * time.Second, replicas: 1}

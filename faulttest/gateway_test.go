@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system"
@@ -21,6 +22,7 @@ import (
 // binary, so the kill is real: its sockets and its NATS connection end
 // without a word, and nothing it would have done on a clean stop happens.
 func TestGatewayKilled(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 3)
 	store := cl.openStore(3)
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 5 * time.Second, replicas: 3}
@@ -184,6 +186,7 @@ func startCrowd(tb testing.TB, url, prefix string, n int, heartbeat time.Duratio
 // keys gone, and nobody else touched. Their leases end at the same
 // moment, and one reaper ends them both.
 func TestGatewaysKilledWithCrowds(t *testing.T) {
+	tooltest.Long(t)
 	const perGateway = 1000
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)

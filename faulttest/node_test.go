@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system"
 )
@@ -27,6 +28,7 @@ import (
 // every watcher must end up seeing the truth. Finally the node comes back
 // and catches up.
 func TestNATSNodeKilled(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 3)
 	store := cl.openStore(3)
 	tm := timings{ttl: 15 * time.Second, heartbeat: time.Second, grace: time.Second, ackWait: 3 * time.Second, replicas: 3}

@@ -17,6 +17,7 @@ import (
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/tcpproxy"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/pkg/signature"
@@ -57,6 +58,7 @@ func (p *proxy) heal() { p.SetTarget(p.target) }
 // online within seconds, their sockets never closed, and nothing the
 // reaper or a sweep does about the old lease touches the new one.
 func TestGatewayPartitioned(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 3 * time.Second, replicas: 1}
@@ -188,6 +190,7 @@ func TestGatewayPartitioned(t *testing.T) {
 // watcher is told it may no longer watch, and is shown nothing more of that
 // user.
 func TestAppAnswersDroppedOnReconnect(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	cl.openStore(1)
 	secret := []byte("faulttest app callout: a shared secret of 32 bytes or more")

@@ -17,6 +17,7 @@ import (
 	"github.com/greendot/greendot/internal/adminclient"
 	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/internal/testlog"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/system"
 
 	"github.com/nats-io/nats.go"
@@ -163,6 +164,7 @@ func connectAs(tb testing.TB, c *natsCluster, user string, extra ...nats.Option)
 // global presence, admin endpoints), and checks that the server logs no
 // permission violation. Then it checks what each role must not do.
 func TestPermissions(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 3)
 	viol := cl.viol
 	// The operator sets the buckets up; the processes only bind them.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -28,6 +29,7 @@ const backWithin = 5 * time.Second
 // survive: they are in the file store), and the users who left offline;
 // the records must agree.
 func TestNATSRestarted(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: 3 * time.Second, heartbeat: 500 * time.Millisecond, grace: time.Second, ackWait: 3 * time.Second, replicas: 1}

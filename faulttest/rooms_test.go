@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
 )
@@ -104,6 +105,7 @@ func (rs *roomSocket) has(conn string) (bool, time.Time) {
 // member on the live gateway never leaves; and the dead gateway's room
 // keys are gone. The gateways and the reaper run as their NATS users.
 func TestRoomGatewayKilled(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 5 * time.Second, replicas: 1}

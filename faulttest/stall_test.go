@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system"
@@ -23,6 +24,7 @@ import (
 // gateway's lease, so its users may be shown offline for a moment, until
 // the gateway registers them again under a new lease.)
 func TestNATSStalled(t *testing.T) {
+	tooltest.Long(t)
 	greendotBinary(t) // where nats-server is built
 	bin, err := natsServerBinary()
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -87,6 +88,7 @@ func (c *oldConn) closeCleanly(tb testing.TB, store *presence.Store, grace time.
 // grace; and a user whose old gateway dies goes offline when the key
 // expires, although no event comes from that gateway.
 func TestUpgradeInPlace(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 1)
 	store := cl.openStore(1)
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 3 * time.Second, replicas: 1}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/pkg/presence"
 )
 
@@ -28,6 +29,7 @@ import (
 // seeing the truth, with nothing out of order and no connected user shown
 // offline. Then the survivors alone handle a second round.
 func TestWorkersKilled(t *testing.T) {
+	tooltest.Long(t)
 	cl := startCluster(t, 3)
 	store := cl.openStore(3)
 	tm := timings{ttl: time.Second, heartbeat: 300 * time.Millisecond, grace: time.Second, ackWait: 2 * time.Second, replicas: 3,

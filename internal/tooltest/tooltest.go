@@ -2,7 +2,8 @@
 // from outside Go (Node.js and npm packages, Chromium, PostgreSQL, Python):
 // where it is missing, such a test fails in CI, where every test must
 // run, and is skipped elsewhere, so that go test ./... passes on a fresh
-// machine, saying on one line what it did not test.
+// machine, saying on one line what it did not test. The long suites are
+// skipped the same way outside CI (Long).
 package tooltest
 
 import (
@@ -30,6 +31,24 @@ func Missing(tb testing.TB, msg string) {
 		tb.Fatal(msg)
 		return
 	}
+	sayOnce(msg)
+	tb.Skip(msg)
+}
+
+// LongEnv is the environment variable that has go test run the long
+// suites (the fault suite, the load generator's smoke run, the end-to-end
+// invariant) outside CI, as GREENDOT_LONG_TESTS=1 go test ./... does.
+const LongEnv = "GREENDOT_LONG_TESTS"
+
+// Long skips tb, one of the long suites, unless CI is "true" or LongEnv
+// is 1, so that go test ./... stays within a few minutes; CI runs every
+// one of them. As with Missing, a run without -v says so on one line.
+func Long(tb testing.TB) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" || os.Getenv(LongEnv) == "1" {
+		return
+	}
+	msg := "a long suite, run by CI and by " + LongEnv + "=1 go test ./..."
 	sayOnce(msg)
 	tb.Skip(msg)
 }

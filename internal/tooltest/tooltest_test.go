@@ -96,3 +96,40 @@ func TestMissingSaysSoOnce(t *testing.T) {
 		t.Errorf("calls %q, want one Skip", r.calls)
 	}
 }
+
+// TestLong runs a long suite in CI and with GREENDOT_LONG_TESTS=1, and
+// skips it otherwise, saying so once on the terminal.
+func TestLong(t *testing.T) {
+	for _, tt := range []struct {
+		ci, long string
+		skip     bool
+	}{
+		{"true", "", false},
+		{"", "1", false},
+		{"true", "1", false},
+		{"", "", true},
+		{"false", "0", true},
+	} {
+		t.Run(fmt.Sprintf("CI=%q,%s=%q", tt.ci, tooltest.LongEnv, tt.long), func(t *testing.T) {
+			t.Setenv("CI", tt.ci)
+			t.Setenv(tooltest.LongEnv, tt.long)
+			term := &tty{}
+			defer tooltest.SetTerminal(term, false)()
+			r := &recorder{TB: t}
+			tooltest.Long(r)
+			tooltest.Long(r)
+			if !tt.skip {
+				if len(r.calls) != 0 || term.Len() != 0 {
+					t.Errorf("calls %q, terminal %q, want neither", r.calls, term.String())
+				}
+				return
+			}
+			if len(r.calls) != 2 || !strings.HasPrefix(r.calls[0], "Skip: a long suite") {
+				t.Errorf("calls %q, want two skips of a long suite", r.calls)
+			}
+			if want := "internal/tooltest: skipped: a long suite, run by CI and by GREENDOT_LONG_TESTS=1 go test ./...\n"; term.String() != want {
+				t.Errorf("the terminal got %q, want %q", term.String(), want)
+			}
+		})
+	}
+}

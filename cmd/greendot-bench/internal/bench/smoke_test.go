@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/cmd/greendot-bench/internal/bench"
+	"github.com/greendot/greendot/internal/tooltest"
 	"github.com/greendot/greendot/system"
 )
 
@@ -37,6 +38,7 @@ func build(t *testing.T) (greendot, greendotBench string) {
 // reports is correct: every connection made, every watcher seeing every
 // change, no false offline. It never checks speed.
 func TestSmoke(t *testing.T) {
+	tooltest.Long(t)
 	greendot, greendotBench := build(t)
 	logger := slog.New(slog.DiscardHandler)
 	if os.Getenv("GREENDOT_TEST_LOG") != "" {
