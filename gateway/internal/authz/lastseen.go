@@ -37,8 +37,8 @@ func (a *Authorizer) ShowLastSeen(ctx context.Context, watcher, target string) b
 // watchers are told of (global presence). It reads target's settings
 // once and, when they leave it to target's contacts, whether target
 // follows each watcher, from the cache or by reads several at once (a
-// read of all of target's follows, in one batch and not cached, costs as
-// much as 8 to 14 of them: see docs/BENCHMARKS.md). An error reading the
+// read of all of target's follows, in one batch and not cached, cost as
+// much as 8 to 14 of them when measured). An error reading the
 // graph hides last_seen from the watchers it left undecided.
 func (a *Authorizer) LastSeenTo(ctx context.Context, target string, watchers []string) []bool {
 	out := make([]bool, len(watchers))
