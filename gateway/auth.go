@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -20,6 +21,14 @@ type TokenVerifier interface {
 	// It returns an error for a token that is malformed, badly signed,
 	// expired or otherwise not acceptable.
 	Verify(token string) (userID string, expires time.Time, err error)
+}
+
+// KeyRefresher is a TokenVerifier whose keys are read again as they
+// change (pkg/auth's Verifier over a key set is one): the gateway runs
+// RefreshKeys for as long as it serves.
+type KeyRefresher interface {
+	TokenVerifier
+	RefreshKeys(ctx context.Context)
 }
 
 // WatchVerifier is a TokenVerifier that also reads a token's watch claim:

@@ -419,6 +419,9 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 	g.Go(s.dispatch)
 	g.Go(s.scheduler.Run)
 	g.Go(func(ctx context.Context) { s.keys.run(ctx) })
+	if r, ok := s.cfg.Tokens.(KeyRefresher); ok {
+		g.Go(r.RefreshKeys)
+	}
 	graph, err := s.store.WatchGraph(ctx)
 	if err != nil {
 		return err

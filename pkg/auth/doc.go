@@ -1,9 +1,11 @@
 // Package auth verifies the JSON Web Tokens that prove who a gateway client
 // is (docs/protocol.md, "Connecting").
 //
-// A Verifier holds exactly one key: an HMAC secret (HS256, HS384, HS512) or
-// a PEM public key (RSA: RS256, RS384, RS512, PS256, PS384, PS512; ECDSA:
-// the one ES algorithm of its curve; Ed25519: EdDSA). A token is accepted
+// A Verifier holds one key, or a KeySet: the keys of a JWK Set read from a
+// file or a URL, chosen by each token's kid and read again as they rotate.
+// A key is an HMAC secret (HS256, HS384, HS512) or a public key, in PEM
+// when it is the only one (RSA: RS256, RS384, RS512, PS256, PS384, PS512;
+// ECDSA: the one ES algorithm of its curve; Ed25519: EdDSA). A token is accepted
 // only when it is signed with an algorithm of that key's kind, so "none" is
 // never accepted and a public key is never used as an HMAC secret. The
 // token's "sub" claim is the user id and its "exp" claim is required; "iss"

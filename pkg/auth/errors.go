@@ -48,3 +48,7 @@ var ErrWatchClaim = errors.New("token watch claim is not a list of user ids")
 // ErrRoomsClaim means a token's rooms claim is not a list of room ids and
 // room id prefixes ending in '*'.
 var ErrRoomsClaim = errors.New("token rooms claim is not a list of room ids or prefixes ending in *")
+
+// ErrUnknownKey means a token names (kid) a key the key set lacks, or
+// names none where several keys of the set could have signed it.
+var ErrUnknownKey = errors.New("unknown signing key")

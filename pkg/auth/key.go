@@ -130,7 +130,18 @@ func parsePublicKey(data []byte) (any, keyKind, error) {
 		}
 		return nil, 0, errors.New("no PEM block found: want a PEM file with a PUBLIC KEY or CERTIFICATE block")
 	}
+	return classify(key)
+}
+
+// classify checks a public key (or an HMAC secret, as []byte) that
+// verifies tokens, and returns it with its kind.
+func classify(key any) (any, keyKind, error) {
 	switch k := key.(type) {
+	case []byte:
+		if len(k) < MinSecretLen {
+			return nil, 0, fmt.Errorf("HMAC secret is %d bytes: want at least %d", len(k), MinSecretLen)
+		}
+		return k, kindHMAC, nil
 	case *rsa.PublicKey:
 		if k.N.BitLen() < MinRSABits {
 			return nil, 0, fmt.Errorf("RSA key of %d bits: want at least %d", k.N.BitLen(), MinRSABits)

@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,8 +25,8 @@ const MaxTokenLen = 8192
 // MaxLeeway is the largest clock-skew allowance New accepts.
 const MaxLeeway = 5 * time.Minute
 
-// Config configures a Verifier. Exactly one of Secret and PublicKey must be
-// set.
+// Config configures a Verifier. Exactly one of Secret, PublicKey and Keys
+// must be set.
 type Config struct {
 	// Secret is the HMAC secret of HS256, HS384 and HS512 tokens, at least
 	// MinSecretLen bytes. The Verifier keeps a copy.
@@ -38,6 +39,11 @@ type Config struct {
 	// curve (P-256: ES256, P-384: ES384, P-521: ES512); Ed25519 keys
 	// EdDSA. A private key is refused: the gateway never needs one.
 	PublicKey []byte
+	// Keys is a set of keys, read from a JWK Set and read again as it
+	// changes (NewKeySet), of which each token's kid header names the one
+	// that signed it. A token without a kid is checked against the keys
+	// that take its algorithm, when there are at most MaxKeysWithoutKID.
+	Keys *KeySet
 	// Issuer, when not empty, is the iss claim every token must carry.
 	Issuer string
 	// Audience, when not empty, is a value the aud claim of every token
@@ -51,11 +57,13 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Verifier verifies JWTs with one key. It is safe for concurrent use.
+// Verifier verifies JWTs with one key, or with the keys of a KeySet. It is
+// safe for concurrent use.
 type Verifier struct {
 	key    any
 	kind   keyKind
 	algs   []string
+	keys   *KeySet
 	leeway time.Duration
 	issuer string
 	aud    string
@@ -68,27 +76,37 @@ func New(cfg Config) (*Verifier, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 	}
+	given := 0
+	for _, set := range []bool{len(cfg.Secret) > 0, len(cfg.PublicKey) > 0, cfg.Keys != nil} {
+		if set {
+			given++
+		}
+	}
 	switch {
-	case len(cfg.Secret) > 0 && len(cfg.PublicKey) > 0:
-		return nil, bad("give either an HMAC secret or a public key, not both")
-	case len(cfg.Secret) == 0 && len(cfg.PublicKey) == 0:
-		return nil, bad("no key: give an HMAC secret or a PEM public key")
+	case given > 1:
+		return nil, bad("give one of an HMAC secret, a public key and a key set")
+	case given == 0:
+		return nil, bad("no key: give an HMAC secret, a PEM public key or a key set")
 	case len(cfg.Secret) > 0 && len(cfg.Secret) < MinSecretLen:
 		return nil, bad("HMAC secret is %d bytes: want at least %d", len(cfg.Secret), MinSecretLen)
 	case cfg.Leeway < 0 || cfg.Leeway > MaxLeeway:
 		return nil, bad("leeway %v: want 0 to %v", cfg.Leeway, MaxLeeway)
 	}
-	v := &Verifier{leeway: cfg.Leeway, issuer: cfg.Issuer, aud: cfg.Audience}
-	if len(cfg.Secret) > 0 {
+	v := &Verifier{leeway: cfg.Leeway, issuer: cfg.Issuer, aud: cfg.Audience, keys: cfg.Keys}
+	switch {
+	case cfg.Keys != nil:
+	case len(cfg.Secret) > 0:
 		v.key, v.kind = slices.Clone(cfg.Secret), kindHMAC
-	} else {
+	default:
 		key, kind, err := parsePublicKey(cfg.PublicKey)
 		if err != nil {
 			return nil, bad("public key: %v", err)
 		}
 		v.key, v.kind = key, kind
 	}
-	v.algs = v.kind.algorithms(v.key)
+	if v.keys == nil {
+		v.algs = v.kind.algorithms(v.key)
+	}
 
 	opts := []jwt.ParserOption{
 		jwt.WithExpirationRequired(),
@@ -108,12 +126,32 @@ func New(cfg Config) (*Verifier, error) {
 	return v, nil
 }
 
-// Algorithms returns the signing algorithms the Verifier accepts.
-func (v *Verifier) Algorithms() []string { return slices.Clone(v.algs) }
+// Algorithms returns the signing algorithms the Verifier accepts (with a
+// key set, those of the keys it read last).
+func (v *Verifier) Algorithms() []string {
+	if v.keys != nil {
+		return v.keys.algorithms()
+	}
+	return slices.Clone(v.algs)
+}
 
 // KeyKind describes the configured key: "HMAC secret", "RSA public key",
-// "ECDSA public key" or "Ed25519 public key".
-func (v *Verifier) KeyKind() string { return v.kind.String() }
+// "ECDSA public key", "Ed25519 public key" or "key set".
+func (v *Verifier) KeyKind() string {
+	if v.keys != nil {
+		return "key set"
+	}
+	return v.kind.String()
+}
+
+// RefreshKeys reads the Verifier's key set again every KeySetConfig.Refresh
+// until ctx ends; without a key set it returns at once. The gateway runs
+// it for as long as it serves.
+func (v *Verifier) RefreshKeys(ctx context.Context) {
+	if v.keys != nil {
+		v.keys.Run(ctx)
+	}
+}
 
 // Verify checks a token's signature and claims, and returns the user id its
 // sub claim names and when it stops being accepted (its exp claim plus the
@@ -212,8 +250,16 @@ func (v *Verifier) parse(token string, claims jwt.Claims, reg *jwt.RegisteredCla
 }
 
 // keyFunc hands the key to the parser only for a token signed with one of
-// the key's algorithms, by a signing method of the key's kind.
+// the key's algorithms, by a signing method of the key's kind; with a key
+// set, the keys its kid names (or, without one, that take its algorithm).
 func (v *Verifier) keyFunc(t *jwt.Token) (any, error) {
+	if v.keys != nil {
+		kid, ok := t.Header["kid"].(string)
+		if _, given := t.Header["kid"]; given && !ok {
+			return nil, &keyError{fmt.Sprintf("%s: the kid header is not a string", ErrUnknownKey)}
+		}
+		return v.keys.lookup(kid, t.Method)
+	}
 	alg := t.Method.Alg()
 	if !slices.Contains(v.algs, alg) || !v.kind.matches(t.Method) {
 		return nil, &algError{fmt.Sprintf("%s: %q (this %s accepts %s)", ErrAlgorithm, alg, v.kind, strings.Join(v.algs, ", "))}
@@ -231,16 +277,21 @@ func (e *algError) Unwrap() error { return ErrAlgorithm }
 // are reported in the order a client can fix them: the token's form, its
 // signature, then its claims.
 func (v *Verifier) explain(err error, claims *jwt.RegisteredClaims) error {
-	var ae *algError
+	var (
+		ae *algError
+		ke *keyError
+	)
 	switch {
 	case errors.As(err, &ae):
 		// keyFunc's own error, wrapped by the parser.
 		return ae
+	case errors.As(err, &ke):
+		return ke
 	case errors.Is(err, jwt.ErrTokenMalformed):
 		return fmt.Errorf("%w: %s", ErrMalformed, detail(err, jwt.ErrTokenMalformed))
 	case errors.Is(err, jwt.ErrTokenUnverifiable):
 		// ParseUnverified found no signing method for the alg header.
-		return fmt.Errorf("%w: unknown algorithm (this %s accepts %s)", ErrAlgorithm, v.kind, strings.Join(v.algs, ", "))
+		return fmt.Errorf("%w: unknown algorithm (this %s accepts %s)", ErrAlgorithm, v.KeyKind(), strings.Join(v.Algorithms(), ", "))
 	case errors.Is(err, jwt.ErrTokenSignatureInvalid):
 		return ErrBadSignature
 	case claims.ExpiresAt == nil:

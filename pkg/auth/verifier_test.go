@@ -267,7 +267,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		wantMsg string
 	}{
 		{"no key", auth.Config{}, "no key"},
-		{"both keys", auth.Config{Secret: k.secret, PublicKey: k.rsaPEM}, "not both"},
+		{"both keys", auth.Config{Secret: k.secret, PublicKey: k.rsaPEM}, "give one of an HMAC secret, a public key and a key set"},
 		{"short secret", auth.Config{Secret: []byte("hunter2")}, "HMAC secret is 7 bytes: want at least 32"},
 		{"negative leeway", auth.Config{Secret: k.secret, Leeway: -time.Second}, "leeway"},
 		{"huge leeway", auth.Config{Secret: k.secret, Leeway: time.Hour}, "leeway"},
