@@ -1,6 +1,7 @@
 package webhook
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -23,6 +24,11 @@ type Config struct {
 	// Secret is the key of every delivery's HMAC-SHA256 signature; at
 	// least MinSecretLen bytes.
 	Secret []byte
+	// PreviousSecret, when not empty, is a secret being rotated out: every
+	// delivery carries a second v1 signed with it, so that a receiver
+	// still checking with it goes on accepting deliveries until it has
+	// moved to Secret. At least MinSecretLen bytes.
+	PreviousSecret []byte
 	// Consumer is the name of the durable consumer on the stream
 	// presence_feed, shared by every process serving this endpoint: where it
 	// stopped is where the next one resumes. Each endpoint needs a name of
@@ -128,6 +134,10 @@ func (c Config) Validate() error {
 		return bad("URL %q: want http:// or https:// and a host", u.Redacted())
 	case len(c.Secret) < MinSecretLen:
 		return bad("secret of %d bytes: want at least %d", len(c.Secret), MinSecretLen)
+	case len(c.PreviousSecret) > 0 && len(c.PreviousSecret) < MinSecretLen:
+		return bad("previous secret of %d bytes: want at least %d", len(c.PreviousSecret), MinSecretLen)
+	case len(c.PreviousSecret) > 0 && bytes.Equal(c.PreviousSecret, c.Secret):
+		return bad("the previous secret is the secret: give the one being rotated out, or none")
 	case c.Consumer != "" && !presence.ValidToken(c.Consumer):
 		return bad("consumer %q: want 1 to 64 of A-Z a-z 0-9 _ -", c.Consumer)
 	case c.Consumer == presence.FanoutConsumer || c.Consumer == presence.ReaperConsumer:

@@ -28,6 +28,8 @@ func TestConfigValidate(t *testing.T) {
 		{"not a URL", func(c *webhook.Config) { c.URL = "https://user:pw@app.example/%zz" }, "invalid URL escape"},
 		{"no host", func(c *webhook.Config) { c.URL = "https:///hooks" }, "and a host"},
 		{"short secret", func(c *webhook.Config) { c.Secret = []byte("short") }, "secret of 5 bytes: want at least 16"},
+		{"short previous secret", func(c *webhook.Config) { c.PreviousSecret = []byte("short") }, "previous secret of 5 bytes: want at least 16"},
+		{"previous secret is the secret", func(c *webhook.Config) { c.PreviousSecret = c.Secret }, "the previous secret is the secret"},
 		{"bad consumer", func(c *webhook.Config) { c.Consumer = "a.b" }, `consumer "a.b"`},
 		{"the fanout's consumer", func(c *webhook.Config) { c.Consumer = presence.FanoutConsumer }, "a name of their own"},
 		{"the reaper's consumer", func(c *webhook.Config) { c.Consumer = presence.ReaperConsumer }, "a name of their own"},

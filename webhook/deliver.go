@@ -136,7 +136,7 @@ func (s *Service) post(body []byte, attempt int) (status int, retryAfter time.Du
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "greendot-webhooks/"+version.String())
 	req.Header.Set(AttemptHeader, strconv.Itoa(attempt))
-	req.Header.Set(signature.Header, signature.Sign(s.cfg.Secret, time.Now(), body))
+	req.Header.Set(signature.Header, s.sign(body))
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, 0, err
@@ -263,4 +263,13 @@ func (s *Service) deadLetter(batch []*item, attempts, status int, reason string)
 	s.log.Error("webhook batch dead-lettered", "reason", reason, "status", status, "attempts", attempts,
 		"events", len(batch), "users", strings.Join(users, ","))
 	s.remember(batch)
+}
+
+// sign returns the signature header of a delivery of body: signed with
+// the secret, and with the previous one during a rotation.
+func (s *Service) sign(body []byte) string {
+	if len(s.cfg.PreviousSecret) > 0 {
+		return signature.Sign(s.cfg.Secret, time.Now(), body, s.cfg.PreviousSecret)
+	}
+	return signature.Sign(s.cfg.Secret, time.Now(), body)
 }

@@ -148,6 +148,9 @@ type request struct {
 	attempt int
 	status  int
 	events  []webhook.Event
+	// signature and body are the request's signature header and body.
+	signature string
+	body      []byte
 }
 
 // receiver is a real HTTP endpoint that verifies every delivery and
@@ -229,7 +232,8 @@ func (rc *receiver) serve(w http.ResponseWriter, r *http.Request) {
 		status = respond(n, w, r)
 	}
 	rc.mu.Lock()
-	rc.requests = append(rc.requests, request{at: time.Now(), attempt: attempt, status: status, events: b.Events})
+	rc.requests = append(rc.requests, request{at: time.Now(), attempt: attempt, status: status, events: b.Events,
+		signature: r.Header.Get(signature.Header), body: body})
 	if status/100 == 2 {
 		rc.accepted = append(rc.accepted, b.Events...)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/greendot/greendot/internal/freeport"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/webhook"
 )
 
@@ -73,6 +74,32 @@ func TestDeliversTransitions(t *testing.T) {
 	for _, q := range reqs {
 		if q.attempt != 1 || q.status != http.StatusOK {
 			t.Errorf("request %+v: want a first attempt, accepted", q)
+		}
+	}
+}
+
+// TestRotatedSecret signs every delivery with the secret and with the
+// previous one while it is rotated out, so that a receiver checking with
+// either accepts it (the receiver checks with the secret).
+func TestRotatedSecret(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t)
+	previous := []byte("the secret being rotated out")
+	cfg := fast()
+	cfg.PreviousSecret = previous
+	start(t, e, rc, cfg)
+	rev := e.put(t, "alice", presence.Online, 1, 100)
+	rc.waitAccepted(t, at("alice", rev))
+	reqs, _ := rc.snapshot()
+	for _, q := range reqs {
+		if n := strings.Count(q.signature, "v1="); n != 2 {
+			t.Errorf("signature %q: %d v1, want 2", q.signature, n)
+		}
+		if err := signature.Verify(previous, q.signature, q.body, time.Now(), 0); err != nil {
+			t.Errorf("a receiver still on the previous secret: %v", err)
+		}
+		if err := signature.Verify([]byte("neither of the two secrets"), q.signature, q.body, time.Now(), 0); !errors.Is(err, signature.ErrSignatureMismatch) {
+			t.Errorf("a receiver with another secret: err = %v, want a mismatch", err)
 		}
 	}
 }

@@ -234,7 +234,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.MemoryTrimInterval = c.Duration("memory-trim-interval")
 	cfg.DrainPeriod = c.Duration("drain-period")
 
-	v, err := tokenVerifier(c)
+	v, err := tokenVerifier(c, log)
 	if err != nil {
 		return cfg, err
 	}
@@ -251,21 +251,24 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 }
 
 // tokenVerifier reads the JWT flags. It returns nil when no key is given.
-func tokenVerifier(c *cli.Context) (*auth.Verifier, error) {
-	secret, secretFile, publicKey := c.String("jwt-secret"), c.String("jwt-secret-file"), c.String("jwt-public-key")
+func tokenVerifier(c *cli.Context, log *slog.Logger) (*auth.Verifier, error) {
+	secret, secretFile, publicKey, keys := c.String("jwt-secret"), c.String("jwt-secret-file"), c.String("jwt-public-key"), c.String("jwt-keys")
 	given := 0
-	for _, v := range []string{secret, secretFile, publicKey} {
+	for _, v := range []string{secret, secretFile, publicKey, keys} {
 		if v != "" {
 			given++
 		}
 	}
 	if given > 1 {
-		return nil, errors.New("give only one of --jwt-secret, --jwt-secret-file and --jwt-public-key")
+		return nil, errors.New("give only one of --jwt-secret, --jwt-secret-file, --jwt-public-key and --jwt-keys")
+	}
+	if keys == "" && flagGiven(c, "jwt-keys-refresh") {
+		return nil, errors.New("--jwt-keys-refresh needs --jwt-keys")
 	}
 	if given == 0 {
 		for _, name := range []string{"jwt-issuer", "jwt-audience", "jwt-leeway"} {
 			if flagGiven(c, name) {
-				return nil, fmt.Errorf("--%s needs a JWT key: give --jwt-secret, --jwt-secret-file or --jwt-public-key", name)
+				return nil, fmt.Errorf("--%s needs a JWT key: give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys", name)
 			}
 		}
 		return nil, nil
@@ -279,6 +282,19 @@ func tokenVerifier(c *cli.Context) (*auth.Verifier, error) {
 	switch {
 	case secret != "":
 		cfg.Secret = []byte(secret)
+	case keys != "":
+		flag = "--jwt-keys"
+		if err := positive(c, "jwt-keys-refresh"); err != nil {
+			return nil, err
+		}
+		if strings.HasPrefix(keys, "http://") {
+			log.Warn("--jwt-keys is read over plain http: anyone on the network path could swap the keys; use https outside a trusted network", "url", keys)
+		}
+		ks, err := auth.NewKeySet(c.Context, auth.KeySetConfig{Source: keys, Refresh: c.Duration("jwt-keys-refresh"), Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flag, err)
+		}
+		cfg.Keys = ks
 	case secretFile != "":
 		flag = "--jwt-secret-file"
 		data, err := os.ReadFile(secretFile)
@@ -322,7 +338,7 @@ func gatewayAuth(c *cli.Context, cfg *gateway.Config, log *slog.Logger, standalo
 			"use a JWT key, or add --dev-auth-allow-public to do it anyway", listen)
 	}
 	if !devAuth && cfg.Tokens == nil {
-		how := "give --jwt-secret, --jwt-secret-file or --jwt-public-key (or --dev-auth, for development only)"
+		how := "give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys (or --dev-auth, for development only)"
 		if standalone && !loopback {
 			how = "dev auth is off because --listen is not a loopback address; " + how
 		}
@@ -334,7 +350,7 @@ func gatewayAuth(c *cli.Context, cfg *gateway.Config, log *slog.Logger, standalo
 			"addr", listen, "loopback_only", loopback)
 	}
 	if v, ok := cfg.Tokens.(*auth.Verifier); ok {
-		log.Info("jwt auth on", "key", v.KeyKind(), "algorithms", strings.Join(v.Algorithms(), ","),
+		log.Info("jwt auth on", "key", v.KeyKind(), "source", c.String("jwt-keys"), "algorithms", strings.Join(v.Algorithms(), ","),
 			"issuer", c.String("jwt-issuer"), "audience", c.String("jwt-audience"))
 	}
 	return nil
@@ -501,22 +517,29 @@ func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets pres
 	if err != nil {
 		return cfg, err
 	}
+	var previous []byte
+	if c.String(flag("previous-secret")) != "" || c.String(flag("previous-secret-file")) != "" {
+		if previous, err = webhookSecret(c, flag("previous-secret"), flag("previous-secret-file")); err != nil {
+			return cfg, err
+		}
+	}
 	cfg = webhook.Config{
-		Logger:      log,
-		Buckets:     buckets,
-		URL:         c.String(flag("url")),
-		Secret:      secret,
-		Consumer:    c.String(flag("consumer")),
-		Invisible:   invisible,
-		BatchSize:   c.Int(flag("batch-size")),
-		BatchWait:   c.Duration(flag("batch-wait")),
-		Timeout:     c.Duration(flag("timeout")),
-		MinBackoff:  c.Duration(flag("min-backoff")),
-		MaxBackoff:  c.Duration(flag("max-backoff")),
-		GiveUpAfter: c.Duration(flag("give-up-after")),
-		RateLimit:   c.Float64(flag("rate-limit")),
-		AckWait:     c.Duration(flag("ack-wait")),
-		PinnedTTL:   c.Duration(flag("pinned-ttl")),
+		Logger:         log,
+		Buckets:        buckets,
+		URL:            c.String(flag("url")),
+		Secret:         secret,
+		PreviousSecret: previous,
+		Consumer:       c.String(flag("consumer")),
+		Invisible:      invisible,
+		BatchSize:      c.Int(flag("batch-size")),
+		BatchWait:      c.Duration(flag("batch-wait")),
+		Timeout:        c.Duration(flag("timeout")),
+		MinBackoff:     c.Duration(flag("min-backoff")),
+		MaxBackoff:     c.Duration(flag("max-backoff")),
+		GiveUpAfter:    c.Duration(flag("give-up-after")),
+		RateLimit:      c.Float64(flag("rate-limit")),
+		AckWait:        c.Duration(flag("ack-wait")),
+		PinnedTTL:      c.Duration(flag("pinned-ttl")),
 	}
 	if cfg.BatchWait == 0 {
 		// Zero would stand for the default: a batch that waits for

@@ -9,6 +9,7 @@ import (
 
 	"github.com/greendot/greendot/fanout"
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/pkg/auth"
 	"github.com/greendot/greendot/pkg/natsconn"
 	"github.com/greendot/greendot/reaper"
 	"github.com/greendot/greendot/webhook"
@@ -153,6 +154,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		stringFlag(catAuth, "jwt-secret", "", "HMAC secret of HS256/HS384/HS512 tokens, at least 32 bytes (prefer --jwt-secret-file or the environment variable: command lines are visible to other users)"),
 		stringFlag(catAuth, "jwt-secret-file", "", "file holding the HMAC secret (trailing newlines are ignored)"),
 		stringFlag(catAuth, "jwt-public-key", "", "PEM file with the public key (or certificate) of RS256/ES256/EdDSA tokens"),
+		stringFlag(catAuth, "jwt-keys", "", "JWK Set of the keys tokens are signed with, each token's kid naming its key: a file, or an http(s) URL (an identity provider's jwks_uri); read again every --jwt-keys-refresh and when a token names a kid it lacks (at most every 30s), so keys rotate without a restart"),
+		durationFlag(catAuth, "jwt-keys-refresh", auth.DefaultKeyRefresh, "how often the --jwt-keys set is read again"),
 		stringFlag(catAuth, "jwt-issuer", "", "iss claim every token must carry; empty checks none"),
 		stringFlag(catAuth, "jwt-audience", "", "value the aud claim of every token must contain; empty checks none"),
 		durationFlag(catAuth, "jwt-leeway", 0, "clock skew forgiven when checking exp, nbf and iat; at most 5m"),
@@ -274,6 +277,8 @@ func webhookFlags(prefix, cat string) []cli.Flag {
 		stringFlag(cat, name("url"), "", urlUsage),
 		stringFlag(cat, name("secret"), "", "key of every delivery's HMAC-SHA256 signature, at least 16 bytes (prefer --"+name("secret-file")+" or the environment variable: command lines are visible to other users)"),
 		stringFlag(cat, name("secret-file"), "", "file holding the signature key (trailing newlines are ignored)"),
+		stringFlag(cat, name("previous-secret"), "", "while the secret is rotated, the one being rotated out: every delivery is signed with both (two v1), so a receiver may move to the new one at its own pace"),
+		stringFlag(cat, name("previous-secret-file"), "", "file holding the previous signature key"),
 		stringFlag(cat, name("consumer"), d.Consumer, "durable consumer on the status stream that every process serving this endpoint shares; one per endpoint"),
 		stringFlag(cat, name("invisible"), string(d.Invisible), "what is sent of an invisible user: true (invisible, with devices: the app's backend knows) or public (offline, as watchers see it)"),
 		intFlag(cat, name("batch-size"), d.BatchSize, "most events in one POST, and most revisions handed out unacknowledged; 1 to 10000"),

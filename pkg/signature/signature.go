@@ -50,10 +50,16 @@ func Signature(secret []byte, t int64, body []byte) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// Sign returns the value of Header for body sent at now.
-func Sign(secret []byte, now time.Time, body []byte) string {
+// Sign returns the value of Header for body sent at now: one v1 for
+// secret, and one more for each of others (the secrets of a rotation,
+// which a receiver may still check with).
+func Sign(secret []byte, now time.Time, body []byte, others ...[]byte) string {
 	t := now.Unix()
-	return "t=" + strconv.FormatInt(t, 10) + ",v1=" + Signature(secret, t, body)
+	h := "t=" + strconv.FormatInt(t, 10) + ",v1=" + Signature(secret, t, body)
+	for _, o := range others {
+		h += ",v1=" + Signature(o, t, body)
+	}
+	return h
 }
 
 // Verify checks a request: header is its Header, body its request body
