@@ -346,11 +346,18 @@ func (ks *KeySet) lookup(kid string, m jwt.SigningMethod) (any, error) {
 		ks.readForKID()
 		keys = *ks.keys.Load()
 	}
-	var found []jwt.VerificationKey
-	var named bool
+	var (
+		found []jwt.VerificationKey
+		named bool
+		// takes are the algorithms of the keys kid names.
+		takes []string
+	)
 	for _, k := range keys {
-		if kid != "" && k.id != kid {
-			continue
+		if kid != "" {
+			if k.id != kid {
+				continue
+			}
+			takes = append(takes, k.algs...)
 		}
 		named = true
 		if slices.Contains(k.algs, m.Alg()) && k.kind.matches(m) {
@@ -361,7 +368,7 @@ func (ks *KeySet) lookup(kid string, m jwt.SigningMethod) (any, error) {
 	case kid != "" && !named:
 		return nil, &keyError{fmt.Sprintf("%s: %q", ErrUnknownKey, kid)}
 	case len(found) == 0 && kid != "":
-		return nil, &algError{fmt.Sprintf("%s: %q (key %q takes %s)", ErrAlgorithm, m.Alg(), kid, strings.Join(ks.algsOf(keys, kid), ", "))}
+		return nil, &algError{fmt.Sprintf("%s: %q (key %q takes %s)", ErrAlgorithm, m.Alg(), kid, strings.Join(takes, ", "))}
 	case len(found) == 0:
 		return nil, &algError{fmt.Sprintf("%s: %q (this key set takes %s)", ErrAlgorithm, m.Alg(), strings.Join(ks.algorithms(), ", "))}
 	case len(found) == 1:
@@ -370,17 +377,6 @@ func (ks *KeySet) lookup(kid string, m jwt.SigningMethod) (any, error) {
 		return nil, &keyError{fmt.Sprintf("%s: %d keys of the set take %s: name the key with a kid header", ErrUnknownKey, len(found), m.Alg())}
 	}
 	return jwt.VerificationKeySet{Keys: found}, nil
-}
-
-// algsOf returns the algorithms of the keys with kid.
-func (ks *KeySet) algsOf(keys []setKey, kid string) []string {
-	var algs []string
-	for _, k := range keys {
-		if k.id == kid {
-			algs = append(algs, k.algs...)
-		}
-	}
-	return algs
 }
 
 // readForKID reads the set for a token whose kid it lacks, unless a
