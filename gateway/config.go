@@ -251,7 +251,24 @@ type Config struct {
 	// sockets over, so that clients reconnect elsewhere gradually; zero
 	// means 0 (all at once).
 	DrainPeriod time.Duration
+
+	// buffers sizes the channels NATS hands messages to (export_test.go
+	// makes them small for tests); zero means the defaults.
+	buffers buffers
 }
+
+// buffers are how many messages wait for the goroutine that takes them
+// before NATS drops them: far more than a gateway gets in the time it
+// takes to hand them on, and 512 KiB of pointers each.
+type buffers struct {
+	// events are presence and self events, for the dispatcher.
+	events int
+	// roomMsgs are the rooms' events and signals, for the room hub.
+	roomMsgs int
+}
+
+// defaultBuffer is the size of a buffer left zero.
+const defaultBuffer = 64 * 1024
 
 // NoOfflineGrace, as Config.OfflineGrace, ends a cleanly closed connection
 // at once (zero means the default grace).
@@ -341,6 +358,12 @@ func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.buffers.events == 0 {
+		c.buffers.events = defaultBuffer
+	}
+	if c.buffers.roomMsgs == 0 {
+		c.buffers.roomMsgs = defaultBuffer
 	}
 	if c.ID == "" {
 		// A whole nuid: its first 12 characters are the same for every

@@ -12,11 +12,6 @@ import (
 	"github.com/greendot/greendot/pkg/presence"
 )
 
-// eventsBuffer is how many presence and self events wait for the
-// dispatcher before NATS drops them: 512 KiB of pointers. Tests make it
-// smaller.
-var eventsBuffer = 64 * 1024
-
 // wakeup tells a goroutine that work waits for it: a signal sent while it
 // works has it look once more.
 type wakeup chan struct{}

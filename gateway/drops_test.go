@@ -23,8 +23,8 @@ import (
 // (online) and carol (offline), all mutual followers.
 func aliceWatchesBobBuffered(t *testing.T, buffer int) (*systest.System, *systest.Gateway, *client.Conn) {
 	t.Helper()
-	gateway.SetEventsBuffer(t, buffer)
-	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
+	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true,
+		Gateway: gateway.WithEventsBuffer(gateway.Config{}, buffer)})
 	sys.Mutual("alice", "bob", "carol")
 	gw := sys.Gateway()
 	alice, _ := dialKept(t, sys, gw, "alice"), dialKept(t, sys, gw, "bob")

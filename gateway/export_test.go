@@ -115,12 +115,11 @@ func (s *Service) Heartbeats() float64 {
 	return m.GetCounter().GetValue()
 }
 
-// SetRoomMsgsBuffer has the gateways started after it hold at most n room
-// messages waiting to be handed to their rooms, until the test ends.
-func SetRoomMsgsBuffer(tb interface{ Cleanup(func()) }, n int) {
-	old := roomMsgsBuffer
-	roomMsgsBuffer = n
-	tb.Cleanup(func() { roomMsgsBuffer = old })
+// WithRoomMsgsBuffer returns cfg for a gateway that holds at most n room
+// messages waiting to be handed to their rooms.
+func WithRoomMsgsBuffer(cfg Config, n int) Config {
+	cfg.buffers.roomMsgs = n
+	return cfg
 }
 
 // LockRoom holds the member table of a room until unlock is called:
@@ -189,13 +188,11 @@ func (s *Service) ListRoomAgain(roomID string) (done <-chan struct{}) {
 	return ch
 }
 
-// SetEventsBuffer has the gateways started after it hold at most n
-// presence and self events waiting for the dispatcher, until the test
-// ends.
-func SetEventsBuffer(tb interface{ Cleanup(func()) }, n int) {
-	old := eventsBuffer
-	eventsBuffer = n
-	tb.Cleanup(func() { eventsBuffer = old })
+// WithEventsBuffer returns cfg for a gateway that holds at most n
+// presence and self events waiting for the dispatcher.
+func WithEventsBuffer(cfg Config, n int) Config {
+	cfg.buffers.events = n
+	return cfg
 }
 
 // HoldDispatcher has the gateway's dispatcher wait until release is
@@ -233,12 +230,12 @@ func (s *Service) RoomLogLen(roomID string) int {
 	return len(r.log.list)
 }
 
-// PauseAfterRegister has the next connection of user, on any gateway,
-// wait once it is registered and upgraded and before it is in its
-// gateway's registry, until release is called; registered is closed when
-// it waits. Later connections do not wait. It is undone, and the
-// connection released, when the test ends.
-func PauseAfterRegister(tb interface{ Cleanup(func()) }, user string) (registered <-chan struct{}, release func()) {
+// PauseAfterRegister has the next connection of user to the gateway wait
+// once it is registered and upgraded and before it is in the gateway's
+// registry, until release is called; registered is closed when it waits.
+// Later connections do not wait. It is undone, and the connection
+// released, when the test ends.
+func (s *Service) PauseAfterRegister(tb interface{ Cleanup(func()) }, user string) (registered <-chan struct{}, release func()) {
 	regc, relc := make(chan struct{}), make(chan struct{})
 	var held atomic.Bool
 	hook := func(userID string) {
@@ -247,10 +244,10 @@ func PauseAfterRegister(tb interface{ Cleanup(func()) }, user string) (registere
 			<-relc
 		}
 	}
-	afterRegisterHook.Store(&hook)
+	s.hooks.afterRegister.Store(&hook)
 	release = sync.OnceFunc(func() { close(relc) })
 	tb.Cleanup(func() {
-		afterRegisterHook.Store(nil)
+		s.hooks.afterRegister.Store(nil)
 		release()
 	})
 	return regc, release
@@ -271,16 +268,16 @@ func (s *Service) WatchedBy(userID, connID string) []string {
 	return nil
 }
 
-// AfterSnapshot has fn run each time a subscribe of user has read its
-// snapshots, before it settles them; until the test ends.
-func AfterSnapshot(tb interface{ Cleanup(func()) }, user string, fn func()) {
+// AfterSnapshot has fn run each time a subscribe of user to the gateway
+// has read its snapshots, before it settles them; until the test ends.
+func (s *Service) AfterSnapshot(tb interface{ Cleanup(func()) }, user string, fn func()) {
 	hook := func(userID string) {
 		if userID == user {
 			fn()
 		}
 	}
-	afterSnapshotHook.Store(&hook)
-	tb.Cleanup(func() { afterSnapshotHook.Store(nil) })
+	s.hooks.afterSnapshot.Store(&hook)
+	tb.Cleanup(func() { s.hooks.afterSnapshot.Store(nil) })
 }
 
 // KnownSelf returns the revision of the newest own state of user the
@@ -310,12 +307,13 @@ func (s *Service) HoldWrites(userID, connID string) (release func()) {
 	return nil
 }
 
-// BeforeOnlineRound has fn run each time global presence is about to
-// deliver changes to the sockets watching everyone, with the users whose
-// changes they are; until the test ends.
-func BeforeOnlineRound(tb interface{ Cleanup(func()) }, fn func(users []string)) {
-	onlineRoundHook.Store(&fn)
-	tb.Cleanup(func() { onlineRoundHook.Store(nil) })
+// BeforeOnlineRound has fn run each time the gateway's global presence is
+// about to deliver changes to the sockets watching everyone, with the
+// users whose changes they are; until the test ends. Call it once the
+// gateway serves, under the everyone policy.
+func (s *Service) BeforeOnlineRound(tb interface{ Cleanup(func()) }, fn func(users []string)) {
+	s.online.beforeRound.Store(&fn)
+	tb.Cleanup(func() { s.online.beforeRound.Store(nil) })
 }
 
 // WatchedUsers returns how many users the gateway's hub holds: those

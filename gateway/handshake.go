@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gobwas/ws"
@@ -25,12 +24,6 @@ import (
 const WebSocketPath = "/ws"
 
 var sniffPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4096) }}
-
-// afterRegisterHook, a test hook set only by export_test.go, runs with a
-// connection's user once the connection is registered and upgraded, and
-// before it is in the registry: what happens meanwhile (a lease lost, a
-// write of another device's) is what a slow start must survive.
-var afterRegisterHook atomic.Pointer[func(userID string)]
 
 // errRegisterFailed refuses an upgrade whose registration failed (NATS
 // slow or away, the lease lost meanwhile).
@@ -204,7 +197,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		return
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
-	if hook := afterRegisterHook.Load(); hook != nil {
+	if hook := s.hooks.afterRegister.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
 	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices}, answer.Bytes())

@@ -48,6 +48,10 @@ type onlineIndex struct {
 	// ids of the set, or to all for a nil set.
 	again map[string]map[string]bool
 	wake  chan struct{}
+
+	// beforeRound, when set (by tests), runs with the users whose changes
+	// the index is about to deliver to the sockets watching everyone.
+	beforeRound atomic.Pointer[func(users []string)]
 }
 
 type onlineEntry struct {
@@ -63,11 +67,6 @@ type goneEntry struct {
 	rev  uint64
 	seen time.Time
 }
-
-// onlineRoundHook, a test hook set only by export_test.go, runs with the
-// users whose changes the index is about to deliver to the sockets
-// watching everyone.
-var onlineRoundHook atomic.Pointer[func(users []string)]
 
 // goneFor is how long the revision of a user who went offline is kept.
 const goneFor = 5 * time.Minute
@@ -221,7 +220,7 @@ func (o *onlineIndex) run(ctx context.Context) {
 			clear(o.again)
 			watchers := o.allWatchersLocked()
 			o.mu.Unlock()
-			if hook := onlineRoundHook.Load(); hook != nil {
+			if hook := o.beforeRound.Load(); hook != nil {
 				(*hook)(slices.Collect(maps.Keys(changed)))
 			}
 			for _, e := range changed {

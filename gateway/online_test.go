@@ -71,12 +71,12 @@ func watchEveryone(t *testing.T, c *client.Conn) protocol.ServerMessage {
 // holdOnlineRounds holds global presence's rounds that deliver a change
 // of user: the first until release is called, the second until the test
 // ends. held[i] is closed when the i-th round starts.
-func holdOnlineRounds(t *testing.T, user string) (held [2]chan struct{}, release func()) {
+func holdOnlineRounds(t *testing.T, gw *systest.Gateway, user string) (held [2]chan struct{}, release func()) {
 	held = [2]chan struct{}{make(chan struct{}), make(chan struct{})}
 	released := make(chan struct{})
 	var mu sync.Mutex
 	n := 0
-	gateway.BeforeOnlineRound(t, func(users []string) {
+	gw.BeforeOnlineRound(t, func(users []string) {
 		if !slices.Contains(users, user) {
 			return
 		}
@@ -108,7 +108,7 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 
 	// Global presence's deliveries of bob's changes wait: the first until
 	// alice has seen bob's next change, the second until the test ends.
-	held, releaseOnce := holdOnlineRounds(t, "bob")
+	held, releaseOnce := holdOnlineRounds(t, gw, "bob")
 	defer releaseOnce()
 	if err := bob.SetStatus("busy"); err != nil {
 		t.Fatal(err)
@@ -138,7 +138,7 @@ func TestEveryoneInitNotOvertaken(t *testing.T) {
 
 	// Global presence's deliveries of bob's changes wait: the first until
 	// alice watches everyone, the second until the test ends.
-	held, releaseOnce := holdOnlineRounds(t, "bob")
+	held, releaseOnce := holdOnlineRounds(t, gw, "bob")
 	defer releaseOnce()
 	if err := bob.SetStatus("busy"); err != nil {
 		t.Fatal(err)

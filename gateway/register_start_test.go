@@ -27,7 +27,7 @@ func TestLeaseLostWhileAConnectionStarts(t *testing.T) {
 	ctx := context.Background()
 	_, old := leaseOf(t, sys, gw.ID())
 
-	registered, release := gateway.PauseAfterRegister(t, "alice")
+	registered, release := gw.PauseAfterRegister(t, "alice")
 	dialed := dialAsync(t, gw, "alice", "web")
 	awaitClosed(t, registered, "alice's registration")
 
@@ -103,7 +103,7 @@ func busyWhileBStarts(t *testing.T, sys *systest.System, gwA, gwB *systest.Gatew
 	a := sys.Dial(gwA, "alice", "a")
 	t.Cleanup(systest.KeepAlive(a, systest.Heartbeat))
 	systest.AwaitSelf(t, a, presence.Online, 1)
-	registered, release := gateway.PauseAfterRegister(t, "alice")
+	registered, release := gwB.PauseAfterRegister(t, "alice")
 	dialed = dialAsync(t, gwB, "alice", "b")
 	awaitClosed(t, registered, "device b's registration")
 	systest.AwaitSelf(t, a, presence.Online, 2) // b is in alice's record

@@ -60,16 +60,12 @@ type roomSub struct {
 	signal bool
 }
 
-// roomMsgsBuffer is how many room messages wait for run before NATS drops
-// them: far more than a gateway gets in the time run takes to hand them
-// on, and 512 KiB of pointers. Tests make it smaller.
-var roomMsgsBuffer = 64 * 1024
-
-// newRoomHub returns a hub with no rooms; its store is set once the
+// newRoomHub returns a hub with no rooms, whose run takes buffer
+// messages at most before NATS drops them; its store is set once the
 // buckets are open.
-func newRoomHub(nc *nats.Conn, log *slog.Logger, m *gatewayMetrics) *roomHub {
+func newRoomHub(nc *nats.Conn, log *slog.Logger, m *gatewayMetrics, buffer int) *roomHub {
 	return &roomHub{nc: nc, log: log, metrics: m, rooms: make(map[string]*room),
-		msgs: make(chan *nats.Msg, roomMsgsBuffer), subs: make(map[*nats.Subscription]roomSub),
+		msgs: make(chan *nats.Msg, buffer), subs: make(map[*nats.Subscription]roomSub),
 		lost: newLostSubs[*room]()}
 }
 

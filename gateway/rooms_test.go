@@ -825,8 +825,7 @@ func TestRoomsStartNoGoroutines(t *testing.T) {
 // counted.
 func TestRoomEventDroppedListedAgain(t *testing.T) {
 	const buffer = 16
-	gateway.SetRoomMsgsBuffer(t, buffer)
-	sys := systest.Start(t, systest.Options{})
+	sys := systest.Start(t, systest.Options{Gateway: gateway.WithRoomMsgsBuffer(gateway.Config{}, buffer)})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
 	wa := joinRoom(t, alice, "j", "doc:7", "")
@@ -920,8 +919,7 @@ func TestRoomListingsInTurn(t *testing.T) {
 // while the gateway is still behind, is listed once more.
 func TestRoomEventDroppedSilentlyListedAgain(t *testing.T) {
 	const buffer = 16
-	gateway.SetRoomMsgsBuffer(t, buffer)
-	sys := systest.Start(t, systest.Options{})
+	sys := systest.Start(t, systest.Options{Gateway: gateway.WithRoomMsgsBuffer(gateway.Config{}, buffer)})
 	gw := sys.Gateway()
 	joinRoom(t, dialKept(t, sys, gw, "bob"), "j7", "doc:7", "")
 	w8 := joinRoom(t, dialKept(t, sys, gw, "alice"), "j8", "doc:8", "")

@@ -812,7 +812,7 @@ func TestLimitsCountConnectionsBeingRegistered(t *testing.T) {
 	gw := sys.StartGateway(gateway.Config{MaxConns: 2, MaxConnsPerUser: 1})
 	// alice's first socket waits once registered, not yet counted by the
 	// gateway's registry.
-	registered, release := gateway.PauseAfterRegister(t, "alice")
+	registered, release := gw.PauseAfterRegister(t, "alice")
 	first := make(chan error, 1)
 	go func() {
 		c, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))

@@ -105,6 +105,22 @@ type Service struct {
 	opened atomic.Pointer[registrar]
 	// fatal carries what stops the gateway as a failure (see replaced).
 	fatal chan error
+
+	// hooks are set only by export_test.go.
+	hooks hooks
+}
+
+// hooks are what tests have a gateway run at points of its work: each,
+// when set, with the user whose work it is.
+type hooks struct {
+	// afterRegister runs once a connection is registered and upgraded,
+	// before it is in the registry: what happens meanwhile (a lease lost,
+	// a write of another device's) is what a slow start must survive.
+	afterRegister atomic.Pointer[func(userID string)]
+	// afterSnapshot runs once a subscribe has read its snapshots, before
+	// it settles them: a revocation that lands meanwhile must not be
+	// answered with presence_init after its denied.
+	afterSnapshot atomic.Pointer[func(userID string)]
 }
 
 // New validates cfg and returns a gateway that will use nc. It starts no
@@ -123,7 +139,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		registry:  newRegistry(cfg.MaxConnsPerUser),
 		scheduler: outbox.NewScheduler(cfg.BatchInterval, cfg.BatchPace, cfg.WriteWorkers),
 		linger:    socket.NewLinger(maxLingering, lingerTimeout, lingerBudget, cfg.MaxMessageSize),
-		events:    make(chan *nats.Msg, eventsBuffer),
+		events:    make(chan *nats.Msg, cfg.buffers.events),
 		lost:      newLostSubs[lostEvent](),
 		calls:     make(chan func(), 1024),
 		fatal:     make(chan error, 1),
@@ -139,7 +155,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
 	s.sockets = &sockets{cfg: cfg, log: s.log, metrics: s.metrics, registry: s.registry, end: s.end}
-	s.rooms = newRoomHub(nc, s.log, s.metrics)
+	s.rooms = newRoomHub(nc, s.log, s.metrics, cfg.buffers.roomMsgs)
 	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}
 	s.env = &connEnv{handler: s, flushRooms: s.members.flush, scheduler: s.scheduler, metrics: s.metrics, end: s.end, stalled: s.sockets.stalled}
 	return s, nil

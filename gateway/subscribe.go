@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"golang.org/x/sync/errgroup"
 
@@ -15,12 +14,6 @@ import (
 // readConcurrency bounds the status reads of one request in flight at
 // once.
 const readConcurrency = 16
-
-// afterSnapshotHook, a test hook set only by export_test.go, runs with a
-// subscribing connection's user once its snapshots are read, before they
-// are settled: a revocation that lands meanwhile must not be answered
-// with presence_init after its denied.
-var afterSnapshotHook atomic.Pointer[func(userID string)]
 
 // subscribe answers a subscribe message: presence_init with the current
 // state of every allowed target, and a denied frame per refused one.
@@ -78,7 +71,7 @@ func (s *Service) subscribe(ctx context.Context, c *conn, m *protocol.ClientMess
 	for _, d := range refused {
 		deny(d.User, d.Reason)
 	}
-	if hook := afterSnapshotHook.Load(); hook != nil {
+	if hook := s.hooks.afterSnapshot.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
 	c.sock.Lock()

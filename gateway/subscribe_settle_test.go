@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -27,7 +26,7 @@ func TestRevokedWhileSubscribing(t *testing.T) {
 	// Once alice's snapshot of bob is read, bob unfollows her, and her
 	// subscribe waits until she has the denied.
 	denied := make(chan struct{})
-	gateway.AfterSnapshot(t, "alice", sync.OnceFunc(func() {
+	gw.AfterSnapshot(t, "alice", sync.OnceFunc(func() {
 		if err := sys.Store.Unfollow(context.Background(), "bob", "alice"); err != nil {
 			t.Error(err)
 		}
@@ -71,7 +70,7 @@ func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
 		}
 		return nil
 	})
-	gateway.AfterSnapshot(t, "alice", sync.OnceFunc(func() {
+	gw.AfterSnapshot(t, "alice", sync.OnceFunc(func() {
 		releaseEvents()
 		releaseWrites()
 	}))
