@@ -128,10 +128,20 @@ func stallSystem(t *testing.T, cfg gateway.Config) (*systest.System, *systest.Ga
 	return sys, sys.StartGateway(cfg)
 }
 
+// stallNames is how many signal names stallWithSignals sends, and the
+// pumps after it.
+const stallNames = 1000
+
 // stallWithSignals has s and sender join a room, and sender send signals
 // there until s's socket stalls: s no longer reads, and signals of
 // distinct names, 250 bytes of data each, come to it in room_signal
 // frames. The gateway must let sender send them as fast as it can.
+//
+// The names repeat every stallNames signals: the signals that wait for a
+// stalled socket are the newest of each sender's names, so that however
+// many are still on their way when it stalls (thousands, on a loaded
+// machine), what waits for it stays under the 1 MiB a socket may be
+// behind by once it reads again.
 func stallWithSignals(t *testing.T, gw *systest.Gateway, s *sloth, sender *client.Conn) {
 	t.Helper()
 	if err := s.send(map[string]any{"type": "join", "room": "doc:stall"}); err != nil {
@@ -152,7 +162,7 @@ func stallWithSignals(t *testing.T, gw *systest.Gateway, s *sloth, sender *clien
 			t.Fatalf("%d signals of 250 bytes, and the socket of a member that does not read never stalled", sent)
 		}
 		for range 100 {
-			if err := sender.Send(map[string]any{"type": "signal", "room": "doc:stall", "signal": fmt.Sprintf("s%d", sent), "data": data}); err != nil {
+			if err := sender.Send(map[string]any{"type": "signal", "room": "doc:stall", "signal": fmt.Sprintf("s%d", sent%stallNames), "data": data}); err != nil {
 				t.Fatal(err)
 			}
 			sent++
@@ -579,7 +589,7 @@ func TestStalledPeerIsNotDead(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			if err := sender.Send(map[string]any{"type": "signal", "room": "doc:stall", "signal": fmt.Sprintf("p%d", i%1000), "data": data}); err != nil {
+			if err := sender.Send(map[string]any{"type": "signal", "room": "doc:stall", "signal": fmt.Sprintf("p%d", i%stallNames), "data": data}); err != nil {
 				pumped <- err
 				return
 			}
