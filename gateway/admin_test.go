@@ -45,6 +45,7 @@ func awaitCloseFrame(t *testing.T, c *client.Conn) *client.CloseError {
 }
 
 func TestAdminKick(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw1 := sys.Gateway()
 	gw2 := sys.StartGateway(gateway.Config{})
@@ -104,6 +105,7 @@ func TestAdminKick(t *testing.T) {
 }
 
 func TestAdminKickOneConnection(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	ctx := context.Background()
@@ -160,6 +162,7 @@ func TestAdminKickOneConnection(t *testing.T) {
 }
 
 func TestAdminConnsAndWatchers(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw1 := sys.Gateway()
 	gw2 := sys.StartGateway(gateway.Config{})
@@ -308,6 +311,7 @@ func TestAdminConnsAndWatchers(t *testing.T) {
 }
 
 func TestAdminWatchersOfEveryone(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	ctx := context.Background()
@@ -329,6 +333,7 @@ func TestAdminWatchersOfEveryone(t *testing.T) {
 }
 
 func TestAdminMetrics(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	c := sys.Dial(gw, "alice")

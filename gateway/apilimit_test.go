@@ -61,6 +61,7 @@ func sendFrom(t *testing.T, src string, req *http.Request) apiAnswer {
 // authenticates anyone, answering 429 with Retry-After; one client over
 // its limit does not limit the others.
 func TestAPIRateLimit(t *testing.T) {
+	t.Parallel()
 	// About one request in 100 s comes back: no token refills during the
 	// test however slow the machine, and Retry-After says 100.
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{
@@ -116,6 +117,7 @@ func TestAPIRateLimit(t *testing.T) {
 // and lets the page read its Retry-After; so does a 400 for a malformed
 // query string.
 func TestAPIRefusalsReadableFromAllowedOrigin(t *testing.T) {
+	t.Parallel()
 	const origin = "https://app.example.com"
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{
 		Policy:         gateway.PolicyEveryone,
@@ -165,6 +167,7 @@ func invalidateFrom(t *testing.T, gw *systest.Gateway, src string, secret []byte
 // of the API, before its signature is checked: a flood of badly signed
 // invalidations costs little.
 func TestAPIRateLimitInvalidate(t *testing.T) {
+	t.Parallel()
 	// About one request in 100 s comes back: no token refills during the
 	// test however slow the machine, and Retry-After says 100.
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{

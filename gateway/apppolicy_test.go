@@ -181,6 +181,7 @@ func online(t *testing.T, gw *systest.Gateway, users ...string) {
 }
 
 func TestAppPolicyHTTPCallout(t *testing.T) {
+	t.Parallel()
 	a := newApp([2]string{"alice", "bob"}, [2]string{"alice", "dave"})
 	sys, gw := appGateway(t, a.serveHTTP(t), "", 10*time.Second)
 	online(t, gw, "bob", "carol")
@@ -318,6 +319,7 @@ func signedPost(t *testing.T, url string, body []byte, ts time.Time, secret []by
 }
 
 func TestAppPolicyHTTPFailures(t *testing.T) {
+	t.Parallel()
 	t.Run("slow app times out", func(t *testing.T) {
 		a := newApp([2]string{"alice", "bob"})
 		a.fail = func(_ int, _ http.ResponseWriter, r *http.Request) bool {
@@ -416,6 +418,7 @@ func TestAppPolicyHTTPFailures(t *testing.T) {
 // the caller the documented 503 authorization_unavailable, not a
 // connection cut by the HTTP server's write deadline.
 func TestAppSlowerThanANATSRequest(t *testing.T) {
+	t.Parallel()
 	a := newApp([2]string{"alice", "bob"})
 	a.fail = func(_ int, _ http.ResponseWriter, r *http.Request) bool {
 		<-r.Context().Done()
@@ -435,6 +438,7 @@ func TestAppSlowerThanANATSRequest(t *testing.T) {
 }
 
 func TestAppPolicyNATSCallout(t *testing.T) {
+	t.Parallel()
 	t.Run("micro responder", func(t *testing.T) {
 		a := newApp([2]string{"alice", "bob"})
 		sys, gw := appGateway(t, "", "app.authz", 10*time.Second)
@@ -495,6 +499,7 @@ func TestAppPolicyNATSCallout(t *testing.T) {
 // TestAppPolicyLastSeen checks that the target's settings still decide
 // last_seen under the app policy, with an allowed watcher as a contact.
 func TestAppPolicyLastSeen(t *testing.T) {
+	t.Parallel()
 	a := newApp([2]string{"alice", "bob"}, [2]string{"alice", "carol"}, [2]string{"alice", "dave"})
 	sys, gw := appGateway(t, a.serveHTTP(t), "", 10*time.Second)
 	online(t, gw, "bob", "carol", "dave")

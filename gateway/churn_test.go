@@ -21,6 +21,7 @@ import (
 // all unsubscribed or closed, the gateway watches nobody and holds no
 // NATS subscription of theirs.
 func TestSubscribeChurn(t *testing.T) {
+	t.Parallel()
 	const (
 		nTargets  = 4
 		nWatchers = 6

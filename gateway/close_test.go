@@ -44,6 +44,7 @@ func keepWriting(c *client.Conn, d time.Duration) error {
 // reaches a client that keeps sending while it is closed, with its code
 // and the frames written before it, for each code the gateway sends.
 func TestCloseReachesAClientStillSending(t *testing.T) {
+	t.Parallel()
 	const lenient = 1e6 // messages per second: only the rate limit case hits it
 	tests := []struct {
 		name string

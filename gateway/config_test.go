@@ -11,6 +11,7 @@ import (
 // TestRatesNotANumber: a rate that is NaN, which a limiter would take for
 // no limit at all, is refused like a negative one.
 func TestRatesNotANumber(t *testing.T) {
+	t.Parallel()
 	for name, set := range map[string]func(*gateway.Config){
 		"RateLimit":           func(c *gateway.Config) { c.RateLimit = math.NaN() },
 		"APIRateLimit":        func(c *gateway.Config) { c.APIRateLimit = math.NaN() },
@@ -32,6 +33,7 @@ func TestRatesNotANumber(t *testing.T) {
 // even a trailing slash; no scheme; the default port written out) is
 // refused at start rather than refusing every browser with 403.
 func TestAllowedOrigins(t *testing.T) {
+	t.Parallel()
 	for _, o := range []string{"https://app.example.com", "http://localhost:5173", "HTTPS://App.Example.com", "*", "null"} {
 		c := gateway.Config{AllowedOrigins: []string{o}}
 		if err := c.Validate(); err != nil {

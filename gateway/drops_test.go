@@ -40,6 +40,7 @@ func aliceWatchesBobBuffered(t *testing.T, buffer int) (*systest.System, *systes
 // that user's state again, and the watchers see the change the lost event
 // carried. There is no fanout here to publish it again.
 func TestEventsDroppedReadAgain(t *testing.T) {
+	t.Parallel()
 	const buffer = 16
 	sys, gw, alice := aliceWatchesBobBuffered(t, buffer)
 
@@ -72,6 +73,7 @@ func TestEventsDroppedReadAgain(t *testing.T) {
 // gets through; a change whose event is dropped after the gateway read the
 // user's state again is read again too, and the watchers see it.
 func TestEventsDroppedAfterTheReadReadAgain(t *testing.T) {
+	t.Parallel()
 	const buffer = 16
 	sys, gw, alice := aliceWatchesBobBuffered(t, buffer)
 
@@ -120,6 +122,7 @@ func TestEventsDroppedAfterTheReadReadAgain(t *testing.T) {
 // reads its users' records again, and their sockets are told their own
 // state. (Here the change is written with no event and no fanout.)
 func TestSelfReadAgainAfterReconnect(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
 	gw := sys.Gateway()
 	alice := sys.Dial(gw, "alice", "web")
@@ -181,6 +184,7 @@ func cutNATS(t *testing.T, sys *systest.System, gw *systest.Gateway) {
 // only to the other gateways holding the user's connections. There is no
 // fanout here to publish what a writer did not.
 func TestSelfHandedOver(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoFanout: true, NoReaper: true})
 	gw1 := sys.Gateway()
 	gw2 := sys.StartGateway(gateway.Config{})

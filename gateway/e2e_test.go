@@ -9,6 +9,7 @@ import (
 )
 
 func TestTwoUsersSeeEachOther(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")

@@ -18,6 +18,7 @@ import (
 // socket just written to gets its next batch an interval later, its
 // changes coalesced.
 func TestQuietSocketIsNotHeldForAnInterval(t *testing.T) {
+	t.Parallel()
 	const interval = 4 * time.Second
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{BatchInterval: interval, ConnTTL: 30 * time.Second}})
 	gw := sys.Gateway()

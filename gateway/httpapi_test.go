@@ -23,6 +23,7 @@ import (
 // not have 404, both as JSON like every API error: with the browser client
 // served on the other paths, as a gateway process does, and without it.
 func TestHTTPAPIWrongMethodAndPath(t *testing.T) {
+	t.Parallel()
 	for _, static := range []bool{false, true} {
 		t.Run(map[bool]string{false: "api only", true: "with the browser client"}[static], func(t *testing.T) {
 			cfg := gateway.Config{Policy: gateway.PolicyEveryone}
@@ -78,6 +79,7 @@ func TestHTTPAPIWrongMethodAndPath(t *testing.T) {
 // answered as a query about nobody. A list of null is an empty one, as
 // Go encodes a nil slice.
 func TestQueryNeedsUserIDs(t *testing.T) {
+	t.Parallel()
 	gw := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}}).Gateway()
 	alice := bearer(secLongToken(t, "alice"))
 	for _, body := range []string{`{}`, `null`, `{"userIds": ["bob"]}`, `{"user_ids": "bob"}`, `{"user_ids": ["bob"]} {}`, `["bob"]`} {
@@ -104,6 +106,7 @@ func TestQueryNeedsUserIDs(t *testing.T) {
 // A gateway whose --max-query-ids is raised answers a query of that many
 // ids of the longest length, not 413 for a body over the default's size.
 func TestQueryBodyFitsMaxQueryIDs(t *testing.T) {
+	t.Parallel()
 	const n = 2000
 	gw := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxQueryIDs: n}}).Gateway()
 	ids := make([]string, n)
@@ -130,6 +133,7 @@ func TestQueryBodyFitsMaxQueryIDs(t *testing.T) {
 // §6.1), and a request pipelined behind it must not be served. A request
 // with Content-Length alone keeps its connection for the next.
 func TestTransferEncodingRefused(t *testing.T) {
+	t.Parallel()
 	gw := secStart(t, systest.Options{}).Gateway()
 	auth := "Authorization: Bearer " + secLongToken(t, "alice") + "\r\n"
 	next := "GET /api/presence/users/alice HTTP/1.1\r\nHost: x\r\n" + auth + "\r\n"

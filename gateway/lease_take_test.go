@@ -41,6 +41,7 @@ var attemptsRE = regexp.MustCompile(`\((\d+) attempts? failed\)`)
 // new one, which its Ready says beside the loss, until the stream takes
 // messages again.
 func TestLeaseTakeFailures(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	ctx := context.Background()
 	operator, err := presence.Open(ctx, natstest.Connect(t, srv), presence.BucketOptions{})
@@ -184,6 +185,7 @@ func fillLeases(t *testing.T, operator *presence.Store) (lift func()) {
 // what it waits for, GET /metrics its metrics, and a WebSocket upgrade
 // 503; once it has its lease, /readyz answers 200 and clients connect.
 func TestProbesAnsweredWhileStarting(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	ctx := context.Background()
 	operator, err := presence.Open(ctx, natstest.Connect(t, srv), presence.BucketOptions{})

@@ -133,6 +133,7 @@ func awaitOffline(tb testing.TB, sys *systest.System, user string) {
 }
 
 func TestFrameViolationsClose(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -208,6 +209,7 @@ func TestFrameViolationsClose(t *testing.T) {
 }
 
 func TestValidFramingAccepted(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	c := secDial(t, gw, "alice")
@@ -248,6 +250,7 @@ func TestValidFramingAccepted(t *testing.T) {
 }
 
 func TestRateLimit(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -357,6 +360,7 @@ func TestRateLimit(t *testing.T) {
 // and signal limits are not strikes of --rate-strikes: far more of them
 // than the strikes allowed leave the socket open.
 func TestRoomLimitsEarnNoStrikes(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{
 		RateStrikes: 2, RoomUpdateRate: 0.01, RoomUpdateBurst: 1, SignalRate: 0.01, SignalBurst: 1,
 	}})
@@ -397,6 +401,7 @@ func TestRoomLimitsEarnNoStrikes(t *testing.T) {
 // once the socket may send again: the refusal's rate_limited error is its
 // only answer.
 func TestRefusedFrameDropsItsMessage(t *testing.T) {
+	t.Parallel()
 	// One frame at once, then one every 50 ms; a TTL that outlasts the
 	// waits for the bucket to refill.
 	const rate = 20
@@ -439,6 +444,7 @@ func TestRefusedFrameDropsItsMessage(t *testing.T) {
 // that never ends are no sign of life, however slowly they come: the
 // socket is closed at the connection TTL, as a silent one is.
 func TestUnfinishedMessageIsCut(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
 	c := secDial(t, sys.Gateway(), "slowpoke")
@@ -486,6 +492,7 @@ func streamWrites(tb testing.TB, sys *systest.System, buckets ...string) uint64 
 // clock (a quarter of its TTL, here the connection TTL), whatever the
 // sockets do.
 func TestIdleConnectionsWriteNothing(t *testing.T) {
+	t.Parallel()
 	const (
 		period = 4 * time.Second // four TTLs
 		every  = systest.TTL / 4 // the lease's refresh period
@@ -544,6 +551,7 @@ func TestIdleConnectionsWriteNothing(t *testing.T) {
 }
 
 func TestSubscriptionLimits(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -651,6 +659,7 @@ func trickleFrames(nc net.Conn, data string, size int, interval time.Duration) {
 }
 
 func TestSlowHandshakeIsCut(t *testing.T) {
+	t.Parallel()
 	const timeout = time.Second
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
@@ -700,6 +709,7 @@ func TestSlowHandshakeIsCut(t *testing.T) {
 // its head holds at most 32 KiB; a connection kept alive is closed once
 // idle for the handshake timeout.
 func TestAPIHeadIsBounded(t *testing.T) {
+	t.Parallel()
 	const timeout = 3 * time.Second
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
@@ -795,6 +805,7 @@ func TestAPIHeadIsBounded(t *testing.T) {
 // time, without ever making a whole frame is not alive: it is closed at
 // the connection TTL, like a silent one.
 func TestTrickledFrameIsCut(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
 	gw := sys.Gateway()
@@ -832,6 +843,7 @@ func readUntilCut(t *testing.T, nc net.Conn, start time.Time, wait time.Duration
 // path that reads no body (net/http waits for it before answering) as on
 // the API.
 func TestStalledBodyIsCut(t *testing.T) {
+	t.Parallel()
 	const timeout = time.Second
 	sys := secStart(t, systest.Options{})
 	gw := sys.StartGateway(gateway.Config{HandshakeTimeout: timeout})
@@ -862,6 +874,7 @@ func TestStalledBodyIsCut(t *testing.T) {
 // send a byte: a real client still connects and is served meanwhile, and
 // the gateway cuts every idle one at the handshake timeout.
 func TestIdleConnectionFlood(t *testing.T) {
+	t.Parallel()
 	const (
 		flood   = 500
 		timeout = time.Second
@@ -928,6 +941,7 @@ func TestIdleConnectionFlood(t *testing.T) {
 // times out, and the socket is closed and counted as slow, while everyone
 // else carries on.
 func TestSlowReader(t *testing.T) {
+	t.Parallel()
 	const (
 		watched      = 20
 		writeTimeout = 500 * time.Millisecond
@@ -1038,6 +1052,7 @@ func TestSlowReader(t *testing.T) {
 // choice is written. Once the hold ends, every queued subscribe is
 // answered.
 func TestRequestsWaitingAreBounded(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")

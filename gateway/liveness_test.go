@@ -55,6 +55,7 @@ func aliceWatched(t *testing.T) (*systest.System, *systest.Gateway, *client.Conn
 // the lease; taking it for lost would register every connection again, and
 // left to expire it would show every user offline.
 func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
+	t.Parallel()
 	sys, gw, _, w, _ := aliceWatched(t)
 
 	// The lost write: the lease written again on its current revision, as
@@ -114,6 +115,7 @@ func TestLeaseWrittenBehindTheGatewaysBack(t *testing.T) {
 // gateway of the same user, here the operator) is kept, and the change is
 // written and seen.
 func TestWriteAfterCacheDropped(t *testing.T) {
+	t.Parallel()
 	sys, gw, a, _, view := aliceWatched(t)
 
 	if n := gw.DropIdleCaches(); n != 2 {

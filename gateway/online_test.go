@@ -23,6 +23,7 @@ import (
 // on getting its NATS connection back, and the sockets watching everyone
 // are told.
 func TestEveryoneReadAgainAfterReconnect(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{
 		Gateway:  gateway.Config{Policy: gateway.PolicyEveryone},
 		NoFanout: true,
@@ -100,6 +101,7 @@ func holdOnlineRounds(t *testing.T, gw *systest.Gateway, user string) (held [2]c
 // and carol one by one too, never sees a change of bob after a newer one
 // (protocol.md), however late global presence delivers it.
 func TestEveryoneAndOneByOneInOrder(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	bob, carol, alice := dialKept(t, sys, gw, "bob"), dialKept(t, sys, gw, "carol"), dialKept(t, sys, gw, "alice")
@@ -130,6 +132,7 @@ func TestEveryoneAndOneByOneInOrder(t *testing.T) {
 // to deliver when a socket started watching everyone, older than what its
 // presence_init shows, is not delivered to it.
 func TestEveryoneInitNotOvertaken(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	bob, carol := dialKept(t, sys, gw, "bob"), dialKept(t, sys, gw, "carol")
@@ -177,6 +180,7 @@ func TestEveryoneInitNotOvertaken(t *testing.T) {
 // see it: the target's contacts (users it follows) under the default
 // setting, everyone under "everyone".
 func TestEveryoneLastSeenToMany(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	watchers := make([]*client.Conn, 20)

@@ -101,6 +101,7 @@ func everyAPIView(tb testing.TB, g *systest.Gateway, watcher, target string, fri
 // relation between watcher and target, that last_seen is shown or hidden
 // alike in presence_init, presence_batch and every HTTP answer.
 func TestLastSeenVisibility(t *testing.T) {
+	t.Parallel()
 	type tcase struct {
 		name       string
 		visibility presence.Visibility // "" leaves the default (contacts)
@@ -272,6 +273,7 @@ func TestLastSeenVisibility(t *testing.T) {
 // target's presence again, with last_seen appearing or disappearing,
 // within seconds, and the HTTP API agrees.
 func TestLastSeenFollowsSettingChanges(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		policy gateway.Policy
@@ -358,6 +360,7 @@ func TestLastSeenFollowsSettingChanges(t *testing.T) {
 // query, friends and online answers. Everywhere, they look offline with
 // the last_seen of the moment they went invisible.
 func TestInvisibleNeverLeaks(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	sys.Mutual("ghost", "friend", "marker")
@@ -495,6 +498,7 @@ func TestInvisibleNeverLeaks(t *testing.T) {
 // again to each of them, with one read of the user's status record for
 // them all, where it read the record once per socket.
 func TestSettingsChangeReadsPresenceOnce(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyFollow}})
 	gw := sys.Gateway()
 	ctx := context.Background()

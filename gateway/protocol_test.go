@@ -59,6 +59,7 @@ func subscribe(t *testing.T, c *client.Conn, id string, users ...string) (protoc
 }
 
 func TestHello(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	c := sys.Dial(sys.Gateway(), "alice", "ios")
 	h := c.Hello
@@ -79,6 +80,7 @@ func TestHello(t *testing.T) {
 }
 
 func TestHelloCarriesChosenStatus(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	a := sys.Dial(gw, "alice")
@@ -95,6 +97,7 @@ func TestHelloCarriesChosenStatus(t *testing.T) {
 }
 
 func TestErrorsKeepSocketOpen(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	c := sys.Dial(sys.Gateway(), "alice")
 	tests := []struct {
@@ -133,6 +136,7 @@ func TestErrorsKeepSocketOpen(t *testing.T) {
 }
 
 func TestSubscribeAnswers(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{MaxSubscriptions: 3}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol", "dave")
@@ -187,6 +191,7 @@ func TestSubscribeAnswers(t *testing.T) {
 }
 
 func TestUnsubscribeStopsUpdates(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol")
@@ -223,6 +228,7 @@ func TestUnsubscribeStopsUpdates(t *testing.T) {
 }
 
 func TestBatchesCoalesce(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{BatchInterval: 500 * time.Millisecond}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol")
@@ -280,6 +286,7 @@ func TestBatchesCoalesce(t *testing.T) {
 }
 
 func TestMultiDeviceSelf(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw2 := sys.StartGateway(gateway.Config{})
 	web := sys.Dial(sys.Gateway(), "alice", "web")
@@ -303,6 +310,7 @@ func TestMultiDeviceSelf(t *testing.T) {
 }
 
 func TestIdleAndActivity(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -348,6 +356,7 @@ func TestIdleAndActivity(t *testing.T) {
 }
 
 func TestAwayAfterInactivity(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -374,6 +383,7 @@ func TestAwayAfterInactivity(t *testing.T) {
 }
 
 func TestOfflineGraceAndReload(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{OfflineGrace: 2 * time.Second}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -428,6 +438,7 @@ func TestOfflineGraceAndReload(t *testing.T) {
 }
 
 func TestSilentDeath(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -461,6 +472,7 @@ func TestSilentDeath(t *testing.T) {
 }
 
 func TestPingCountsAsHeartbeat(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	c := sys.Dial(sys.Gateway(), "alice")
 	deadline := time.Now().Add(3 * systest.TTL)
@@ -488,6 +500,7 @@ func TestPingCountsAsHeartbeat(t *testing.T) {
 // written to the socket is answered once that write is done, with a pong
 // that carries the ping's payload.
 func TestPingAnsweredDuringAWrite(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{ConnTTL: time.Minute}})
 	gw := sys.Gateway()
 	c := sys.Dial(gw, "alice")
@@ -534,6 +547,7 @@ func TestPingAnsweredDuringAWrite(t *testing.T) {
 }
 
 func TestGatewayStopClosesWith1001(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw2 := sys.StartGateway(gateway.Config{})
 	c := sys.Dial(gw2, "alice")
@@ -553,6 +567,7 @@ func TestGatewayStopClosesWith1001(t *testing.T) {
 }
 
 func TestUpgradeRefusals(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	tests := []struct {
@@ -620,6 +635,7 @@ func api(t *testing.T, method, url, user string, body any, out any) int {
 }
 
 func TestHTTPAPI(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol", "dave")

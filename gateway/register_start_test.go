@@ -22,6 +22,7 @@ import (
 // epoch, and its key there exists; left under the old lease, it would be
 // a live socket whose user shows offline for good.
 func TestLeaseLostWhileAConnectionStarts(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	ctx := context.Background()
@@ -86,6 +87,7 @@ func TestLeaseLostWhileAConnectionStarts(t *testing.T) {
 // shows the change from its hello on, not the older state its
 // registration wrote.
 func TestSelfChangeWhileADeviceStarts(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	dialed, release := busyWhileBStarts(t, sys, gw, gw)
@@ -185,6 +187,7 @@ func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
 // user's device on another gateway, whose self event reaches this one
 // only through NATS.
 func TestSelfChangeOnAnotherGatewayWhileADeviceStarts(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw, other := sys.Gateway(), sys.StartGateway(gateway.Config{})
 	dialed, release := busyWhileBStarts(t, sys, other, gw)

@@ -22,6 +22,7 @@ import (
 // "and stops sending that target's changes"), whether it waits for her
 // batch interval or behind a subscribe being answered.
 func TestRevokeDropsQueuedChange(t *testing.T) {
+	t.Parallel()
 	t.Run("batch interval", func(t *testing.T) {
 		// alice's self frame, right after hello, was her last write: bob's
 		// change waits until the interval has passed.
@@ -160,6 +161,7 @@ func revokeNoBob(t *testing.T, m protocol.ServerMessage) {
 // outbox when she unsubscribes from bob is not written to her afterwards
 // (protocol.md: unsubscribe stops watching them).
 func TestUnsubscribeDropsQueuedChange(t *testing.T) {
+	t.Parallel()
 	_, gw, alice, _, carol, releaseWrites := bobBusyWaitsHeld(t)
 	if err := alice.Send(protocol.ClientMessage{Type: protocol.TypeUnsubscribe, ID: "u", UserIDs: []string{"bob"}}); err != nil {
 		t.Fatal(err)

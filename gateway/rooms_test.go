@@ -133,6 +133,7 @@ func dialKept(t *testing.T, sys *systest.System, g *systest.Gateway, user string
 // room's state when it joins (itself included), then the others' joins,
 // meta changes, second devices and leaves, in room_diff frames.
 func TestRoomJoinDiffsAndLeave(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw1 := sys.Gateway()
 	gw2 := sys.StartGateway(gateway.Config{})
@@ -198,6 +199,7 @@ func natsCheckRoom(t *testing.T, sys *systest.System, room string, conns []strin
 // room throughout; a connection that goes silent leaves within the TTL
 // plus about 2 s.
 func TestRoomCloseReloadAndSilentDeath(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
@@ -241,6 +243,7 @@ func TestRoomCloseReloadAndSilentDeath(t *testing.T) {
 // TestRoomRefusals: every limit and bad input is answered as documented,
 // and the socket stays open.
 func TestRoomRefusals(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
 		MaxRoomsPerConn: 2, RoomMetaMax: 32, RoomUpdateRate: 0.01, RoomUpdateBurst: 2,
 	}})
@@ -308,6 +311,7 @@ func TestRoomRefusals(t *testing.T) {
 // one, is answered with bad_request naming the field, and the member's
 // meta stays as it was for everyone: a misspelt field wipes no avatar.
 func TestRoomUpdateNeedsMeta(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	alice := dialKept(t, sys, sys.Gateway(), "alice")
 	bob := dialKept(t, sys, sys.Gateway(), "bob")
@@ -345,6 +349,7 @@ func TestRoomUpdateNeedsMeta(t *testing.T) {
 // shown truncated, with the true count; the client then gets the diffs of
 // the users it was shown, and the count as it moves.
 func TestRoomTruncated(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{RoomMembersMax: 2}})
 	gw := sys.Gateway()
 	users := map[string]*client.Conn{}
@@ -382,6 +387,7 @@ func TestRoomTruncated(t *testing.T) {
 // room, so others do not see them, while they still get the room's state
 // and diffs; visible again, they are back.
 func TestRoomInvisible(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
@@ -432,6 +438,7 @@ func roomToken(tb testing.TB, sub string, rooms []string) string {
 // auth renewal replaces it, and the rooms it no longer allows are left
 // with room_denied.
 func TestRoomTokenAuthorization(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 
@@ -484,6 +491,7 @@ func TestRoomTokenAuthorization(t *testing.T) {
 // lease TTL) takes a new one and writes its connections' room keys again
 // under it; the room's members stay members.
 func TestRoomKeysFollowANewLease(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
@@ -527,6 +535,7 @@ func TestRoomKeysFollowANewLease(t *testing.T) {
 // del` would) is found when the gateway lists its rooms again on
 // reconnecting, and its sockets get the diff.
 func TestRoomListedAgainAfterReconnect(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
@@ -558,6 +567,7 @@ func TestRoomListedAgainAfterReconnect(t *testing.T) {
 // the machine is quiet; the test logs it), never before; the members on
 // the live gateway stay.
 func TestRoomMembersOfADeadGateway(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	ctx := t.Context()
 	dead := presence.RoomMember{Room: "doc:9", Gateway: "gw-dead", Epoch: "E1", UserID: "ghost", ConnID: "g1"}
@@ -623,6 +633,7 @@ type roomAnswer struct {
 // room_state does (the first users by id, with the true count), to
 // whoever may join it.
 func TestRoomHTTP(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{RoomMembersMax: 2}})
 	gw := sys.Gateway()
 	for _, u := range []string{"bob", "alice", "alice", "carol"} {
@@ -677,6 +688,7 @@ func awaitSignals(t *testing.T, c *client.Conn, room string, check func(protocol
 // room, on every gateway, with their expiry; never the connection that
 // sent them, never from an invisible user; bad ones are answered.
 func TestRoomSignals(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{SignalRate: 0.01, SignalBurst: 3}})
 	gw1 := sys.Gateway()
 	gw2 := sys.StartGateway(gateway.Config{SignalRate: 0.01, SignalBurst: 3})
@@ -759,6 +771,7 @@ func TestRoomSignals(t *testing.T) {
 // exists), and a sweep between the writes and the join made the test
 // fail on a loaded machine.
 func TestRoomLeaseEnded(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoReaper: true})
 	ctx := t.Context()
 	for _, m := range []presence.RoomMember{
@@ -824,6 +837,7 @@ func TestRoomsStartNoGoroutines(t *testing.T) {
 // again, and its members see what the event said; lost signals are only
 // counted.
 func TestRoomEventDroppedListedAgain(t *testing.T) {
+	t.Parallel()
 	const buffer = 16
 	sys := systest.Start(t, systest.Options{Gateway: gateway.WithRoomMsgsBuffer(gateway.Config{}, buffer)})
 	gw := sys.Gateway()
@@ -870,6 +884,7 @@ func TestRoomEventDroppedListedAgain(t *testing.T) {
 // member joined must not end after one that read them after, or it
 // would take the member out of the table again.
 func TestRoomListingsInTurn(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	alice := dialKept(t, sys, gw, "alice")
@@ -918,6 +933,7 @@ func TestRoomListingsInTurn(t *testing.T) {
 // gets through. A room whose event is dropped after it was listed again,
 // while the gateway is still behind, is listed once more.
 func TestRoomEventDroppedSilentlyListedAgain(t *testing.T) {
+	t.Parallel()
 	const buffer = 16
 	sys := systest.Start(t, systest.Options{Gateway: gateway.WithRoomMsgsBuffer(gateway.Config{}, buffer)})
 	gw := sys.Gateway()

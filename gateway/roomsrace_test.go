@@ -30,6 +30,7 @@ func putRoomKey(t *testing.T, sys *systest.System, m presence.RoomMember) uint64
 // renewal, for a room the new token does not allow, is refused when its
 // turn comes, with room_denied not_allowed, and leaves no key.
 func TestRoomJoinQueuedBeforeRenewal(t *testing.T) {
+	t.Parallel()
 	sys, gw, c := docsAlice(t)
 	joinRoom(t, c, "a", "doc:0", "")
 
@@ -79,6 +80,7 @@ func TestRoomJoinQueuedBeforeRenewal(t *testing.T) {
 // join is over: the revocation waits for it rather than looking for the
 // room before the join made it a member.
 func TestRoomRenewalDuringJoin(t *testing.T) {
+	t.Parallel()
 	sys, gw, c := docsAlice(t)
 
 	// The join is held once it has read the room's keys.
@@ -121,6 +123,7 @@ func TestRoomRenewalDuringJoin(t *testing.T) {
 // between must not bring the member back. No reaper runs: the test plays
 // its part.
 func TestRoomListingAfterReaperLeave(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoReaper: true})
 	gw := sys.Gateway()
 	ghost := presence.RoomMember{Room: "doc:1", Gateway: "gw-dead", Epoch: "E1", UserID: "ghost", ConnID: "g1"}
@@ -154,6 +157,7 @@ func TestRoomListingAfterReaperLeave(t *testing.T) {
 // applied after the listing, which may have read the lease's keys before
 // the reaper removed them. No reaper runs: the test plays its part.
 func TestRoomLeaseEndedWhileListing(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoReaper: true})
 	gw := sys.Gateway()
 	putRoomKey(t, sys, presence.RoomMember{Room: "doc:1", Gateway: "gw-dead", Epoch: "E1", UserID: "ghost", ConnID: "g1"})
@@ -199,6 +203,7 @@ func TestRoomLeaseEndedWhileListing(t *testing.T) {
 // --room-meta-max each) until the count moved. No reaper runs: it would
 // remove zed, whose lease does not exist.
 func TestRoomTruncatedViewLetsLogTrim(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoReaper: true, Gateway: gateway.Config{RoomMembersMax: 1}})
 	gw := sys.Gateway()
 	zed := presence.RoomMember{Room: "doc:1", Gateway: "gw-x", Epoch: "E1", UserID: "zed", ConnID: "z1"}

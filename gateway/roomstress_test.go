@@ -112,6 +112,7 @@ func (rc *roomClient) end(abort bool) {
 // table of each room, and the room's keys, are the connections that are
 // in it by the test's own record.
 func TestRoomStress(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gws := []*systest.Gateway{sys.Gateway(), sys.StartGateway(gateway.Config{})}
 	rooms := []string{"doc:1", "doc:2", "game:3:lobby"}

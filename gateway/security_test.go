@@ -319,6 +319,7 @@ func (b *bystander) check(tb testing.TB) {
 }
 
 func TestUpgradeAuth(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -422,6 +423,7 @@ func rawUpgradeTo(tb testing.TB, addr, host, target string, extra ...string) str
 }
 
 func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	if line := rawUpgrade(t, gw.Addr, "/ws"); !strings.HasPrefix(line, "HTTP/1.1 401") {
@@ -454,6 +456,7 @@ func TestUpgradeRefusalIsPlainHTTP(t *testing.T) {
 // registered, and counted as a refusal, so that an operator sees why
 // clients cannot connect.
 func TestMalformedUpgradeCounted(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	refused := func() float64 {
@@ -511,6 +514,7 @@ func TestMalformedUpgradeCounted(t *testing.T) {
 }
 
 func TestUpgradeHeadIsBounded(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -571,6 +575,7 @@ func TestUpgradeHeadIsBounded(t *testing.T) {
 }
 
 func TestOriginCheck(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -644,6 +649,7 @@ func TestOriginCheck(t *testing.T) {
 // whether origins are checked at all: one rule, where the upgrade read the
 // last and the API the first.
 func TestDuplicateOriginRefused(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
 	by := newBystander(t, sys, sys.Gateway())
 	anyOrigin := sys.StartGateway(gateway.Config{})
@@ -691,6 +697,7 @@ func TestDuplicateOriginRefused(t *testing.T) {
 // localhost, names under .localhost, IP addresses and --dev-auth-hosts are
 // answered.
 func TestDevAuthAnswersOnlyThisMachine(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
 	dev := sys.StartGateway(gateway.Config{
@@ -769,6 +776,7 @@ func TestDevAuthAnswersOnlyThisMachine(t *testing.T) {
 }
 
 func TestGatewayFullAndConnsPerUser(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.StartGateway(gateway.Config{MaxConns: 3, MaxConnsPerUser: 2})
 	by := newBystander(t, sys, sys.Gateway())
@@ -808,6 +816,7 @@ func TestGatewayFullAndConnsPerUser(t *testing.T) {
 // comes meanwhile is refused before its upgrade (503 or 429), not let in
 // past the limit or answered 101 and then closed.
 func TestLimitsCountConnectionsBeingRegistered(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.StartGateway(gateway.Config{MaxConns: 2, MaxConnsPerUser: 1})
 	// alice's first socket waits once registered, not yet counted by the
@@ -842,6 +851,7 @@ func TestLimitsCountConnectionsBeingRegistered(t *testing.T) {
 // being registered is refused with 503 at once, and gets in once one of
 // them is done.
 func TestRegisteringLimit(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.StartGateway(gateway.Config{MaxRegistering: 2})
 	by := newBystander(t, sys, sys.Gateway())
@@ -866,6 +876,7 @@ func TestRegisteringLimit(t *testing.T) {
 }
 
 func TestDrainingRefusesUpgrades(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	by := newBystander(t, sys, sys.Gateway())
 	gw := sys.StartGateway(gateway.Config{})
@@ -913,6 +924,7 @@ func TestDrainingRefusesUpgrades(t *testing.T) {
 }
 
 func TestAuthRenewal(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -940,6 +952,7 @@ func TestAuthRenewal(t *testing.T) {
 }
 
 func TestAuthRenewalRefused(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -984,6 +997,7 @@ func TestAuthRenewalRefused(t *testing.T) {
 }
 
 func TestTokenExpiresOnLiveSocket(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -1014,6 +1028,7 @@ func TestTokenExpiresOnLiveSocket(t *testing.T) {
 // expires before the one it replaces closes the socket at its own expiry,
 // though nothing else about the connection is due for a TTL of 20 s.
 func TestRenewedTokenExpiringSoonerCloses(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{ConnTTL: 20 * time.Second, HeartbeatInterval: 5 * time.Second}})
 	gw := sys.Gateway()
 	c, err := secDialErr(gw.WS, bearer(secLongToken(t, "alice")))
@@ -1056,6 +1071,7 @@ func awaitExpiryClose(t *testing.T, c *client.Conn, exp time.Time) {
 }
 
 func TestHTTPAPIAuth(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AllowedOrigins: []string{"https://app.example.com"}}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -1117,6 +1133,7 @@ func TestHTTPAPIAuth(t *testing.T) {
 }
 
 func TestPolicies(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		policy gateway.Policy
 		// What alice, who follows bob, may do: watch bob (who does not
@@ -1215,6 +1232,7 @@ func TestPolicies(t *testing.T) {
 }
 
 func TestGlobalPresence(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	gw := sys.Gateway()
 	w := secDial(t, gw, "watcher")
@@ -1271,6 +1289,7 @@ func TestGlobalPresence(t *testing.T) {
 }
 
 func TestGraphChangesReachLiveSubscriptions(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol")
@@ -1351,6 +1370,7 @@ func TestGraphChangesReachLiveSubscriptions(t *testing.T) {
 // bystander pair on the same gateway: whatever the hostile user sends, the
 // bystanders' presence and subscriptions stay right.
 func TestAbuseLeavesOthersIntact(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{})
 	gw := sys.Gateway()
 	by := newBystander(t, sys, gw)
@@ -1410,6 +1430,7 @@ func TestAbuseLeavesOthersIntact(t *testing.T) {
 // subscription must not be registered as allowed: alice is denied bob, and
 // none of bob's changes reach her.
 func TestUnfollowWhileSubscribing(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{AuthzCacheTTL: time.Hour}})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol")

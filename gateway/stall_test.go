@@ -179,6 +179,7 @@ func stallWithSignals(t *testing.T, gw *systest.Gateway, s *sloth, sender *clien
 // read and answered. Once it stalls it is not read either, so what waits
 // for it stays small, whatever it sends; the write timeout closes it.
 func TestSlowPeerHoldsNoReader(t *testing.T) {
+	t.Parallel()
 	sys, gw := stallSystem(t, gateway.Config{
 		ReadWorkers:  1,
 		WriteTimeout: 6 * time.Second,
@@ -256,6 +257,7 @@ func TestSlowPeerHoldsNoReader(t *testing.T) {
 // change at once; it waits with its changes coalesced (the stalled
 // sockets' gauge) until it reads or the write timeout closes it.
 func TestSlowPeerHoldsNoWriter(t *testing.T) {
+	t.Parallel()
 	sys, gw := stallSystem(t, gateway.Config{
 		WriteWorkers: 1,
 		WriteTimeout: 5 * time.Minute,
@@ -311,6 +313,7 @@ func TestSlowPeerHoldsNoWriter(t *testing.T) {
 // wait in its box, and it sends nothing to be answered. Only the write
 // timeout can close it.)
 func TestStalledSocketClosed(t *testing.T) {
+	t.Parallel()
 	sys, gw := stallSystem(t, gateway.Config{
 		WriteTimeout: 2 * time.Second,
 	})
@@ -541,6 +544,7 @@ func (v *slowView) await(t *testing.T, timeout time.Duration, want map[string]st
 // timeout judges it), and once its peer reads again it is read again and
 // lives on.
 func TestStalledPeerIsNotDead(t *testing.T) {
+	t.Parallel()
 	sys, gw := stallSystem(t, gateway.Config{
 		ConnTTL:      systest.TTL,
 		WriteTimeout: time.Minute,

@@ -16,6 +16,7 @@ import (
 // had before, named again in the subscribe, still brings its user's
 // changes, and the new ones it named are not kept.
 func TestSubscribeFailureChangesNothing(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{NoFanout: true})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob", "carol")

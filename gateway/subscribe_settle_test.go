@@ -17,6 +17,7 @@ import (
 // is being answered is not in the presence_init that follows its denied
 // (protocol.md: after denied, none of the target's state is sent).
 func TestRevokedWhileSubscribing(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	gw := sys.Gateway()
 	sys.Mutual("alice", "bob")
@@ -56,6 +57,7 @@ func TestRevokedWhileSubscribing(t *testing.T) {
 // presence_init that answers it, which shows a newer state of bob
 // (protocol.md: a change is never shown older than one already shown).
 func TestResubscribeDropsOlderQueuedChange(t *testing.T) {
+	t.Parallel()
 	sys, gw, alice, bob, carol, releaseWrites := bobBusyWaitsHeld(t)
 	// bob's away is written, its event held back until alice's subscribe
 	// has read it.

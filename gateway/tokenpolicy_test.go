@@ -85,6 +85,7 @@ func awaitRevoked(tb testing.TB, c *client.Conn, user string) string {
 }
 
 func TestTokenPolicyWatchClaim(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyToken, TokenMaxWatch: 3}})
 	gw := sys.Gateway()
 	for _, u := range []string{"bob", "carol"} {
@@ -143,6 +144,7 @@ func TestTokenPolicyWatchClaim(t *testing.T) {
 }
 
 func TestTokenPolicyHTTPAPI(t *testing.T) {
+	t.Parallel()
 	sys := secStart(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyToken, TokenMaxWatch: 3}})
 	gw := sys.Gateway()
 	for _, u := range []string{"bob", "carol"} {
