@@ -25,10 +25,14 @@ type TokenVerifier interface {
 
 // KeyRefresher is a TokenVerifier whose keys are read again as they
 // change (pkg/auth's Verifier over a key set is one): the gateway runs
-// RefreshKeys for as long as it serves.
+// RefreshKeys for as long as it serves. WaitsForKeys reports whether
+// verifying a token may first wait for such a read (its key is one the
+// keys lack): a socket's token renewal that may is verified off the
+// goroutine that reads the gateway's sockets.
 type KeyRefresher interface {
 	TokenVerifier
 	RefreshKeys(ctx context.Context)
+	WaitsForKeys(token string) bool
 }
 
 // WatchVerifier is a TokenVerifier that also reads a token's watch claim:

@@ -156,13 +156,34 @@ func (s *Service) limited(c *conn, now int64) bool {
 	return c.open()
 }
 
-// reauth takes a fresh token for the connection.
+// reauth takes a fresh token for the connection. One whose verification
+// may wait for the keys to be read again is verified among the
+// connection's requests, in order with those sent after it (a join the
+// new token allows), so that no read worker waits on a key provider.
 func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
+	id, token := m.ID, m.Token
+	if kr, ok := s.cfg.Tokens.(KeyRefresher); ok && kr.WaitsForKeys(token) {
+		c.renewals.Add(1)
+		renew := func() {
+			defer c.renewals.Add(-1)
+			s.renew(c, id, token)
+		}
+		if !s.enqueue(c, func(context.Context) { renew() }) {
+			s.workers.Go(renew)
+		}
+		return
+	}
+	s.renew(c, id, token)
+}
+
+// renew verifies a fresh token for the connection, and takes it: its
+// expiry, its rooms claim, and under the token policy its watch claim.
+func (s *Service) renew(c *conn, id, token string) {
 	fail := func(msg string) {
-		s.sendError(c, m.ID, protocol.CodeUnauthorized, msg)
+		s.sendError(c, id, protocol.CodeUnauthorized, msg)
 		s.end(c, endClean, ws.StatusPolicyViolation, "unauthorized")
 	}
-	if m.Token == "" {
+	if token == "" {
 		fail("auth needs a token")
 		return
 	}
@@ -170,10 +191,10 @@ func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 		fail("this gateway accepts no tokens")
 		return
 	}
-	userID, exp, watch, err := s.verify(m.Token)
+	userID, exp, watch, err := s.verify(token)
 	var rooms *roomGrant
 	if err == nil {
-		rooms, err = s.verifyRooms(m.Token)
+		rooms, err = s.verifyRooms(token)
 	}
 	if err != nil {
 		fail("invalid token: " + strings.TrimPrefix(err.Error(), ErrUnauthorized.Error()+": "))

@@ -151,13 +151,15 @@ func (ms *memberships) writeFrame(c *conn, data []byte, sent prometheus.Counter)
 }
 
 // check answers a room message whose room id is not one, or not
-// allowed, with room_denied; it reports whether the room is fine.
+// allowed, with room_denied; it reports whether the room is fine. While
+// an auth renewal before it waits its turn, the grant it will bring is
+// not known yet: the join checks it when it runs.
 func (ms *memberships) check(c *conn, m *protocol.ClientMessage) bool {
 	reason := ""
 	switch {
 	case !presence.ValidRoomID(m.Room):
 		reason = protocol.ReasonInvalidRoom
-	case !c.roomGrant.Load().allows(m.Room):
+	case !c.roomGrant.Load().allows(m.Room) && c.renewals.Load() == 0:
 		reason = protocol.ReasonNotAllowed
 	default:
 		return true

@@ -138,6 +138,11 @@ func (ks *KeySet) IDs() []string {
 	return ids
 }
 
+// has reports whether the keys read last hold one whose kid is kid.
+func (ks *KeySet) has(kid string) bool {
+	return slices.ContainsFunc(*ks.keys.Load(), func(k setKey) bool { return k.id == kid })
+}
+
 // algorithms returns the algorithms the keys read last take.
 func (ks *KeySet) algorithms() []string {
 	var algs []string
@@ -341,11 +346,10 @@ func parseJWK(raw json.RawMessage, published bool) (setKey, error) {
 // jwt.VerificationKeySet. A kid the set lacks has the set read again,
 // unless a token did so within MinRefresh.
 func (ks *KeySet) lookup(kid string, m jwt.SigningMethod) (any, error) {
-	keys := *ks.keys.Load()
-	if kid != "" && !slices.ContainsFunc(keys, func(k setKey) bool { return k.id == kid }) {
+	if kid != "" && !ks.has(kid) {
 		ks.readForKID()
-		keys = *ks.keys.Load()
 	}
+	keys := *ks.keys.Load()
 	var (
 		found []jwt.VerificationKey
 		named bool

@@ -288,6 +288,46 @@ func TestKeySetURL(t *testing.T) {
 	}
 }
 
+// TestWaitsForKeys: a token whose kid the key set lacks is the one whose
+// verification may wait for the set to be read again; once the set holds
+// the key, it no longer is. Tokens without a kid, that are not JWTs, and
+// every token of a verifier with one key never wait.
+func TestWaitsForKeys(t *testing.T) {
+	k := genKeys(t)
+	path := filepath.Join(t.TempDir(), "jwks.json")
+	writeFile(t, path, jwks(t, jwk(t, "a", &k.ec.PublicKey)))
+	ks, v := keySetVerifier(t, auth.KeySetConfig{Source: path})
+	b := signKID(t, jwt.SigningMethodRS256, k.rsa, "b")
+	for _, c := range []struct {
+		what, token string
+		want        bool
+	}{
+		{"kid a, in the set", signKID(t, jwt.SigningMethodES256, k.ec, "a"), false},
+		{"kid b, not in the set", b, true},
+		{"no kid", signKID(t, jwt.SigningMethodES256, k.ec, ""), false},
+		{"a kid that is a number", unsigned(`{"alg":"RS256","kid":7}`, `{"sub":"alice"}`), false},
+		{"not a JWT", "garbage", false},
+	} {
+		if got := v.WaitsForKeys(c.token); got != c.want {
+			t.Errorf("WaitsForKeys(%s) = %v, want %v", c.what, got, c.want)
+		}
+	}
+	writeFile(t, path, jwks(t, jwk(t, "a", &k.ec.PublicKey), jwk(t, "b", &k.rsa.PublicKey)))
+	if err := ks.Read(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if v.WaitsForKeys(b) {
+		t.Error("WaitsForKeys(kid b) once the set holds b = true, want false")
+	}
+	one, err := auth.New(auth.Config{Secret: k.secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.WaitsForKeys(b) {
+		t.Error("WaitsForKeys of a verifier with one key = true, want false")
+	}
+}
+
 // TestKeySetBadReadKeepsKeys reads the set again while the provider
 // serves a bad document, an error, or nothing for longer than the
 // timeout: each read fails, is logged, and the keys read before stay.

@@ -153,6 +153,24 @@ func (v *Verifier) RefreshKeys(ctx context.Context) {
 	}
 }
 
+// WaitsForKeys reports whether verifying token may first wait for the
+// key set to be read again: the token's kid header names a key the set
+// lacks. Such a read takes up to KeySetConfig.Timeout; a caller that must
+// not wait that long verifies the token elsewhere. It is false without a
+// key set, and for a token that is not a JWT (which Verify refuses at
+// once).
+func (v *Verifier) WaitsForKeys(token string) bool {
+	if v.keys == nil || len(token) > MaxTokenLen {
+		return false
+	}
+	t, _, err := v.parser.ParseUnverified(token, &jwt.RegisteredClaims{})
+	if err != nil {
+		return false
+	}
+	kid, ok := t.Header["kid"].(string)
+	return ok && kid != "" && !v.keys.has(kid)
+}
+
 // Verify checks a token's signature and claims, and returns the user id its
 // sub claim names and when it stops being accepted (its exp claim plus the
 // leeway). Every error wraps one of the sentinels of this package.
