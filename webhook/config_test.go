@@ -12,6 +12,7 @@ import (
 )
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	good := func() webhook.Config {
 		return webhook.Config{URL: "https://user:pw@app.example/hooks", Secret: []byte("0123456789abcdef")}
 	}
@@ -59,6 +60,7 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func TestParseInvisible(t *testing.T) {
+	t.Parallel()
 	for _, s := range []string{"true", "public"} {
 		if v, err := webhook.ParseInvisible(s); err != nil || string(v) != s {
 			t.Errorf("ParseInvisible(%q) = %q, %v", s, v, err)
@@ -71,6 +73,7 @@ func TestParseInvisible(t *testing.T) {
 
 // TestEventOf: what an event says of a record, in both invisible modes.
 func TestEventOf(t *testing.T) {
+	t.Parallel()
 	rec := &presence.Record{Status: presence.Invisible, Public: presence.Offline, Devices: 2, LastSeen: 50, Updated: 1234}
 	if ev := webhook.EventOf("bob", rec, 7, 999, webhook.InvisibleTrue); ev != (webhook.Event{UserID: "bob", Status: presence.Invisible, Devices: 2, LastSeen: 50, Rev: 7, At: 1234}) {
 		t.Errorf("true: %+v", ev)
@@ -91,6 +94,7 @@ func TestEventOf(t *testing.T) {
 // the max backoff, so that --webhook-max-backoff is the longest wait
 // between two attempts.
 func TestRetryWait(t *testing.T) {
+	t.Parallel()
 	const maxBackoff = 2 * time.Second
 	for _, tt := range []struct {
 		name                string

@@ -86,6 +86,7 @@ func decodeFeed(msg jetstream.Msg) (transition, error) {
 // message it acknowledged, with every revision written meanwhile, more of
 // one user's than presence_status keeps.
 func TestFeedRecipe(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()

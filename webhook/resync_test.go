@@ -51,6 +51,7 @@ func (e *env) current(t *testing.T, user string) (presence.Record, uint64) {
 // alice, it receives her current state, offline, at her record's current
 // revision, once.
 func TestResyncAfterGiveUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	// The endpoint fails until both of alice's events are given up.
@@ -101,6 +102,7 @@ func TestResyncAfterGiveUp(t *testing.T) {
 // with nothing changed (no event): the state goes with that revision, the
 // current one.
 func TestResyncAfterRefusal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	r := start(t, e, rc, fast())
@@ -137,6 +139,7 @@ func TestResyncAfterRefusal(t *testing.T) {
 // TestResyncSuperseded: a user dead-lettered whose newer event is
 // delivered before the resync round is forgotten: not sent again.
 func TestResyncSuperseded(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.refuse(refusal{http.StatusBadRequest, ""})
@@ -164,6 +167,7 @@ func TestResyncSuperseded(t *testing.T) {
 // state goes through although she was remembered with mallory: the
 // rounds are split until she goes alone.
 func TestResyncRefusedUserHoldsNoOtherUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	var down atomic.Bool
@@ -230,6 +234,7 @@ func TestResyncBound(t *testing.T) {
 // not long enough for a batch to be given up, gets every event once and
 // nothing more: no user is remembered, and nothing is sent again.
 func TestNoResyncWithoutDeadLetter(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.refuse(refusal{http.StatusServiceUnavailable, ""}, refusal{http.StatusBadGateway, ""})
@@ -259,6 +264,7 @@ func TestNoResyncWithoutDeadLetter(t *testing.T) {
 // failing is forgotten GiveUpAfter after the dead letter, counted and
 // logged; rounds stop.
 func TestResyncGivenUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.down(http.StatusBadGateway)
@@ -318,6 +324,7 @@ func (e *env) keptRev(t *testing.T, user string) uint64 {
 // presence_webhook_resync; the next process takes them and sends their
 // current state once the endpoint takes deliveries, and their key goes.
 func TestResyncKeptForTheNextProcess(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	down := rc.down(http.StatusBadRequest)
@@ -354,6 +361,7 @@ func TestResyncKeptForTheNextProcess(t *testing.T) {
 // before the dead letter, takes her from presence_webhook_resync once it
 // is handed the consumer, and sends her current state.
 func TestResyncTakenOverByTheNextPinned(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	down := rc.down(http.StatusBadRequest)
@@ -388,6 +396,7 @@ func TestResyncTakenOverByTheNextPinned(t *testing.T) {
 // gave the batch up sends alice's current state, once; the other, which
 // never knew her, sends nothing.
 func TestResyncTwoCopies(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	down := rc.down(http.StatusBadRequest)

@@ -32,6 +32,7 @@ func fast() webhook.Config {
 // receiver gets every transition, signed, in order, with what each
 // event carries, and nothing for a record written again unchanged.
 func TestDeliversTransitions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	r := start(t, e, rc, fast())
@@ -82,6 +83,7 @@ func TestDeliversTransitions(t *testing.T) {
 // previous one while it is rotated out, so that a receiver checking with
 // either accepts it (the receiver checks with the secret).
 func TestRotatedSecret(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	previous := []byte("the secret being rotated out")
@@ -106,6 +108,7 @@ func TestRotatedSecret(t *testing.T) {
 
 // TestInvisiblePublic sends invisible users as watchers see them.
 func TestInvisiblePublic(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
@@ -124,6 +127,7 @@ func TestInvisiblePublic(t *testing.T) {
 // TestSlowReceiver: the first attempt outlasts the timeout; the delivery
 // is sent again and accepted.
 func TestSlowReceiver(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
@@ -152,6 +156,7 @@ func TestSlowReceiver(t *testing.T) {
 // TestFailingReceiver: 500s are retried with a growing backoff, and a 429
 // or 503's Retry-After (within MaxBackoff) is honoured.
 func TestFailingReceiver(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.refuse(refusal{http.StatusInternalServerError, ""}, refusal{http.StatusInternalServerError, ""},
@@ -188,6 +193,7 @@ func TestFailingReceiver(t *testing.T) {
 // (even longer than GiveUpAfter, or too large to be a duration) is waited
 // for MaxBackoff only: the batch is retried and delivered, not given up.
 func TestRetryAfterBoundedByMaxBackoff(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.refuse(refusal{http.StatusServiceUnavailable, "172800"}, // two days
@@ -217,6 +223,7 @@ func TestRetryAfterBoundedByMaxBackoff(t *testing.T) {
 // goes out. Its user's current state, which is what it carried, is sent
 // once after, in a batch of its own (see resync_test.go).
 func TestDeadLetterOnRefusal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.setRespond(func(n int, _ http.ResponseWriter, _ *http.Request) int {
@@ -274,6 +281,7 @@ func TestDeadLetterOnRefusal(t *testing.T) {
 
 // TestGiveUp: a batch failing for longer than GiveUpAfter is dead-lettered.
 func TestGiveUp(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.setRespond(func(int, http.ResponseWriter, *http.Request) int { return http.StatusBadGateway })
@@ -298,6 +306,7 @@ func TestGiveUp(t *testing.T) {
 
 // TestRateCap: POSTs never come faster than RateLimit.
 func TestRateCap(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
@@ -325,6 +334,7 @@ func TestRateCap(t *testing.T) {
 // TestResume: a process started after another stopped delivers what was
 // written meanwhile, and not what was delivered before.
 func TestResume(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	r := start(t, e, rc, fast())
@@ -354,6 +364,7 @@ func TestResume(t *testing.T) {
 // every transition arrives in order per user, and when the serving one
 // stops the other takes over.
 func TestTwoCopies(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
@@ -394,6 +405,7 @@ func TestTwoCopies(t *testing.T) {
 // TestStandbyStopKeepsThePin: a process that does not serve stops
 // without taking the consumer from the one that does.
 func TestStandbyStopKeepsThePin(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	one := start(t, e, rc, fast())
@@ -422,6 +434,7 @@ func TestStandbyStopKeepsThePin(t *testing.T) {
 // keeps its revisions, and those handed out after it, from being handed
 // out again: each event is accepted once.
 func TestLongRetryKeepsRevisions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	var first time.Time
@@ -467,6 +480,7 @@ func TestLongRetryKeepsRevisions(t *testing.T) {
 // for its batch to fill, then for a slow endpoint, is not handed out
 // again meanwhile: it is accepted once.
 func TestLongBatchWaitKeepsRevisions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	rc.setRespond(func(n int, _ http.ResponseWriter, r *http.Request) int {
@@ -499,6 +513,7 @@ func TestLongBatchWaitKeepsRevisions(t *testing.T) {
 // after the ack wait, before it sends what came meanwhile: every revision
 // arrives, in order.
 func TestTakeOverFromDeadCopy(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
@@ -527,6 +542,7 @@ func TestTakeOverFromDeadCopy(t *testing.T) {
 // again; it hands them back, and the next process delivers them all in
 // order.
 func TestStopWhileHoldingBack(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	cfg := fast()
@@ -589,6 +605,7 @@ func dieHolding(t *testing.T, e *env, rc *receiver, cfg webhook.Config) (other *
 // TestReceiverDown: an endpoint that is not listening at all is retried
 // (network failures) until it listens again.
 func TestReceiverDown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	// An address nothing listens on, until the receiver does.
@@ -624,6 +641,7 @@ func TestReceiverDown(t *testing.T) {
 // arrives, in order, none lost, because the process reads presence_feed
 // and the writers never let the bucket drop a revision it has not copied.
 func TestOutageLosesNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	rc := newReceiver(t)
 	var down atomic.Bool
@@ -682,6 +700,7 @@ func TestOutageLosesNothing(t *testing.T) {
 // TestNoFeed: without presence_feed the process refuses to start, and
 // says which command creates it.
 func TestNoFeed(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, srv)
 	cfg := fast()

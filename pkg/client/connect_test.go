@@ -158,6 +158,7 @@ func isType[T client.Event](ev client.Event) bool {
 }
 
 func TestConnectReceivesHello(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	alice := connect(t, sys.Gateway(), "alice", client.Config{Device: "desktop"})
 	ev := alice.await("connected", isType[client.Connected]).(client.Connected)
@@ -191,6 +192,7 @@ func TestConnectReceivesHello(t *testing.T) {
 // of the gateway's TTLs doing nothing: its own heartbeats must keep it
 // connected and its user online.
 func TestHeartbeatsKeepTheConnectionOnline(t *testing.T) {
+	t.Parallel()
 	sys, alice, bob := bobWatchesAlice(t, client.Config{})
 	connID := alice.c.Hello().ConnID
 
@@ -227,6 +229,7 @@ func TestHeartbeatsKeepTheConnectionOnline(t *testing.T) {
 }
 
 func TestSubscribeSeesAnotherUserConnect(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	sys.Mutual("alice", "bob")
 	g := sys.Gateway()
@@ -256,6 +259,7 @@ func TestSubscribeSeesAnotherUserConnect(t *testing.T) {
 }
 
 func TestDeniedSubscriptionIsDropped(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	sys.Follow("bob", "carol") // not mutual
 	bob := connect(t, sys.Gateway(), "bob", client.Config{})
@@ -272,6 +276,7 @@ func TestDeniedSubscriptionIsDropped(t *testing.T) {
 }
 
 func TestSetStatusSeenByWatcher(t *testing.T) {
+	t.Parallel()
 	_, alice, bob := bobWatchesAlice(t, client.Config{})
 	if err := alice.c.SetStatus(presence.Busy); err != nil {
 		t.Fatal(err)
@@ -298,6 +303,7 @@ func TestSetStatusSeenByWatcher(t *testing.T) {
 // only the re-send makes it busy again), bob's subscription is restored,
 // and changes flow again.
 func TestReconnectAfterGatewayRestart(t *testing.T) {
+	t.Parallel()
 	sys, alice, bob := bobWatchesAlice(t, fast)
 	g := sys.Gateway()
 	if err := alice.c.SetStatus(presence.Busy); err != nil {
@@ -347,6 +353,7 @@ func TestReconnectAfterGatewayRestart(t *testing.T) {
 // the reconnect lists the users online, without her: Presence no longer
 // says she is online.
 func TestSubscribeAllForgetsWhoLeftWhileDisconnected(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	g := sys.Gateway()
 	other := sys.StartGateway(gateway.Config{})
@@ -390,6 +397,7 @@ func TestSubscribeAllForgetsWhoLeftWhileDisconnected(t *testing.T) {
 // TestNoReconnectAfterUnauthorized: a 401 stops Connect at once, and stops
 // a running client that meets it when reconnecting.
 func TestNoReconnectAfterUnauthorized(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	g := sys.Gateway()
 
@@ -439,6 +447,7 @@ func (noTokens) Verify(string) (string, time.Time, error) {
 }
 
 func TestConnectWithToken(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Tokens: tokens{"t-carol": "carol"}}})
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
@@ -470,6 +479,7 @@ func (m tokens) Verify(tok string) (string, time.Time, error) {
 // overflow is counted and announced by a Lagged event, and Presence still
 // has the newest state.
 func TestSlowReaderLagsButLosesNothing(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	sys.Mutual("alice", "bob")
 	g := sys.Gateway()
@@ -538,6 +548,7 @@ func clientGoroutines() []string {
 // TestCloseLeavesNoGoroutine closes a connected client and one waiting to
 // reconnect: neither leaves a goroutine behind.
 func TestCloseLeavesNoGoroutine(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	sys.Mutual("alice", "bob")
 	g := sys.Gateway()
@@ -578,6 +589,7 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 // TestKeepActiveNeverAway runs the gateway with a short away-after: a
 // client without KeepActive turns away, one with it stays online.
 func TestKeepActiveNeverAway(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
 	sys.Mutual("alice", "bob", "dave")
 	g := sys.Gateway()
@@ -608,6 +620,7 @@ func TestKeepActiveNeverAway(t *testing.T) {
 }
 
 func TestIdleAndActivity(t *testing.T) {
+	t.Parallel()
 	_, alice, bob := bobWatchesAlice(t, client.Config{})
 	if err := alice.c.Idle(); err != nil {
 		t.Fatal(err)
@@ -625,6 +638,7 @@ func TestIdleAndActivity(t *testing.T) {
 // heartbeat, so the client is not closed for going over the rate limit,
 // and the person never turns away while the input goes on.
 func TestActivityOnEveryInput(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{AwayAfter: time.Second}})
 	sys.Mutual("alice", "bob")
 	g := sys.Gateway()
@@ -685,6 +699,7 @@ func (expiring) Verify(tok string) (string, time.Time, error) {
 // whose token expired with 1008. A client with a TokenFunc comes back
 // with a fresh token; one with a fixed token stops.
 func TestExpiredTokenRenewedOnlyWithTokenFunc(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Tokens: expiring{}}})
 	g := sys.Gateway()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
@@ -768,6 +783,7 @@ func fakeGateway(t *testing.T, hello string, serve func(net.Conn)) string {
 // nothing, not even pongs: the client pings, gives up on the connection
 // after the TTL, and connects again.
 func TestSilentGatewayCountsAsGone(t *testing.T) {
+	t.Parallel()
 	pings := make(chan struct{}, 100)
 	addr := fakeGateway(t, `{"type":"hello","user_id":"alice","conn_id":"c1","heartbeat_interval_ms":100,"ttl_ms":300,"status":"online"}`,
 		func(nc net.Conn) {
@@ -818,6 +834,7 @@ func offer[T any](ch chan<- T, v T) {
 // wrote is answered with a pong, and the connection stays; a Close that
 // long after the last write still sends a close frame with 1000.
 func TestWritesLongAfterTheLastOne(t *testing.T) {
+	t.Parallel()
 	const writeTimeout = 50 * time.Millisecond
 	pongs := make(chan struct{}, 1)
 	quiet := make(chan struct{}, 1)
@@ -914,6 +931,7 @@ func TestWritesLongAfterTheLastOne(t *testing.T) {
 // takes at once, in more messages than its rate limit lets through in a
 // burst: every one is answered, none refused.
 func TestManySubscriptionsArePaced(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxSubscriptions: 10000}})
 	bob := connect(t, sys.Gateway(), "bob", client.Config{})
 	ids := make([]string, 6000)
@@ -965,6 +983,7 @@ func TestManySubscriptionsArePaced(t *testing.T) {
 // A status chosen on another device is adopted, so that a reconnect does
 // not undo it; an away is not, since it may be automatic.
 func TestStatusChosenOnAnotherDeviceIsAdopted(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	g := sys.Gateway()
 	alice := connect(t, g, "alice", fast)
@@ -1024,6 +1043,7 @@ func (p *stallingProxy) pause() {
 // later here) or never if the path comes back first, and sends the
 // status on a new one.
 func TestWriteTimeoutEndsTheConnection(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{HeartbeatInterval: time.Minute, ConnTTL: 3 * time.Minute}})
 	proxy := newStallingProxy(t, sys.Gateway().Addr)
 	cfg := fast
@@ -1059,6 +1079,7 @@ func TestWriteTimeoutEndsTheConnection(t *testing.T) {
 // through everyone, and the gateway tells him no more of her, while alice
 // stays watched. Self has bob's own state.
 func TestUnsubscribeAllKeepsTheUsersWatchedOneByOne(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone}})
 	g := sys.Gateway()
 	alice := connect(t, g, "alice", fast)

@@ -200,6 +200,7 @@ func checkNeverReconnected(t *testing.T, alice *events, connID string) {
 // from a TokenFunc: the client renews them on the open connection, which
 // outlives several of them, and her subscription keeps delivering.
 func TestTokenRenewedInPlace(t *testing.T) {
+	t.Parallel()
 	sys := startWithTokens(t)
 	g := sys.Gateway()
 	is := &issuer{}
@@ -231,6 +232,7 @@ func TestTokenRenewedInPlace(t *testing.T) {
 // the client first renews; the client tries again, renews in place, and
 // the connection outlives its first token.
 func TestTokenRenewalRetriesAfterFailure(t *testing.T) {
+	t.Parallel()
 	sys := startWithTokens(t)
 	g := sys.Gateway()
 	down := answer{err: errors.New("the token service is down")}
@@ -254,6 +256,7 @@ func TestTokenRenewalRetriesAfterFailure(t *testing.T) {
 // with a token from its TokenFunc, instead of stopping, and subscribes
 // again.
 func TestRefusedRenewalReconnects(t *testing.T) {
+	t.Parallel()
 	sys := startWithTokens(t)
 	g := sys.Gateway()
 	is := &issuer{instead: map[int]answer{2: {token: "not-a-jwt"}}}
@@ -282,6 +285,7 @@ func TestRefusedRenewalReconnects(t *testing.T) {
 // connection outlives the first token, and a later connection opens with
 // the new one.
 func TestSetTokenRenewsInPlace(t *testing.T) {
+	t.Parallel()
 	sys := startWithTokens(t)
 	g := sys.Gateway()
 	short, err := signToken("alice", time.Now().Add(tokenLife))
@@ -352,6 +356,7 @@ func TestStaleTokenIsNotSent(t *testing.T) {
 // TestSetTokenNeedsTokens: a client with dev auth has no token to renew;
 // SetToken refuses and sends nothing, and the connection stays.
 func TestSetTokenNeedsTokens(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	g := sys.Gateway()
 	alice := connect(t, g, "alice", client.Config{})

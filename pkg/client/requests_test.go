@@ -29,6 +29,7 @@ func refusal(ev client.Event) bool {
 // wait their turn with the subscribes, and every user is answered and
 // every room joined, none refused.
 func TestJoinsWaitTheirTurnWithSubscribes(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{Policy: gateway.PolicyEveryone, MaxSubscriptions: 1000}})
 	alice := connect(t, sys.Gateway(), "alice", fast)
 	ids := make([]string, 800)
@@ -73,6 +74,7 @@ func TestJoinsWaitTheirTurnWithSubscribes(t *testing.T) {
 // refuses is answered only with denied "*"; that answer ends it, so more
 // of them than wait at once do not stop the subscribes after them.
 func TestDeniedSubscribeAllFreesItsPlace(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	sys.Mutual("alice", "bob")
 	alice := connect(t, sys.Gateway(), "alice", fast)
@@ -105,6 +107,7 @@ func TestDeniedSubscribeAllFreesItsPlace(t *testing.T) {
 // the calls asked: one left, one left and joined again with a new meta,
 // one joined.
 func TestRefusedRoomRequestsAreSentAgain(t *testing.T) {
+	t.Parallel()
 	const subject = "app.authz"
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
 		Policy: gateway.PolicyApp, AppSubject: subject, AppTimeout: time.Minute,
@@ -221,6 +224,7 @@ func aliceAndBobInARoom(t *testing.T, cfg gateway.Config) (g *systest.Gateway, a
 // over its own rate with rate_limited; the client sends the newest meta
 // again until it is taken, and the others see it.
 func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
+	t.Parallel()
 	_, alice, bob := aliceAndBobInARoom(t, gateway.Config{RoomUpdateRate: 1, RoomUpdateBurst: 1})
 	for _, name := range []string{"Alice B.", "Alice C."} {
 		if err := alice.c.UpdateRoomMeta("doc:1", map[string]string{"name": name}); err != nil {
@@ -236,6 +240,7 @@ func TestRefusedRoomUpdateIsSentAgain(t *testing.T) {
 // request rate (a cursor) are folded into the one that waits, so the
 // gateway gets a few messages, not one per call, and the newest meta.
 func TestRoomMetaBurstIsFolded(t *testing.T) {
+	t.Parallel()
 	g, alice, bob := aliceAndBobInARoom(t, gateway.Config{})
 	before, _ := metricstest.Value(g.Registry(), "greendot_gateway_messages_received_total", "type", "room_update")
 	const updates = 200
@@ -256,6 +261,7 @@ func TestRoomMetaBurstIsFolded(t *testing.T) {
 // it dropped; the client sends the requests that were waiting again, and
 // the subscribe is answered.
 func TestDroppedSubscribeIsSentAgain(t *testing.T) {
+	t.Parallel()
 	// Slow heartbeats leave the socket's messages to the test.
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{
 		RateLimit: 1, RateBurst: 5, RateStrikes: 1000,
@@ -289,6 +295,7 @@ func TestDroppedSubscribeIsSentAgain(t *testing.T) {
 // called again after a leave or unsubscribe made room: the client is in
 // the room and watches the user, as the gateway has it.
 func TestRefusalDoesNotUndoALaterCall(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{MaxRoomsPerConn: 1, MaxSubscriptions: 1}})
 	sys.Mutual("alice", "bob", "carol")
 	g := sys.Gateway()

@@ -68,6 +68,7 @@ func (e *events) awaitRoom(id, want string) {
 // join, change their meta and leave; after the gateway restarts, both are
 // in the room again with their newest meta.
 func TestRooms(t *testing.T) {
+	t.Parallel()
 	sys := systest.Start(t, systest.Options{})
 	g := sys.Gateway()
 	alice := connect(t, g, "alice", fast)

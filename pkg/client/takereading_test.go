@@ -32,6 +32,7 @@ func (c *countingConn) Write(b []byte) (int, error) {
 // bytes read past the hello frame come first, then the socket's; Read
 // refuses; writes go through the connection swap returned.
 func TestTakeReading(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
