@@ -66,6 +66,11 @@ func (r *runner) addPhase(phase string, replies []Reply, t *attackTally, a, b sa
 		r.add(name("attack connections"), float64(t.dials.Load()), "count", "")
 		r.add(name("attack connections the gateway closed"), float64(t.closed.Load()), "count", "")
 		r.add(name("attack dials failed"), float64(t.dialErr.Load()), "count", "")
+		t.mu.Lock()
+		if t.dialEx != "" && len(r.errs) < 10 {
+			r.errs = append(r.errs, phase+": a dial failed: "+t.dialEx)
+		}
+		t.mu.Unlock()
 		for _, ans := range t.answerList() {
 			t.mu.Lock()
 			n := t.answers[ans]

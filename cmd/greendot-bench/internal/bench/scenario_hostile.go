@@ -72,6 +72,7 @@ type attackTally struct {
 
 	mu      sync.Mutex
 	answers map[string]int64 // "close 1008", "status 400", ...
+	dialEx  string           // the first failed dial's error
 }
 
 // answer counts one answer of the gateway.
@@ -105,12 +106,20 @@ type attacker struct {
 }
 
 // dial opens a TCP connection to the gateway, deadline bounding every
-// read and write on it.
+// read and write on it. A dial that fails before the window ends is
+// counted: most are SYNs the gateway's full accept queue dropped.
 func (a *attacker) dial(ctx context.Context, deadline time.Time) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: a.local, Timeout: 5 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", a.addr)
+	if err != nil && (ctx.Err() != nil || !time.Now().Before(deadline)) {
+		return nil, err // the window's end, not the gateway
+	}
 	if err != nil {
-		a.tally.dialErr.Add(1)
+		if a.tally.dialErr.Add(1) == 1 {
+			a.tally.mu.Lock()
+			a.tally.dialEx = err.Error()
+			a.tally.mu.Unlock()
+		}
 		return nil, err
 	}
 	a.tally.dials.Add(1)
