@@ -88,7 +88,13 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			"members' room_diff; typing puts the connections in rooms of --room-size, has one member of each\n" +
 			"room send a typing signal every --typing-interval for --duration, and measures it to the other\n" +
 			"members' room_signal (in all and clear of the slow spans, as propagation), the CPU per 10k\n" +
-			"rooms and the gateways' memory per room membership.\n" +
+			"rooms and the gateways' memory per room membership; hostile pairs the connections (each\n" +
+			"watcher follows one target), has the targets set_status at --rate per second (20 by default)\n" +
+			"through a baseline phase and one phase per attack on the first gateway, each --duration long\n" +
+			"(floods of pongs, of pongs inside an unfinished message, of empty continuations, 1 MiB JSON\n" +
+			"bombs, slowloris, idle TCP connections, request smuggling, malformed upgrades, messages over\n" +
+			"the rate limit, from raw sockets on 127.0.p.n), and measures the watchers' latency and losses,\n" +
+			"the gateway's answers and its CPU in each.\n" +
 			"The report is a markdown table on stdout (median, min and max over --repeat runs) and JSON\n" +
 			"with --json; progress goes to stderr.",
 		Flags:           flags(),
@@ -117,19 +123,19 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 func flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Category: catScenario, Name: "scenario", Value: bench.ScenarioIdle, EnvVars: env("scenario"),
-			Usage: "what to measure: idle, propagation, death, churn, storm, room or typing"},
+			Usage: "what to measure: idle, propagation, death, churn, storm, room, typing or hostile"},
 		&cli.IntFlag{Category: catScenario, Name: "conns", Value: 1000, EnvVars: env("conns"),
 			Usage: "live connections in all"},
-		&cli.IntFlag{Category: catScenario, Name: "targets", EnvVars: env("targets"), DefaultText: "none in idle, else conns/10 up to 1000",
+		&cli.IntFlag{Category: catScenario, Name: "targets", EnvVars: env("targets"), DefaultText: "none in idle, conns/2 in hostile (pairs), else conns/10 up to 1000",
 			Usage: "connections that are watched, change status (propagation), go silent (death) or are replaced (churn)"},
 		&cli.IntFlag{Category: catScenario, Name: "watchers", EnvVars: env("watchers"), DefaultText: "as many as targets",
 			Usage: "connections that watch targets"},
-		&cli.IntFlag{Category: catScenario, Name: "follows", EnvVars: env("follows"), DefaultText: "min(10, targets per worker)",
+		&cli.IntFlag{Category: catScenario, Name: "follows", EnvVars: env("follows"), DefaultText: "1 in hostile, else min(10, targets per worker)",
 			Usage: "targets each watcher follows and subscribes to"},
 		&cli.DurationFlag{Category: catScenario, Name: "duration", Value: 30 * time.Second, EnvVars: env("duration"),
-			Usage: "measurement window (idle), or how long statuses change (propagation), connections are replaced (churn), members leave and join (room) or rooms get typing signals (typing)"},
-		&cli.Float64Flag{Category: catScenario, Name: "rate", EnvVars: env("rate"), DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn), 100 (room)",
-			Usage: "status changes per second over all targets (propagation), connection replacements per second (churn), or leaves and joins per second (room)"},
+			Usage: "measurement window (idle), or how long statuses change (propagation), connections are replaced (churn), members leave and join (room), rooms get typing signals (typing) or each phase lasts (hostile)"},
+		&cli.Float64Flag{Category: catScenario, Name: "rate", EnvVars: env("rate"), DefaultText: "one per target per second up to 1000 (propagation), 1000 (churn), 100 (room), 20 (hostile)",
+			Usage: "status changes per second over all targets (propagation, hostile), connection replacements per second (churn), or leaves and joins per second (room)"},
 		&cli.IntFlag{Category: catScenario, Name: "room-size", Value: 10, EnvVars: env("room-size"),
 			Usage: "typing: members of each room (the connections beyond the last full room join none)"},
 		&cli.DurationFlag{Category: catScenario, Name: "typing-interval", Value: 2 * time.Second, EnvVars: env("typing-interval"),

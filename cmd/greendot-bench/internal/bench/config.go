@@ -36,10 +36,15 @@ const (
 	// has one member of each room send a typing signal every
 	// TypingInterval, and measures how long the others take to see it.
 	ScenarioTyping = "typing"
+	// ScenarioHostile has pairs of mutual followers, one watching the
+	// other change status at a given rate, through a baseline phase and
+	// then one phase per attack on a gateway from raw sockets, and
+	// measures the watchers' latency and losses in each.
+	ScenarioHostile = "hostile"
 )
 
 // Scenarios lists every scenario, in the order the documentation gives.
-var Scenarios = []string{ScenarioIdle, ScenarioPropagation, ScenarioDeath, ScenarioChurn, ScenarioStorm, ScenarioRoom, ScenarioTyping}
+var Scenarios = []string{ScenarioIdle, ScenarioPropagation, ScenarioDeath, ScenarioChurn, ScenarioStorm, ScenarioRoom, ScenarioTyping, ScenarioHostile}
 
 // rooms reports whether the scenario is one of rooms, whose connections
 // are all members and none targets or watchers.
@@ -112,12 +117,14 @@ type Config struct {
 
 	// Duration is the measurement window (idle) or how long changes
 	// (propagation), replacements (churn), leaves and joins (room) or
-	// typing signals (typing) go on; zero means 30s.
+	// typing signals (typing) go on, or each phase's window (hostile);
+	// zero means 30s.
 	Duration time.Duration `json:"duration"`
 	// Rate is status changes per second over all targets (propagation;
 	// zero means one per target per second, at most 1000), connection
 	// replacements per second (churn; zero means 1000), or leaves and
-	// joins per second (room; zero means 100).
+	// joins per second (room; zero means 100), or status changes per
+	// second over all targets in every phase (hostile; zero means 20).
 	Rate float64 `json:"rate"`
 	// RoomSize is the members of each room (typing; zero means 10).
 	RoomSize int `json:"room_size,omitempty"`
@@ -175,6 +182,13 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Sources == 0 {
 		c.Sources = min(MaxSources, ceilDiv(c.Conns, connsPerSource))
 	}
+	if c.Scenario == ScenarioHostile {
+		// Pairs: each watcher follows one target.
+		if c.Targets == 0 {
+			c.Targets = max(c.Workers, c.Conns/2)
+		}
+		c.Follows = cmpOr(c.Follows, 1)
+	}
 	if c.Scenario != ScenarioIdle && !c.rooms() && c.Targets == 0 {
 		c.Targets = max(c.Workers, min(1000, c.Conns/10))
 	}
@@ -195,6 +209,8 @@ func (c Config) withDefaults() (Config, error) {
 			c.Rate = 1000
 		case ScenarioRoom:
 			c.Rate = 100
+		case ScenarioHostile:
+			c.Rate = 20
 		}
 	}
 	if c.Scenario == ScenarioTyping {
@@ -229,7 +245,7 @@ func (c *Config) Validate() error {
 	}
 	switch {
 	case !known:
-		return bad("scenario %q: want idle, propagation, death, churn, storm, room or typing", c.Scenario)
+		return bad("scenario %q: want idle, propagation, death, churn, storm, room, typing or hostile", c.Scenario)
 	case c.Conns < 1:
 		return bad("conns %d: want at least 1", c.Conns)
 	case c.Targets+c.Watchers > c.Conns:
@@ -252,6 +268,8 @@ func (c *Config) Validate() error {
 		return bad("gateways %d: want at least 1", c.Gateways)
 	case len(c.GatewayURLs) > 0 && c.Gateways != len(c.GatewayURLs):
 		return bad("%d gateways but %d gateway URLs", c.Gateways, len(c.GatewayURLs))
+	case c.Scenario == ScenarioHostile && c.Duration*time.Duration(len(attacks)+1) > maxCommandTime:
+		return bad("hostile: %d phases of %v each: want at most %v in all", len(attacks)+1, c.Duration, maxCommandTime)
 	case len(c.GatewayURLs) > 0 && c.Scenario == ScenarioStorm:
 		return bad("storm restarts gateways: it cannot use --gateway-url")
 	case len(c.GatewayURLs) > 0 && c.Watchers > 0 && c.NATSURL == "":
@@ -266,7 +284,8 @@ func (c *Config) Validate() error {
 		return bad("connect concurrency %d: want at least 1", c.ConnectConcurrency)
 	case c.Duration <= 0 || c.Duration > maxCommandTime:
 		return bad("duration %v: want more than 0 and at most %v", c.Duration, maxCommandTime)
-	case c.Scenario == ScenarioPropagation && c.Rate <= 0, c.Scenario == ScenarioChurn && c.Rate <= 0, c.Scenario == ScenarioRoom && c.Rate <= 0:
+	case c.Scenario == ScenarioPropagation && c.Rate <= 0, c.Scenario == ScenarioChurn && c.Rate <= 0, c.Scenario == ScenarioRoom && c.Rate <= 0,
+		c.Scenario == ScenarioHostile && c.Rate <= 0:
 		return bad("scenario %s needs a positive rate", c.Scenario)
 	case c.StormSignal != "term" && c.StormSignal != "kill":
 		return bad("storm signal %q: want term or kill", c.StormSignal)

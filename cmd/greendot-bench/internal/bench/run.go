@@ -188,6 +188,8 @@ func runOnce(ctx context.Context, cfg *Config, dir string) (res *RunResult, err 
 		err = r.room(ctx)
 	case ScenarioTyping:
 		err = r.typing(ctx)
+	case ScenarioHostile:
+		err = r.hostile(ctx)
 	}
 	if err != nil {
 		return r.res, err

@@ -263,6 +263,71 @@ func TestSmoke(t *testing.T) {
 	}
 }
 
+// TestSmokeHostile runs the hostile scenario with tiny windows and checks
+// that every phase was measured, that the bystanders missed no change in
+// any, and that every attack reached the gateway and was answered as it
+// must be. It never checks speed.
+func TestSmokeHostile(t *testing.T) {
+	tooltest.Long(t)
+	greendot, _ := build(t)
+	cfg := bench.Config{
+		Scenario: bench.ScenarioHostile,
+		Conns:    8,
+		// One change a second per bystander pair: none is coalesced
+		// away, so every one must be seen.
+		Rate:             4,
+		Duration:         time.Second,
+		Greendot:         greendot,
+		InProcessWorkers: true,
+		Logger:           slog.New(slog.DiscardHandler),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	get := func(name string) float64 {
+		t.Helper()
+		s, ok := rep.Figure(name)
+		if !ok {
+			t.Fatalf("no figure %q in the report", name)
+		}
+		return s.Median
+	}
+	phases := []string{"baseline", "pong flood", "pongs inside a fragmented message", "empty continuation flood",
+		"1 MiB JSON bombs", "slowloris", "idle TCP connections", "request smuggling", "malformed upgrades",
+		"message flood over the rate limit"}
+	for _, p := range phases {
+		if n := get(p + ": changes expected by bystanders"); n == 0 {
+			t.Errorf("%s: no change expected", p)
+		}
+		for _, f := range []string{"changes missed", "bystander views not converged after settling", "bystander disconnections"} {
+			if n := get(p + ": " + f); n != 0 {
+				t.Errorf("%s: %s = %v, want 0", p, f, n)
+			}
+		}
+		if seen, want := get(p+": changes seen by bystanders"), get(p+": changes expected by bystanders"); seen != want {
+			t.Errorf("%s: changes seen by bystanders = %v, want %v", p, seen, want)
+		}
+		if p != "baseline" && get(p+": attack connections") == 0 {
+			t.Errorf("%s: the attack made no connection", p)
+		}
+	}
+	for name, least := range map[string]float64{
+		"pong flood: closed with 1008":                           1,
+		"1 MiB JSON bombs: closed with 1009":                     1,
+		"request smuggling: answered 400":                        1,
+		"malformed upgrades: answered 400":                       1,
+		"message flood over the rate limit: rate_limited errors": 1,
+		"message flood over the rate limit: closed with 1008":    1,
+	} {
+		if got := get(name); got < least {
+			t.Errorf("%s = %v, want at least %v", name, got, least)
+		}
+	}
+}
+
 // speedProbed checks, where the workers can probe the machine's speed,
 // the figures of what they found (runner.addSlow): a share of the time,
 // a median, nothing left unlogged, and every delivery seen either clear
