@@ -74,11 +74,7 @@ type conn struct {
 	limiter, roomLimiter, signalLimiter socket.Limiter
 	// roomGrant says which rooms it may join; rooms are those it joined.
 	roomGrant atomic.Pointer[roomGrant]
-	// renewals counts its auth renewals queued among its requests and not
-	// yet taken (Service.reauth): while there are some, a join is checked
-	// against the grant when its turn comes, not when it is read.
-	renewals atomic.Int32
-	rooms    connRooms
+	rooms     connRooms
 	// reqs are its messages waiting for NATS.
 	reqs requests
 }

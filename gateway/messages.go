@@ -163,9 +163,9 @@ func (s *Service) limited(c *conn, now int64) bool {
 func (s *Service) reauth(c *conn, m *protocol.ClientMessage) {
 	id, token := m.ID, m.Token
 	if kr, ok := s.cfg.Tokens.(KeyRefresher); ok && kr.WaitsForKeys(token) {
-		c.renewals.Add(1)
+		c.renewing(1)
 		renew := func() {
-			defer c.renewals.Add(-1)
+			defer c.renewing(-1)
 			s.renew(c, id, token)
 		}
 		if !s.enqueue(c, func(context.Context) { renew() }) {

@@ -22,6 +22,25 @@ type requests struct {
 	mu      sync.Mutex
 	queue   []func(context.Context)
 	running bool
+	// renewals counts the auth renewals among them not yet taken
+	// (Service.reauth): while there are some, a join is checked against
+	// the grant when its turn comes, not when it is read.
+	renewals int32
+}
+
+// renewing adds n to c's renewals waiting among its requests.
+func (c *conn) renewing(n int32) {
+	c.reqs.mu.Lock()
+	c.reqs.renewals += n
+	c.reqs.mu.Unlock()
+}
+
+// renewalWaits reports whether an auth renewal of c waits among its
+// requests.
+func (c *conn) renewalWaits() bool {
+	c.reqs.mu.Lock()
+	defer c.reqs.mu.Unlock()
+	return c.reqs.renewals > 0
 }
 
 // enqueue queues fn for c, and reports false when c has maxQueued waiting.

@@ -159,7 +159,7 @@ func (ms *memberships) check(c *conn, m *protocol.ClientMessage) bool {
 	switch {
 	case !presence.ValidRoomID(m.Room):
 		reason = protocol.ReasonInvalidRoom
-	case !c.roomGrant.Load().allows(m.Room) && c.renewals.Load() == 0:
+	case !c.roomGrant.Load().allows(m.Room) && !c.renewalWaits():
 		reason = protocol.ReasonNotAllowed
 	default:
 		return true
