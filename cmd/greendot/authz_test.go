@@ -19,6 +19,7 @@ import (
 // TestStandaloneAppPolicy runs standalone with --policy app asking an HTTP
 // endpoint that checks the signature made with the secret file's secret.
 func TestStandaloneAppPolicy(t *testing.T) {
+	t.Parallel()
 	secret := "the app's shared secret, 32 bytes or more"
 	secretFile := t.TempDir() + "/app-secret"
 	if err := os.WriteFile(secretFile, []byte(secret+"\n"), 0o600); err != nil {

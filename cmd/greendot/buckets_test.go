@@ -8,6 +8,7 @@ import (
 )
 
 func TestBucketsCommand(t *testing.T) {
+	t.Parallel()
 	url := natstest.RunServer(t).ClientURL()
 	for range 2 { // idempotent
 		code, stdout, stderr := runOnce(t, "buckets", "--nats-url", url)

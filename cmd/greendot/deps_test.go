@@ -13,6 +13,7 @@ import (
 // links neither the load generator (cmd/greendot-bench, over
 // internal/bench) nor the histogram library only it uses.
 func TestProductDependencies(t *testing.T) {
+	t.Parallel()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		tooltest.Missing(t, "no go command on PATH to list the dependencies with: install Go")

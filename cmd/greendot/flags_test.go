@@ -24,6 +24,7 @@ import (
 // TestBadInput runs command lines that must be refused before anything
 // starts: exit code 1 and one clear line on stderr.
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	emptySecret := filepath.Join(dir, "empty-secret")
 	if err := os.WriteFile(emptySecret, []byte("\n"), 0o600); err != nil {
@@ -191,6 +192,7 @@ func TestBadEnvVar(t *testing.T) {
 // GREENDOT_, the kind and its name. The kind is the command's, or for a
 // flag standalone carries for a process it runs, that process's.
 func TestEveryFlagHasItsEnvVar(t *testing.T) {
+	t.Parallel()
 	walkFlags(newApp(io.Discard, io.Discard).Commands, "greendot", func(cmd string, f cli.DocGenerationFlag) {
 		name := f.Names()[0]
 		want := []string{envVar(name), envVar(strings.Fields(cmd)[1] + "-" + name)}
@@ -213,6 +215,7 @@ func TestEveryFlagHasItsEnvVar(t *testing.T) {
 // have different variables. greendot bench is left out: it is a load
 // generator, not a greendot process, and is to become its own command.
 func TestEnvVarsMeanOneThing(t *testing.T) {
+	t.Parallel()
 	type meaning struct{ name, usage, def string }
 	// Variables whose flags differ in their default only, on purpose: the
 	// variable sets the same thing wherever it is read.
@@ -260,7 +263,7 @@ func walkFlags(cmds []*cli.Command, path string, fn func(cmd string, f cli.DocGe
 	for _, c := range cmds {
 		p := path + " " + c.Name
 		for _, f := range c.Flags {
-			if f != cli.HelpFlag {
+			if f.Names()[0] != "help" {
 				fn(p, f.(cli.DocGenerationFlag))
 			}
 		}
@@ -288,6 +291,7 @@ func parseFlags(t *testing.T, flags []cli.Flag, args []string, fn func(c *cli.Co
 // DefaultConfig in every field a flag sets. Defaults are written once, in
 // the process's package, and --help shows them.
 func TestFlagDefaultsAreTheProcessDefaults(t *testing.T) {
+	t.Parallel()
 	log := slog.New(slog.DiscardHandler)
 	gatewayFromFlags := func(t *testing.T, flags []cli.Flag) {
 		t.Helper()
@@ -366,6 +370,7 @@ func TestFlagDefaultsAreTheProcessDefaults(t *testing.T) {
 // TestGatewayDerivedDefaults: defaults that derive from other flags follow
 // them.
 func TestGatewayDerivedDefaults(t *testing.T) {
+	t.Parallel()
 	var got gateway.Config
 	parseFlags(t, gatewayCommand().Flags, []string{"--conn-ttl", "1s", "--offline-grace", "0", "--batch-interval", "100ms"}, func(c *cli.Context) error {
 		cfg, err := gatewayConfig(c, slog.New(slog.DiscardHandler), presence.BucketOptions{})
@@ -387,6 +392,7 @@ func TestGatewayDerivedDefaults(t *testing.T) {
 }
 
 func TestIsLoopback(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		addr string
 		want bool

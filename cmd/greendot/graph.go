@@ -62,6 +62,12 @@ func graphCommand() *cli.Command {
 		},
 		OnUsageError: usageError,
 		Action: func(c *cli.Context) error {
+			if c.Args().First() == "help" {
+				if name := c.Args().Get(1); name != "" {
+					return cli.ShowCommandHelp(c, name)
+				}
+				return cli.ShowSubcommandHelp(c)
+			}
 			if c.Args().Present() {
 				return fmt.Errorf("unknown graph command %s: want follow, unfollow, privacy or show", quote(c.Args().First()))
 			}

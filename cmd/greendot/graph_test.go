@@ -15,6 +15,7 @@ import (
 )
 
 func TestGraphCommands(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	url := srv.ClientURL()
 	nc := natstest.Connect(t, srv)

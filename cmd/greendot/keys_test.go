@@ -28,6 +28,7 @@ import (
 // once published, the old one is refused once removed, and a socket that
 // connected with the old key is not dropped.
 func TestJWTKeyRotation(t *testing.T) {
+	t.Parallel()
 	type key struct {
 		kid  string
 		pub  ed25519.PublicKey

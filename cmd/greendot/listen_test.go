@@ -11,6 +11,7 @@ import (
 // plain net.Listen's get it switched on, four socket options set at every
 // accept.
 func TestGatewayListenerNoKeepalive(t *testing.T) {
+	t.Parallel()
 	ln, err := listenGateway("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -44,12 +45,15 @@ func main() {
 // the process's exit code: 0 on success and clean shutdown, 1 with a
 // one-line error on stderr otherwise.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil {
+	if err := newApp(stdout, stderr).RunContext(ctx, args); err != nil && !errors.Is(err, errVersionShown) {
 		fmt.Fprintf(stderr, "greendot: %s\n", oneLine(err))
 		return 1
 	}
 	return 0
 }
+
+// errVersionShown ends a run that printed the version, with exit code 0.
+var errVersionShown = errors.New("version shown")
 
 // newApp builds the command line application. Flags hold parse state, so
 // every call builds them afresh.
@@ -71,14 +75,29 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 			graphCommand(),
 			bucketsCommand(),
 		},
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		Suggest:         true,
-		HideHelpCommand: true,
+		Flags:     []cli.Flag{helpFlag(), versionFlag()},
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Suggest:   true,
+		// The library's own --help and --version are package variables
+		// that it writes to as it parses them: apps run at once (the
+		// tests run many) would share them. Every app has its own, under
+		// the same names, which the library still answers.
+		HideHelp:    true,
+		HideVersion: true,
 		// Errors are printed once, by run; the library must neither print
 		// usage on a bad flag nor exit the process.
 		OnUsageError:   usageError,
 		ExitErrHandler: func(*cli.Context, error) {},
+		// Before runs before any command: --version is answered there,
+		// as the library answers its own.
+		Before: func(c *cli.Context) error {
+			if c.Bool("version") {
+				cli.ShowVersion(c)
+				return errVersionShown
+			}
+			return nil
+		},
 		Action: func(c *cli.Context) error {
 			if c.Args().Present() {
 				return fmt.Errorf("unknown command %q: see 'greendot --help'", c.Args().First())
@@ -90,19 +109,25 @@ func newApp(stdout, stderr io.Writer) *cli.App {
 	return app
 }
 
-// listHelp gives every command under cmds its --help flag before the
-// library sorts the commands' flags into categories, so that every
-// command's --help lists --help, once, first. The library adds the flag to
-// a command only when it runs it: too late for the categories of the
-// top-level commands, so their help left it out while that of the graph
-// commands showed it.
+// listHelp gives every command under cmds a --help flag of its own (see
+// newApp) before the library sorts the commands' flags into categories,
+// so that every command's --help lists --help, once, first.
 func listHelp(cmds []*cli.Command) {
 	for _, c := range cmds {
-		if !slices.Contains(c.Flags, cli.HelpFlag) {
-			c.Flags = append(c.Flags, cli.HelpFlag)
-		}
+		c.HideHelp, c.HideHelpCommand = true, true
+		c.Flags = append(c.Flags, helpFlag())
 		listHelp(c.Subcommands)
 	}
+}
+
+// helpFlag and versionFlag return new flags like the library's HelpFlag
+// and VersionFlag, by whose names it finds them.
+func helpFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "help", Aliases: []string{"h"}, Usage: "show help", DisableDefaultText: true}
+}
+
+func versionFlag() cli.Flag {
+	return &cli.BoolFlag{Name: "version", Aliases: []string{"v"}, Usage: "print the version", DisableDefaultText: true}
 }
 
 // usageError returns a flag parsing error, to be printed on one line, with

@@ -121,6 +121,7 @@ func freeAddr(t *testing.T) string {
 }
 
 func TestHelpAndVersion(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{{}, {"--help"}, {"standalone", "--help"}, {"gateway", "--help"}, {"graph", "--help"}, {"graph", "show", "--help"}, {"--version"}} {
 		code, stdout, stderr := runOnce(t, args...)
 		if code != 0 || stdout == "" {

@@ -23,6 +23,7 @@ import (
 // TestProcesses runs a gateway, a reaper and a fanout as separate commands
 // against one NATS server, as a deployment does.
 func TestProcesses(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	natsURL := srv.ClientURL()
 	secret := "the gateway's HMAC secret, 32+ bytes"
@@ -149,6 +150,7 @@ func getQuiet(url string) (int, string) {
 // JetStream to answer at start, as SIGINT does: that is a clean shutdown,
 // with exit code 0, not a failure.
 func TestStoppedWhileStarting(t *testing.T) {
+	t.Parallel()
 	// A NATS server without JetStream, where a client that never answers
 	// takes JetStream's requests: a start waits on them.
 	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true})

@@ -76,6 +76,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 // TestStandalone runs the standalone command as main does, uses it as a
 // client and an operator would, and stops it as Ctrl-C does.
 func TestStandalone(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	p := start(t, append([]string{"standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--sweep-interval", "1s"}, fast...)...)
 	m := p.awaitOutput(t, devReadyRE)
@@ -187,6 +188,7 @@ func TestStandalone(t *testing.T) {
 // TestStandaloneInProcessNATS runs standalone with no NATS listener, twice
 // in a row on the same data directory, and refuses a second one beside it.
 func TestStandaloneInProcessNATS(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	for i := range 2 {
 		p := start(t, "standalone", "--data", data, "--listen", "127.0.0.1:0", "--nats-listen", "")
@@ -380,6 +382,7 @@ func (b *binary) signal(t *testing.T, sig os.Signal) {
 // TestBinarySignals builds the greendot binary and stops it with SIGINT
 // and SIGTERM, as a terminal and a process manager do.
 func TestBinarySignals(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		t.Run(sig.String(), func(t *testing.T) {
@@ -410,6 +413,7 @@ func TestBinarySignals(t *testing.T) {
 // signal ended. That holds for a SIGINT the process started with ignored,
 // as a shell script starts a background job (greendot standalone &).
 func TestBinarySecondSignal(t *testing.T) {
+	t.Parallel()
 	bin := buildBinary(t)
 	for _, tt := range []struct {
 		name    string
@@ -504,6 +508,7 @@ func TestStandaloneDrainOutlastsStopTimeout(t *testing.T) {
 // serves, as a SIGINT while its NATS server starts does: a clean shutdown,
 // with exit code 0.
 func TestStandaloneStoppedWhileStarting(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	var stdout, stderr syncbuf.Buffer

@@ -22,6 +22,7 @@ import (
 // TestVersion: greendot --version prints the one version of the build,
 // the one the micro services report.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	code, stdout, stderr := runOnce(t, "--version")
 	if want := "greendot version " + version.String() + "\n"; code != 0 || stdout != want {
 		t.Errorf("--version: exit %d, stdout %q, stderr %q; want %q", code, stdout, stderr, want)
@@ -32,6 +33,7 @@ func TestVersion(t *testing.T) {
 // the version stamped by -ldflags -X, and checks that --version and the
 // reaper's micro service both report the stamped version.
 func TestStampedVersion(t *testing.T) {
+	t.Parallel()
 	dockerfile, err := os.ReadFile(filepath.Join("..", "..", "Dockerfile"))
 	if err != nil {
 		t.Fatal(err)

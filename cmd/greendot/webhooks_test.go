@@ -19,6 +19,7 @@ import (
 // user's transitions reach the endpoint and that it serves its health and
 // metrics.
 func TestWebhooksProcess(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	natsURL := srv.ClientURL()
 	secret := "the endpoint's signing secret"
