@@ -27,7 +27,7 @@ func Changes(userID string, prev, next *Record, rev uint64) (pub *Event, self *S
 		return &Event{UserID: userID, Status: Offline, Rev: rev}, nil, nil
 	}
 	if pubMoved {
-		pub = &Event{UserID: userID, Status: next.Public, LastSeen: next.LastSeen, Rev: rev, At: next.Updated}
+		pub = &Event{UserID: userID, Status: next.Public, LastSeen: next.LastSeen, Platforms: next.PublicPlatforms(), Rev: rev, At: next.Updated}
 		if pub.Status == "" {
 			pub.Status = Offline
 		}

@@ -35,6 +35,9 @@ type Record struct {
 	Public Status `json:"public"`
 	// Devices counts the connections that are live (not closing).
 	Devices int `json:"devices"`
+	// Platforms are the platforms of the live connections that named
+	// one, and on which of them the user is active.
+	Platforms Platforms `json:"platforms,omitempty"`
 	// LastSeen is when Public last changed to or from a visible status, in
 	// unix seconds. It does not move while the user is invisible.
 	LastSeen int64 `json:"last_seen,omitempty"`
@@ -76,6 +79,8 @@ type ConnInfo struct {
 	Lease string `json:"lease,omitempty"`
 	// Device is the label the client gave (web, ios, ...), if any.
 	Device string `json:"device,omitempty"`
+	// Platform is the platform the client named, if any.
+	Platform Platform `json:"platform,omitempty"`
 	// Since is when the connection was established, in unix milliseconds.
 	Since int64 `json:"since"`
 	// Rev is, for a key of the earlier shape, the revision at which the
@@ -118,6 +123,27 @@ func (r *Record) RemoveConn(connID string, lastSeen int64) {
 	}
 	delete(r.Conns, connID)
 	r.ended = max(r.ended, lastSeen)
+}
+
+// livePlatforms returns the platforms of the live (not closing)
+// connections, active where one of them is not idle.
+func (r *Record) livePlatforms() Platforms {
+	var ps Platforms
+	for _, c := range r.Conns {
+		if !c.Closing && c.Platform != "" {
+			ps = ps.with(c.Platform, !c.Idle)
+		}
+	}
+	return ps
+}
+
+// PublicPlatforms returns the platforms others see: none unless the user
+// is visible (online, away or busy; not invisible).
+func (r *Record) PublicPlatforms() Platforms {
+	if !r.Public.Visible() {
+		return 0
+	}
+	return r.Platforms
 }
 
 // True computes the user's true status and live device count from Chosen
@@ -173,14 +199,18 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 
 	r.Status, r.Devices = r.True()
 	r.Public = r.Status.Public()
+	r.Platforms = r.livePlatforms()
 	r.LastSeen, r.Since = prev.LastSeen, prev.Since
 	r.PubVer, r.SelfVer = prev.PubVer, prev.SelfVer
 
-	if r.Public != prevPublic {
+	switch {
+	case r.Public != prevPublic:
 		r.PubVer++
 		if r.Public.Visible() || prevPublic.Visible() {
 			r.LastSeen = r.seenAt(prev, now).Unix()
 		}
+	case r.PublicPlatforms() != prev.PublicPlatforms():
+		r.PubVer++
 	}
 	if r.Status != prevStatus || r.Devices != prev.Devices {
 		r.SelfVer++
@@ -233,7 +263,7 @@ func (r *Record) seenAt(prev *Record, now time.Time) time.Time {
 // Presence returns what others see of the user, with LastSeen included
 // (the caller removes it where the user's privacy setting says so).
 func (r *Record) Presence(userID string) Presence {
-	p := Presence{UserID: userID, Status: r.Public, LastSeen: r.LastSeen}
+	p := Presence{UserID: userID, Status: r.Public, LastSeen: r.LastSeen, Platforms: r.PublicPlatforms()}
 	if p.Status == "" {
 		p.Status = Offline
 	}
@@ -252,6 +282,8 @@ type ConnRecord struct {
 	Lease string `json:"lease,omitempty"`
 	// Device is the label the client gave, if any.
 	Device string `json:"device,omitempty"`
+	// Platform is the platform the client named, if any.
+	Platform Platform `json:"platform,omitempty"`
 	// Since is when the connection was established, in unix milliseconds.
 	Since int64 `json:"since"`
 	// ActiveAt is the last activity the gateway knew of when it wrote this
@@ -290,6 +322,9 @@ type Presence struct {
 	// LastSeen is in unix seconds; zero means unknown or not visible to
 	// this watcher, and is left out of the JSON.
 	LastSeen int64 `json:"last_seen,omitempty"`
+	// Platforms are where the user is live, when their clients said;
+	// none while they are offline or invisible.
+	Platforms Platforms `json:"platforms,omitempty"`
 }
 
 // Event is published on EventSubject(UserID) whenever what others see of
@@ -300,6 +335,8 @@ type Event struct {
 	UserID   string `json:"user_id"`
 	Status   Status `json:"status"`
 	LastSeen int64  `json:"last_seen,omitempty"`
+	// Platforms are the user's platforms others see (Record.PublicPlatforms).
+	Platforms Platforms `json:"platforms,omitempty"`
 	// Rev is the StatusBucket revision the event was made from; a gateway
 	// drops an event whose Rev is not newer than what it already has.
 	Rev uint64 `json:"rev"`
@@ -310,7 +347,7 @@ type Event struct {
 
 // Presence returns the event's presence object.
 func (e *Event) Presence() Presence {
-	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen}
+	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen, Platforms: e.Platforms}
 }
 
 // SelfEvent is published on SelfSubject(gateway) for each gateway holding

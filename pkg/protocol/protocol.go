@@ -345,6 +345,10 @@ func AppendPresence(dst []byte, p *presence.Presence) []byte {
 		dst = append(dst, `,"last_seen":`...)
 		dst = strconv.AppendInt(dst, p.LastSeen, 10)
 	}
+	if p.Platforms != 0 {
+		dst = append(dst, `,"platforms":`...)
+		dst = p.Platforms.AppendJSON(dst)
+	}
 	return append(dst, '}')
 }
 
