@@ -214,7 +214,7 @@ func connsReply(userID string, rec *presence.Record, rev uint64, keys map[string
 	}
 	for id, c := range rec.Conns {
 		ci := admin.ConnInfo{
-			ConnID: id, Gateway: c.Gateway, Lease: c.Lease, Device: c.Device, Since: time.UnixMilli(c.Since).UTC(),
+			ConnID: id, Gateway: c.Gateway, Lease: c.Lease, Device: c.Device, Platform: string(c.Platform), Since: time.UnixMilli(c.Since).UTC(),
 			Idle: c.Idle, Closing: c.Closing, InRecord: true,
 		}
 		if k, ok := keys[id]; ok {
@@ -230,7 +230,7 @@ func connsReply(userID string, rec *presence.Record, rev uint64, keys map[string
 		// A key the record does not count (yet): its gateway is between
 		// creating it and adding it to the record, or the record lost it.
 		r.Conns = append(r.Conns, admin.ConnInfo{
-			ConnID: id, Gateway: k.Gateway, Lease: k.Lease, Device: k.Device, Since: time.UnixMilli(k.Since).UTC(),
+			ConnID: id, Gateway: k.Gateway, Lease: k.Lease, Device: k.Device, Platform: string(k.Platform), Since: time.UnixMilli(k.Since).UTC(),
 			ActiveAt: activeAt(&k), Idle: k.Idle, Closing: k.Closing, KeyLive: true,
 		})
 	}

@@ -50,16 +50,20 @@ type credentials struct {
 	user      string // ?user= (dev auth)
 	device    string // ?device=
 	hasDevice bool
-	origin    string
-	hasOrigin bool
+	// platform is ?platform=.
+	platform    string
+	hasPlatform bool
+	origin      string
+	hasOrigin   bool
 	// origins counts the Origin headers: a request with more is refused.
 	origins int
 }
 
 // identity is a verified client.
 type identity struct {
-	userID string
-	device string
+	userID   string
+	device   string
+	platform presence.PlatformCode
 	// expires is when the token proving it expires; zero for dev auth.
 	expires time.Time
 	// watch is the token's watch claim, under PolicyToken.
@@ -77,6 +81,7 @@ func (cr *credentials) parseQuery(rawQuery string) error {
 	cr.token = q.Get("token")
 	cr.user = q.Get("user")
 	cr.device, cr.hasDevice = q.Get("device"), q.Has("device")
+	cr.platform, cr.hasPlatform = q.Get("platform"), q.Has("platform")
 	return nil
 }
 
@@ -117,6 +122,12 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 			return id, fmt.Errorf("%w: device must be 1 to %d characters of A-Z a-z 0-9 _ - . and space", ErrBadRequest, presence.MaxDeviceLen)
 		}
 		id.device = cr.device
+	}
+	if cr.hasPlatform {
+		if !presence.ValidPlatform(cr.platform) {
+			return id, fmt.Errorf("%w: platform must be web, desktop or mobile", ErrBadRequest)
+		}
+		id.platform = presence.Platform(cr.platform).Code()
 	}
 	token := cr.bearer
 	if token == "" {

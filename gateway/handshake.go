@@ -215,6 +215,7 @@ func (s *Service) newConn(id identity) *conn {
 		userID: id.userID,
 		device: id.device,
 		since:  now.UnixMilli(),
+		key:    connKey{platform: id.platform},
 	}
 	c.lastFrame.Store(now.UnixNano())
 	c.lastActivity.Store(now.UnixNano())

@@ -578,6 +578,8 @@ func TestUpgradeRefusals(t *testing.T) {
 		{"bad user id", "?user=al%20ice", http.StatusBadRequest},
 		{"long user id", "?user=" + strings.Repeat("a", 65), http.StatusBadRequest},
 		{"bad device", "?user=alice&device=" + strings.Repeat("d", 33), http.StatusBadRequest},
+		{"unknown platform", "?user=alice&platform=tv", http.StatusBadRequest},
+		{"empty platform", "?user=alice&platform=", http.StatusBadRequest},
 		{"token without a verifier", "?token=abc", http.StatusUnauthorized},
 	}
 	for _, tt := range tests {

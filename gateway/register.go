@@ -93,6 +93,9 @@ type connKey struct {
 	closedAt int64  // unix ms of a clean close; 0 while open
 	idle     bool
 	ended    bool // taken out of the user's state
+	// platform is the platform the client named at connect (?platform=),
+	// which its key and its user's record carry; set before it registers.
+	platform presence.PlatformCode
 }
 
 // tasks tracks goroutines that must finish before the registrar stops.
@@ -200,7 +203,7 @@ func (r *registrar) register(ctx context.Context, c *conn) (presence.Record, uin
 	}
 	us := r.lockUser(c.userID)
 	c.us = us
-	c.key = connKey{lease: epoch}
+	c.key = connKey{lease: epoch, platform: c.key.platform}
 	us.conns = append(us.conns, c)
 	w := r.askLocked(us)
 	us.mu.Unlock()
@@ -237,7 +240,7 @@ func (r *registrar) listed(c *conn, st selfState) selfState {
 
 // connRecord returns the value of c's key under epoch.
 func (r *registrar) connRecord(c *conn, epoch string, idle bool) presence.ConnRecord {
-	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Since: c.since, Idle: idle}
+	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Platform: c.key.platform.Platform(), Since: c.since, Idle: idle}
 }
 
 // removeKeys removes the keys of connections the record no longer names.

@@ -266,7 +266,7 @@ func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, 
 			continue // registered again under the new lease first
 		}
 		entries[c.connID] = presence.ConnInfo{
-			Gateway: r.cfg.ID, Lease: c.key.lease, Device: c.device, Since: c.since,
+			Gateway: r.cfg.ID, Lease: c.key.lease, Device: c.device, Platform: c.key.platform.Platform(), Since: c.since,
 			Idle: c.key.idle, Closing: c.key.closedAt != 0, ClosedAt: c.key.closedAt,
 		}
 	}

@@ -18,7 +18,12 @@ export interface Presence {
   readonly status: PublicStatus;
   /** Unix seconds; present only where the user's privacy setting lets this watcher see it. */
   readonly last_seen?: number;
+  /** The platforms the user is live on, where their clients said which, and whether they are active there; absent while offline or invisible. */
+  readonly platforms?: Readonly<Partial<Record<Platform, "active" | "idle">>>;
 }
+
+/** The platform a device is on. */
+export type Platform = "web" | "desktop" | "mobile";
 
 /** The user's own status and how many of their connections are live. */
 export interface Self {
@@ -220,6 +225,8 @@ export interface Options {
   user?: string;
   /** A device label (web, desktop, ...): 1 to 32 of A-Z a-z 0-9 _ - . and space. */
   device?: string;
+  /** The platform this device is on, shown to those who watch the user. */
+  platform?: Platform;
   /** A status to choose at every connection. */
   status?: ChosenStatus;
   /** Reconnect backoff: full jitter up to min(backoffMaxMs, backoffBaseMs * 2^attempt). Default 500. */

@@ -116,6 +116,7 @@ const USER_ID = /^[A-Za-z0-9_-]{1,64}$/;
 const ROOM_ID = /^[A-Za-z0-9_:-]{1,128}$/;
 const SIGNAL = /^[a-z0-9_-]{1,32}$/;
 const DEVICE = /^[A-Za-z0-9_. -]{1,32}$/;
+const PLATFORMS = ["web", "desktop", "mobile"];
 const ACTIVITY_EVENTS = ["pointerdown", "pointermove", "keydown", "wheel", "touchstart"];
 
 /**
@@ -207,6 +208,11 @@ export class Throttle {
     this.#last = now;
     this.#fn();
   }
+}
+
+// samePlatforms reports whether two presence objects' platforms say the same.
+function samePlatforms(a, b) {
+  return PLATFORMS.every((p) => (a?.[p] ?? "") === (b?.[p] ?? ""));
 }
 
 function checkDuration(name, v) {
@@ -312,6 +318,9 @@ export class GreenDot {
     }
     if (o.device !== undefined && (typeof o.device !== "string" || !DEVICE.test(o.device))) {
       throw new TypeError(`greendot: device must be 1 to 32 characters of A-Z a-z 0-9 _ - . and space (got ${JSON.stringify(o.device)})`);
+    }
+    if (o.platform !== undefined && !PLATFORMS.includes(o.platform)) {
+      throw new TypeError(`greendot: platform must be web, desktop or mobile (got ${JSON.stringify(o.platform)})`);
     }
     if (o.status !== undefined) checkStatus(o.status);
     this.#WS = o.WebSocket ?? globalThis.WebSocket;
@@ -619,6 +628,7 @@ export class GreenDot {
     if (token) u.searchParams.set("token", token);
     else if (o.user !== undefined) u.searchParams.set("user", o.user);
     if (o.device !== undefined) u.searchParams.set("device", o.device);
+    if (o.platform !== undefined) u.searchParams.set("platform", o.platform);
     return u.toString();
   }
 
@@ -1080,7 +1090,7 @@ export class GreenDot {
     if (!this.#wanted.has(p.user_id)) return; // unsubscribed meanwhile
     const prev = this.#presence.get(p.user_id);
     const next = Object.freeze({ ...p });
-    if (prev && prev.status === next.status && prev.last_seen === next.last_seen) return;
+    if (prev && prev.status === next.status && prev.last_seen === next.last_seen && samePlatforms(prev.platforms, next.platforms)) return;
     this.#presence.set(p.user_id, next);
     this.#emit("change", p.user_id, next);
   }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/greendot/greendot/internal/doctest"
+	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system/systest"
 )
@@ -49,11 +50,15 @@ type storedRecord struct {
 
 // TestRecordSamples: the records docs/architecture.md shows are records
 // of greendot's types (every field of a sample is one of the type's), and
-// those of a live user, connected on the web and busy, have no field the
-// samples do not show.
+// those of a live user, connected on the web from a laptop and busy,
+// have no field the samples do not show.
 func TestRecordSamples(t *testing.T) {
 	sys := systest.Start(t, systest.Options{})
-	alice := sys.Dial(sys.Gateway(), "alice", "web")
+	alice, err := client.Dial(context.Background(), sys.Gateway().WS+"?user=alice&device=laptop&platform=web", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Abort()
 	defer systest.KeepAlive(alice, systest.Heartbeat)()
 	if err := alice.SetStatus("busy"); err != nil {
 		t.Fatal(err)

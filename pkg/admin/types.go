@@ -88,6 +88,8 @@ type ConnInfo struct {
 	// under; absent for a key of the earlier shape.
 	Lease  string `json:"lease,omitempty"`
 	Device string `json:"device,omitempty"`
+	// Platform is the platform its client named (web, desktop, mobile).
+	Platform string `json:"platform,omitempty"`
 	// Since is when the connection was established.
 	Since time.Time `json:"since"`
 	// ActiveAt is, for a key of the earlier shape, the last activity its

@@ -158,6 +158,7 @@ func TestConnectRefusesBadConfig(t *testing.T) {
 		{"token and user", "ws://127.0.0.1:1/ws", Config{Token: "t", User: "alice"}, "not both"},
 		{"bad user", "ws://127.0.0.1:1/ws", Config{User: "al ice"}, `user id "al ice"`},
 		{"bad device", "ws://127.0.0.1:1/ws", Config{User: "alice", Device: "ph/one"}, `device "ph/one"`},
+		{"bad platform", "ws://127.0.0.1:1/ws", Config{User: "alice", Platform: "tv"}, `platform "tv": want web, desktop or mobile`},
 		{"bad backoff", "ws://127.0.0.1:1/ws", Config{User: "alice", Backoff: Backoff{Base: time.Second, Max: time.Millisecond}}, "backoff max"},
 		{"negative buffer", "ws://127.0.0.1:1/ws", Config{User: "alice", EventBuffer: -1}, "event buffer"},
 		{"negative wait", "ws://127.0.0.1:1/ws", Config{User: "alice", DrainJitter: -1}, "negative"},
@@ -183,6 +184,7 @@ func TestGatewayURL(t *testing.T) {
 	}{
 		{"http://h:1", Config{User: "alice"}, "ws://h:1/ws?user=alice"},
 		{"https://h/", Config{Token: "t", Device: "my phone"}, "wss://h/ws?device=my+phone"},
+		{"https://h/", Config{Token: "t", Platform: "mobile"}, "wss://h/ws?platform=mobile"},
 		{"ws://h:1/presence/ws?x=1#frag", Config{User: "bob"}, "ws://h:1/presence/ws?user=bob&x=1"},
 	}
 	for _, tt := range tests {

@@ -49,6 +49,9 @@ type Config struct {
 	// Device names this device in the user's own view (?device=): web,
 	// ios, desktop, ...
 	Device string
+	// Platform is the platform this device is on (?platform=): web,
+	// desktop or mobile; others see it in the user's presence.
+	Platform presence.Platform
 	// Header holds extra request headers (Origin).
 	Header http.Header
 	// LocalAddr is the local address to dial from.
@@ -89,6 +92,8 @@ func (cfg Config) withDefaults() (Config, error) {
 		return cfg, fmt.Errorf("user id %q: want 1 to %d characters of A-Z a-z 0-9 _ -", cfg.User, presence.MaxUserIDLen)
 	case cfg.Device != "" && !presence.ValidDevice(cfg.Device):
 		return cfg, fmt.Errorf("device %q: want 1 to %d characters of A-Z a-z 0-9 _ - . and space", cfg.Device, presence.MaxDeviceLen)
+	case cfg.Platform != "" && !presence.ValidPlatform(string(cfg.Platform)):
+		return cfg, fmt.Errorf("platform %q: want web, desktop or mobile", cfg.Platform)
 	case cfg.DialTimeout < 0, cfg.WriteTimeout < 0, cfg.DrainJitter < 0, cfg.StableAfter < 0:
 		return cfg, errors.New("timeouts and waits must not be negative")
 	case cfg.EventBuffer < 0:
@@ -135,6 +140,9 @@ func gatewayURL(raw string, cfg Config) (string, error) {
 	}
 	if cfg.Device != "" {
 		q.Set("device", cfg.Device)
+	}
+	if cfg.Platform != "" {
+		q.Set("platform", string(cfg.Platform))
 	}
 	u.RawQuery = q.Encode()
 	return u.String(), nil

@@ -2,7 +2,7 @@
 import {
   GreenDot, Throttle, STATUSES, STATES, DEFAULTS, MAX_SUBSCRIBE_IDS, MAX_MESSAGE_BYTES, MAX_META_BYTES,
   MAX_SIGNAL_BYTES, TYPING_INTERVAL_MS, SIGNAL_EXPIRES_MS, backoffDelay, validUserId, validRoomId, subscribeChunks,
-  type ChosenStatus, type Presence, type Room, type RoomMember, type ServerError, type State,
+  type ChosenStatus, type Platform, type Presence, type Room, type RoomMember, type ServerError, type State,
 } from "../../greendot.js";
 
 // The page's own WebSocket may be passed as the constructor.
@@ -18,6 +18,9 @@ const conn = gd.hello?.conn_id;
 const watched: string[] = gd.subscriptions;
 const rooms: Room[] = gd.rooms;
 const all: Map<string, Presence> = gd.presences();
+const onPhone: "active" | "idle" | undefined = all.get("bob")?.platforms?.mobile;
+const platform: Platform = "desktop";
+new GreenDot({ user: "alice", platform, connect: false });
 gd.subscribe("bob").then(({ users, denied }) => console.log(users.map((p) => p.status), denied.map((d) => d.reason)));
 gd.subscribe(new Set(["carol"]));
 gd.unsubscribe("bob");

@@ -15,6 +15,7 @@ const gd = new GreenDot({
   url: "wss://presence.example.com/ws",    // default: /ws on the page's host
   token: () => fetch("/presence-token").then((r) => r.text()), // a JWT whose sub is the user id
   device: "web",
+  platform: "web",                         // web, desktop or mobile: watchers see where you are
 });
 gd.onChange((userId, p) => showDot(userId, p.status, p.last_seen));
 gd.onSelf((self) => showMyStatus(self.status, self.devices));
@@ -24,7 +25,7 @@ gd.onError((e) => console.warn(e.code, e.message));
 
 await gd.subscribe(["bob", "carol"]);      // resolves with {users, denied}
 gd.setStatus("busy");                       // online, away, busy or invisible
-gd.presence("bob");                         // {user_id, status, last_seen?} or undefined
+gd.presence("bob");                         // {user_id, status, last_seen?, platforms?} or undefined
 gd.unsubscribe(["carol"]);
 gd.close();
 
