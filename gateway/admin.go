@@ -35,6 +35,7 @@ func (s *Service) startAdmin(addr string) (*admin.Server, error) {
 			"lease_ttl":          cfg.LeaseTTL.String(),
 			"heartbeat_interval": cfg.HeartbeatInterval.String(),
 			"offline_grace":      cfg.OfflineGrace.String(),
+			"background_grace":   cfg.BackgroundGrace.String(),
 			"away_after":         cfg.AwayAfter.String(),
 			"batch_interval":     cfg.BatchInterval.String(),
 			"batch_pace":         cfg.BatchPace.String(),

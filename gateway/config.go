@@ -82,6 +82,12 @@ type Config struct {
 	// so that a page reload does not flap; zero means 3s, NoOfflineGrace
 	// none. Rounded up to whole seconds.
 	OfflineGrace time.Duration
+	// BackgroundGrace is the longest grace a client may ask for when it
+	// says its app goes to the background (background): when such a
+	// connection's socket then closes or dies, the user is shown away,
+	// not offline, until the grace ends. A client that asks for no grace
+	// gets this one. Zero means 2m.
+	BackgroundGrace time.Duration
 	// AwayAfter is how long a connection may go without activity before
 	// it counts as idle; zero means 5m.
 	AwayAfter time.Duration
@@ -270,6 +276,10 @@ type buffers struct {
 // defaultBuffer is the size of a buffer left zero.
 const defaultBuffer = 64 * 1024
 
+// maxBackgroundGrace bounds Config.BackgroundGrace: a grace is kept in
+// a connection's registration as 32 bits of milliseconds.
+const maxBackgroundGrace = 24 * time.Hour
+
 // NoOfflineGrace, as Config.OfflineGrace, ends a cleanly closed connection
 // at once (zero means the default grace).
 const NoOfflineGrace time.Duration = -1
@@ -279,6 +289,7 @@ const (
 	DefaultHeartbeatInterval = 15 * time.Second
 	DefaultConnTTL           = 30 * time.Second
 	DefaultOfflineGrace      = 3 * time.Second
+	DefaultBackgroundGrace   = 2 * time.Minute
 	DefaultAwayAfter         = 5 * time.Minute
 	DefaultBatchInterval     = 10 * time.Millisecond
 	// DefaultBatchPace is the batch pace when BatchInterval is no longer.
@@ -317,6 +328,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval:   DefaultHeartbeatInterval,
 		ConnTTL:             DefaultConnTTL,
 		OfflineGrace:        DefaultOfflineGrace,
+		BackgroundGrace:     DefaultBackgroundGrace,
 		AwayAfter:           DefaultAwayAfter,
 		BatchInterval:       DefaultBatchInterval,
 		Policy:              PolicyMutual,
@@ -380,6 +392,7 @@ func (c Config) withDefaults() Config {
 	if c.OfflineGrace > 0 {
 		c.OfflineGrace = presence.TTLSeconds(c.OfflineGrace)
 	}
+	c.BackgroundGrace = cmp.Or(c.BackgroundGrace, d.BackgroundGrace)
 	c.AwayAfter = cmp.Or(c.AwayAfter, d.AwayAfter)
 	c.BatchInterval = cmp.Or(c.BatchInterval, d.BatchInterval)
 	if c.BatchPace == 0 {
@@ -444,6 +457,8 @@ func (c Config) Validate() error {
 		return bad("lease TTL %v: want at most the connection TTL %v", c.LeaseTTL, ttl)
 	case c.OfflineGrace < 0 && c.OfflineGrace != NoOfflineGrace:
 		return bad("offline grace %v: want a positive duration, or NoOfflineGrace", c.OfflineGrace)
+	case c.BackgroundGrace < 0 || c.BackgroundGrace > maxBackgroundGrace:
+		return bad("background grace %v: want a positive duration of at most %v", c.BackgroundGrace, maxBackgroundGrace)
 	case c.AwayAfter < 0 || c.AwayAfter > 0 && c.AwayAfter < time.Second:
 		return bad("away-after %v: want at least 1s", c.AwayAfter)
 	case c.BatchInterval < 0 || c.BatchInterval > 0 && c.BatchInterval < time.Millisecond:

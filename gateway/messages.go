@@ -60,6 +60,8 @@ func (s *Service) message(c *conn, payload []byte) bool {
 		s.active(c, now)
 	case protocol.TypeIdle:
 		s.keys.setIdle(c, true)
+	case protocol.TypeBackground:
+		s.background(c, &m)
 	case protocol.TypeAuth:
 		s.reauth(c, &m)
 	case protocol.TypeSetStatus:
@@ -231,6 +233,24 @@ func (s *Service) renew(c *conn, id, token string) {
 func (s *Service) active(c *conn, now int64) {
 	c.lastActivity.Store(now)
 	s.keys.setIdle(c, false)
+}
+
+// background marks c's app gone to the background, for the grace the
+// message asks (at most the gateway's BackgroundGrace, which one that
+// asks none gets); it has no answer, except an error for a grace that is
+// not a positive number of milliseconds.
+func (s *Service) background(c *conn, m *protocol.ClientMessage) {
+	grace := s.cfg.BackgroundGrace
+	if m.GraceMS != nil {
+		if *m.GraceMS <= 0 {
+			s.sendError(c, m.ID, protocol.CodeBadRequest, "grace_ms must be a positive number of milliseconds")
+			return
+		}
+		if *m.GraceMS < grace.Milliseconds() {
+			grace = time.Duration(*m.GraceMS) * time.Millisecond
+		}
+	}
+	s.keys.setBackground(c, grace)
 }
 
 // unsubscribe ends subscriptions; it has no answer. A change of a user

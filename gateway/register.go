@@ -96,6 +96,9 @@ type connKey struct {
 	// platform is the platform the client named at connect (?platform=),
 	// which its key and its user's record carry; set before it registers.
 	platform presence.PlatformCode
+	// background is, once the client said its app went to the background,
+	// the grace it lives out when its socket closes or dies, in ms.
+	background uint32
 }
 
 // tasks tracks goroutines that must finish before the registrar stops.
@@ -240,7 +243,8 @@ func (r *registrar) listed(c *conn, st selfState) selfState {
 
 // connRecord returns the value of c's key under epoch.
 func (r *registrar) connRecord(c *conn, epoch string, idle bool) presence.ConnRecord {
-	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Platform: c.key.platform.Platform(), Since: c.since, Idle: idle}
+	return presence.ConnRecord{Gateway: r.cfg.ID, Lease: epoch, Device: c.device, Platform: c.key.platform.Platform(), Since: c.since, Idle: idle,
+		Background: c.key.background != 0}
 }
 
 // removeKeys removes the keys of connections the record no longer names.
@@ -278,6 +282,9 @@ func (r *registrar) setIdle(c *conn, idle bool) bool {
 	}
 	c.key.idle = idle
 	c.idle.Store(idle)
+	if !idle {
+		c.key.background = 0 // active again: back from the background
+	}
 	r.changedLocked(us)
 	// The key says it too, for operators, but only under the lease held:
 	// a key under a lost lease may be removed already, and a put would
@@ -312,14 +319,51 @@ func (r *registrar) choose(c *conn, st presence.Status) <-chan presence.Write {
 	return r.askLocked(us)
 }
 
-// close marks a connection whose socket closed cleanly closing, for the
-// offline grace: a reload within it does not flap. The grace's end takes
-// it out (see run).
-func (r *registrar) close(c *conn) {
-	if r.cfg.OfflineGrace <= 0 {
-		r.end(c, nowNano()/1e6)
-		return
+// setBackground marks a connection whose app went to the background:
+// idle, and living out grace when its socket closes or dies. It reports
+// whether the connection was still open. The record and the key are
+// written in the background.
+func (r *registrar) setBackground(c *conn, grace time.Duration) bool {
+	us := c.us
+	if us == nil {
+		return false
 	}
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	if c.key.ended || c.key.closedAt != 0 {
+		return false
+	}
+	ms := uint32(max(grace.Milliseconds(), 1))
+	if c.key.background == ms && c.key.idle {
+		return true
+	}
+	c.key.background, c.key.idle = ms, true
+	c.idle.Store(true)
+	r.changedLocked(us)
+	if r.lease.holds(c.key.lease) {
+		r.putKeyLocked(c)
+	}
+	return true
+}
+
+// close marks a connection whose socket closed cleanly closing, for the
+// offline grace (a reload within it does not flap), or for its
+// background grace. The grace's end takes it out (see run).
+func (r *registrar) close(c *conn) {
+	r.closeAt(c, time.Now(), true)
+}
+
+// died ends a connection whose socket went silent, last seen at lastSeen
+// (unix ms): at once, unless its app went to the background, when it
+// lives out its background grace from lastSeen, closing.
+func (r *registrar) died(c *conn, lastSeen int64) {
+	r.closeAt(c, time.UnixMilli(lastSeen), false)
+}
+
+// closeAt marks c closing since at, for its grace: a background
+// connection's background grace, else (when offline is set) the offline
+// grace; with no grace it ends c at once.
+func (r *registrar) closeAt(c *conn, at time.Time, offline bool) {
 	us := c.us
 	if us == nil {
 		return
@@ -329,12 +373,23 @@ func (r *registrar) close(c *conn) {
 		us.mu.Unlock()
 		return
 	}
-	now := time.Now()
-	c.key.closedAt = now.UnixMilli()
+	var grace time.Duration
+	if offline {
+		grace = max(r.cfg.OfflineGrace, 0)
+	}
+	if c.key.background != 0 {
+		grace = max(grace, time.Duration(c.key.background)*time.Millisecond)
+	}
+	if grace == 0 || !at.Add(grace).After(time.Now()) {
+		us.mu.Unlock()
+		r.end(c, at.UnixMilli())
+		return
+	}
+	c.key.closedAt = at.UnixMilli()
 	r.changedLocked(us)
 	us.mu.Unlock()
 	r.mu.Lock()
-	r.grace.add(now.Add(r.cfg.OfflineGrace), c)
+	r.grace.add(at.Add(grace), c)
 	r.mu.Unlock()
 }
 

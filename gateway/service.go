@@ -563,7 +563,7 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	case endClean:
 		s.keys.close(c)
 	case endDead:
-		s.keys.end(c, c.lastFrame.Load()/1e6)
+		s.keys.died(c, c.lastFrame.Load()/1e6)
 	default:
 		s.keys.end(c, c.since)
 	}

@@ -267,7 +267,7 @@ func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, 
 		}
 		entries[c.connID] = presence.ConnInfo{
 			Gateway: r.cfg.ID, Lease: c.key.lease, Device: c.device, Platform: c.key.platform.Platform(), Since: c.since,
-			Idle: c.key.idle, Closing: c.key.closedAt != 0, ClosedAt: c.key.closedAt,
+			Idle: c.key.idle, Closing: c.key.closedAt != 0, ClosedAt: c.key.closedAt, Background: c.key.background != 0,
 		}
 	}
 	gone := make(map[string]goneConn, len(us.gone))

@@ -308,6 +308,11 @@ export declare class GreenDot {
   subscribe(userIds: string | Iterable<string>): Promise<SubscribeResult>;
   /** Stops watching users. */
   unsubscribe(userIds: string | Iterable<string>): void;
+  /**
+   * Says the app went to the background: the user stays away, not offline, for graceMs (at most the
+   * gateway's --background-grace) after the socket closes or dies. Said again on reconnects until activity.
+   */
+  background(graceMs?: number): void;
   /** Chooses the user's status for all of their devices. Throws a TypeError for another value. */
   setStatus(status: ChosenStatus): void;
   /**

@@ -292,6 +292,7 @@ export class GreenDot {
   #idleTimer = null;
   #closeTimer = null;
   #idleSent = false;
+  #background = null; // the background message, once background() was called, until activity
   #suspended = false;
   #closed = false;
   #activity;
@@ -502,6 +503,26 @@ export class GreenDot {
     // made before hello is sent, or not, once it comes.
     if (this.#state === "open") this.#chosenSent = this.#self?.status !== status;
     this.#send({ type: "set_status", status });
+  }
+
+  /**
+   * background says the app went to the background (for a mobile webview
+   * or a native wrapper to call when the system suspends the app): the
+   * user's connection is idle, and when its socket then closes or dies the
+   * user stays away, not offline, for graceMs (at most the gateway's
+   * --background-grace, which a call without graceMs gets). It is said
+   * again on every reconnect until activity (input, or the tab shown)
+   * ends it. Throws a TypeError for a graceMs that is not a positive
+   * whole number.
+   */
+  background(graceMs) {
+    if (graceMs !== undefined && (!Number.isInteger(graceMs) || graceMs <= 0)) {
+      throw new TypeError(`greendot: graceMs must be a positive whole number of milliseconds (got ${JSON.stringify(graceMs)})`);
+    }
+    this.#background = graceMs === undefined ? { type: "background" } : { type: "background", grace_ms: graceMs };
+    this.#idleSent = true;
+    this.#activity.cancel();
+    this.#send(this.#background);
   }
 
   /**
@@ -1030,7 +1051,8 @@ export class GreenDot {
     if (this.#chosenSent) this.#send({ type: "set_status", status: this.#chosen });
     this.#resubscribe();
     for (const link of [...this.#rooms.values()]) link.join();
-    if (this.#idleSent) this.#send({ type: "idle" });
+    if (this.#background) this.#send(this.#background);
+    else if (this.#idleSent) this.#send({ type: "idle" });
     else this.#activity.reset();
   }
 
@@ -1196,8 +1218,9 @@ export class GreenDot {
   #active() {
     if (this.#closed || (typeof document !== "undefined" && document.visibilityState === "hidden")) return;
     if (this.#idleSent) {
-      // Back from idle: say so at once.
+      // Back from idle (or the background): say so at once.
       this.#idleSent = false;
+      this.#background = null;
       this.#activity.reset();
     }
     this.#activity.call();

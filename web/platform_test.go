@@ -4,13 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/presence"
 )
 
-// TestBrowserPlatforms: greendot.js names its platform at connect, and
-// tells the app of a watched user's platforms changing, however the
-// status stays the same.
+// TestBrowserPlatforms: greendot.js names its platform at connect, tells
+// the app of a watched user's platforms changing, however the status
+// stays the same, and says background() to the gateway.
 func TestBrowserPlatforms(t *testing.T) {
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
@@ -54,6 +56,29 @@ func TestBrowserPlatforms(t *testing.T) {
 	}
 	if b, _ := json.Marshal(rec.Platforms); string(b) != `{"desktop":"active"}` {
 		t.Errorf("the page's user is on %s, want desktop (active)", b)
+	}
+
+	// background() tells the gateway; a bad grace is refused in the page.
+	if _, err := eval[bool](p, `(() => { try { gd.background(-1); return false; } catch (e) { return e instanceof TypeError; } })()`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := eval[bool](p, `(() => { gd.background(60000); return true; })()`); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(pageWait)
+	for {
+		rec, err := sys.StatusOf("me")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(rec.Platforms)
+		if string(b) == `{"desktop":"background"}` && rec.Status == presence.Away {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after background(): %s on %s, want away in the background", rec.Status, b)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the record, bounded by deadline
 	}
 	expectNoErrors(t, p)
 }

@@ -192,6 +192,10 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		cfg.LeaseTTL = c.Duration("lease-ttl")
 	}
 	cfg.OfflineGrace = grace
+	if err := positive(c, "background-grace"); err != nil {
+		return cfg, err
+	}
+	cfg.BackgroundGrace = c.Duration("background-grace")
 	cfg.AwayAfter = c.Duration("away-after")
 	cfg.BatchInterval = c.Duration("batch-interval")
 	if c.IsSet("batch-pace") {

@@ -131,6 +131,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 			Usage:       "how long the gateway's lease outlives its last refresh (about every second): when the gateway dies, or loses NATS for longer, its users go offline after this; at least 1s, at most --conn-ttl",
 			DefaultText: "--conn-ttl", EnvVars: []string{envVar("lease-ttl")}},
 		durationFlag(catGateway, "offline-grace", d.OfflineGrace, "how long a cleanly closed connection still counts, so a page reload does not flap; 0 for none; rounded up to whole seconds"),
+		durationFlag(catGateway, "background-grace", d.BackgroundGrace, "the longest a connection whose app went to the background (a background message) still counts, away, once its socket closes or dies; a client may ask for less; at most 24h"),
 		durationFlag(catGateway, "away-after", d.AwayAfter, "how long a connection may go without activity before it counts as idle"),
 		durationFlag(catGateway, "batch-interval", d.BatchInterval, "least time between two frames of changes to one watching socket, changes that come sooner coalesced; 1ms to 10s"),
 		&cli.DurationFlag{Category: catGateway, Name: "batch-pace",

@@ -309,6 +309,16 @@ func (c *Conn) NetConn() net.Conn { return c.nc }
 // Heartbeat sends a heartbeat message.
 func (c *Conn) Heartbeat() error { return c.Send(protocol.ClientMessage{Type: protocol.TypeHeartbeat}) }
 
+// Background sends background, with a grace in milliseconds unless
+// graceMS is zero (the gateway's grace then).
+func (c *Conn) Background(graceMS int64) error {
+	m := protocol.ClientMessage{Type: protocol.TypeBackground}
+	if graceMS != 0 {
+		m.GraceMS = &graceMS
+	}
+	return c.Send(m)
+}
+
 // SetStatus sends set_status.
 func (c *Conn) SetStatus(status string) error {
 	return c.Send(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: status})

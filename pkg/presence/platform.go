@@ -33,43 +33,61 @@ func platformBit(p Platform) Platforms {
 	return 0
 }
 
-// Platforms are the platforms on which a user has a live connection, and
-// on which of them one of those is active (not idle): for each platform
-// a live bit (web 1, desktop 2, mobile 4) and an active bit (the live bit
-// shifted by activeShift). Its JSON is an object from platform to
-// "active" or "idle", in the order web, desktop, mobile:
-// {"web":"active","mobile":"idle"}. The zero value is no platform.
-type Platforms uint8
+// Platforms are the platforms on which a user has a connection that
+// counts, and in what state: for each platform a live bit (web 1, desktop
+// 2, mobile 4) for an open connection, an active bit (the live bit
+// shifted by activeShift) when one of those is not idle, and a background
+// bit (shifted by backgroundShift) for a connection whose app went to the
+// background (open, or closed and living out its background grace). Its
+// JSON is an object from platform to "active", "idle" or "background",
+// the first that applies, in the order web, desktop, mobile:
+// {"web":"active","mobile":"background"}. The zero value is no platform.
+type Platforms uint16
 
-const activeShift = 3
+const (
+	activeShift     = 3
+	backgroundShift = 6
+)
 
 // The states a platform's entry names.
 const (
-	platformActive = "active"
-	platformIdle   = "idle"
+	platformActive     = "active"
+	platformIdle       = "idle"
+	platformBackground = "background"
 )
 
-// with returns ps with a live connection on p added, active or idle.
-func (ps Platforms) with(p Platform, active bool) Platforms {
+// with returns ps with a connection on p added: open or not (a
+// background connection living out its grace), active or idle, in the
+// background or not.
+func (ps Platforms) with(p Platform, open, active, background bool) Platforms {
 	bit := platformBit(p)
-	ps |= bit
-	if active {
-		ps |= bit << activeShift
+	if open && !background {
+		ps |= bit
+		if active {
+			ps |= bit << activeShift
+		}
+	}
+	if background {
+		ps |= bit << backgroundShift
 	}
 	return ps
 }
 
-// State returns "active" or "idle" for a platform the user is live on,
-// and "" for one they are not.
+// State returns "active", "idle" or "background" for a platform the user
+// has a connection on that counts, and "" for one they have none on.
 func (ps Platforms) State(p Platform) string {
 	bit := platformBit(p)
 	switch {
-	case bit == 0 || ps&bit == 0:
+	case bit == 0:
 		return ""
 	case ps&(bit<<activeShift) != 0:
 		return platformActive
+	case ps&bit != 0:
+		return platformIdle
+	case ps&(bit<<backgroundShift) != 0:
+		return platformBackground
 	}
-	return platformIdle
+	return ""
 }
 
 // AppendJSON appends the JSON object of ps to dst.
@@ -114,8 +132,9 @@ func (ps *Platforms) UnmarshalJSON(data []byte) error {
 			return fmt.Errorf("platforms: unknown platform %q", name)
 		}
 		switch state {
-		case platformActive, platformIdle:
-			out = out.with(Platform(name), state == platformActive)
+		case platformActive, platformIdle, platformBackground:
+			bg := state == platformBackground
+			out = out.with(Platform(name), !bg, state == platformActive, bg)
 		default:
 			return fmt.Errorf("platforms: platform %q: unknown state %q", name, state)
 		}

@@ -33,6 +33,8 @@ func TestRecordPlatforms(t *testing.T) {
 	mobile, mobileIdle := on(presence.PlatformMobile, false, false), on(presence.PlatformMobile, true, false)
 	mobileClosing := on(presence.PlatformMobile, false, true)
 	unnamed := presence.ConnInfo{Gateway: "g1"}
+	phoneAway := presence.ConnInfo{Gateway: "g1", Platform: presence.PlatformMobile, Idle: true, Background: true}
+	phoneGone := presence.ConnInfo{Gateway: "g1", Platform: presence.PlatformMobile, Idle: true, Background: true, Closing: true, ClosedAt: 1}
 
 	for _, tt := range []struct {
 		name       string
@@ -55,6 +57,12 @@ func TestRecordPlatforms(t *testing.T) {
 			`{"web":"active"}`, `{}`, true},
 		{"invisible, a phone joins: nothing public moves", presence.Record{Chosen: presence.Invisible, Conns: conns(web)},
 			presence.Record{Chosen: presence.Invisible, Conns: conns(web, mobile)}, `{"web":"active","mobile":"active"}`, `{}`, false},
+		{"a phone in the background", presence.Record{Conns: conns(web, mobile)}, presence.Record{Conns: conns(web, phoneAway)},
+			`{"web":"active","mobile":"background"}`, `{"web":"active","mobile":"background"}`, true},
+		{"its socket closed: still in the background, away", presence.Record{Conns: conns(phoneAway)}, presence.Record{Conns: conns(phoneGone)},
+			`{"mobile":"background"}`, `{"mobile":"background"}`, false},
+		{"another phone open and idle beside it", presence.Record{Conns: conns(phoneGone)}, presence.Record{Conns: conns(phoneGone, mobileIdle)},
+			`{"mobile":"idle"}`, `{"mobile":"idle"}`, true},
 		{"busy keeps its platforms", presence.Record{Conns: conns(mobile)}, presence.Record{Chosen: presence.Busy, Conns: conns(mobile)},
 			`{"mobile":"active"}`, `{"mobile":"active"}`, true},
 	} {
@@ -94,6 +102,7 @@ func TestPlatformsJSON(t *testing.T) {
 		`{}`:                               `{}`,
 		`null`:                             `{}`,
 		`{"mobile":"active","web":"idle"}`: `{"web":"idle","mobile":"active"}`,
+		`{"mobile":"background"}`:          `{"mobile":"background"}`,
 		`{"desktop":"idle","web":"active","mobile":"active"}`: `{"web":"active","desktop":"idle","mobile":"active"}`,
 	} {
 		var ps presence.Platforms

@@ -97,6 +97,11 @@ type ConnInfo struct {
 	// ClosedAt is when the socket closed, in unix milliseconds, once it
 	// is Closing: the user's last_seen when it was their last connection.
 	ClosedAt int64 `json:"closed_at,omitempty"`
+	// Background reports that the client said its app went to the
+	// background: the connection is idle, and when its socket closes or
+	// dies it lives out its background grace, Closing, instead of the
+	// offline grace.
+	Background bool `json:"background,omitempty"`
 }
 
 // Clone returns a deep copy of r.
@@ -126,12 +131,13 @@ func (r *Record) RemoveConn(connID string, lastSeen int64) {
 }
 
 // livePlatforms returns the platforms of the live (not closing)
-// connections, active where one of them is not idle.
+// connections, active where one of them is not idle, and of the
+// background ones, open or living out their background grace.
 func (r *Record) livePlatforms() Platforms {
 	var ps Platforms
 	for _, c := range r.Conns {
-		if !c.Closing && c.Platform != "" {
-			ps = ps.with(c.Platform, !c.Idle)
+		if c.Platform != "" && (!c.Closing || c.Background) {
+			ps = ps.with(c.Platform, !c.Closing, !c.Idle, c.Background)
 		}
 	}
 	return ps
@@ -300,6 +306,9 @@ type ConnRecord struct {
 	// Closing reports that the socket closed cleanly; the key now lives only
 	// until the offline grace ends.
 	Closing bool `json:"closing,omitempty"`
+	// Background reports that the client said its app went to the
+	// background (see ConnInfo.Background).
+	Background bool `json:"background,omitempty"`
 }
 
 // LeaseRecord is the value of a gateway's lease in LeasesBucket.

@@ -21,6 +21,7 @@ const (
 	TypeHeartbeat   = "heartbeat"
 	TypeActivity    = "activity"
 	TypeIdle        = "idle"
+	TypeBackground  = "background"
 	TypeAuth        = "auth"
 	TypeSetStatus   = "set_status"
 	TypeSubscribe   = "subscribe"
@@ -36,7 +37,7 @@ const (
 // protocol.
 func KnownClientType(t string) bool {
 	switch t {
-	case TypeHeartbeat, TypeActivity, TypeIdle, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe,
+	case TypeHeartbeat, TypeActivity, TypeIdle, TypeBackground, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe,
 		TypeJoin, TypeRoomUpdate, TypeLeave, TypeTyping, TypeSignal:
 		return true
 	}
@@ -111,6 +112,9 @@ type ClientMessage struct {
 	// Signal and Data are those of signal.
 	Signal string          `json:"signal,omitempty"`
 	Data   json.RawMessage `json:"data,omitempty"`
+	// GraceMS is background's grace, in milliseconds; nil for the
+	// gateway's.
+	GraceMS *int64 `json:"grace_ms,omitempty"`
 }
 
 // heartbeatJSON is a heartbeat message in its usual form.
@@ -175,6 +179,8 @@ func jsonKind(field string) string {
 		return "a JSON object"
 	case "data":
 		return "JSON"
+	case "grace_ms":
+		return "a whole number of milliseconds"
 	default:
 		return "a string"
 	}

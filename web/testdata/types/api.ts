@@ -26,6 +26,8 @@ gd.subscribe(new Set(["carol"]));
 gd.unsubscribe("bob");
 gd.setToken("a.new.jwt");
 const sent: boolean = gd.send({ type: "heartbeat" });
+gd.background();
+gd.background(60_000);
 
 const room = gd.room("game:7:lobby");
 const member: RoomMember | undefined = room.member("bob");
