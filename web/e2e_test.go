@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/greendot/greendot/internal/natstest"
+	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/system/systest"
 	"github.com/greendot/greendot/web"
 )
@@ -330,4 +331,65 @@ func TestBrowserDemoRefused(t *testing.T) {
 		t.Fatalf("the lobby's box holds %q (%v)", got, err)
 	}
 	alice.close()
+}
+
+// TestBrowserPhoneBackground: a phone's demo page (background_on_hide=1)
+// that goes to the background shows its user away at once, and stays so,
+// never offline, when its socket is closed while hidden; shown again, it
+// is online.
+func TestBrowserPhoneBackground(t *testing.T) {
+	chromium := chromiumPath(t)
+	sys := startDemo(t)
+	gw := sys.Gateway()
+	sys.Mutual("alice", "bob")
+	c := startChrome(t, chromium)
+
+	alice := c.open("alice", demoURL(gw.HTTP, "alice", "platform=mobile", "background_on_hide=1", "close_after_ms=1500"))
+	bob := c.open("bob", demoURL(gw.HTTP, "bob"))
+	bob.waitDot("alice", "online")
+	if _, err := eval[bool](bob, `(() => {
+		window.aliceSeen = [];
+		window.demo.client.onChange((u, p) => { if (u === "alice") window.aliceSeen.push(p.status); });
+		return true;
+	})()`); err != nil {
+		t.Fatal(err)
+	}
+
+	alice.setWindow(browser.WindowStateMinimized)
+	alice.wait("alice's tab is hidden", `document.visibilityState === "hidden"`)
+	bob.waitDot("alice", "away")
+	alice.wait("alice's socket closed while hidden", `window.demo.client.state === "suspended"`)
+	// Closed, her connection lives out the background grace (2 minutes).
+	deadline := time.Now().Add(pageWait)
+	for {
+		rec, err := sys.StatusOf("alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		closing := 0
+		for _, ci := range rec.Conns {
+			if ci.Closing && ci.Background {
+				closing++
+			}
+		}
+		if closing == 1 && rec.Status == presence.Away {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("alice's record after her hidden socket closed: %+v, want away with a connection closing in the background", rec)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the record, bounded by deadline
+	}
+	bob.waitDot("alice", "away")
+
+	alice.setWindow(browser.WindowStateNormal)
+	alice.wait("alice reconnected", `window.demo.client.state === "open"`)
+	bob.waitDot("alice", "online")
+	seen, err := eval[[]string](bob, `window.aliceSeen`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(seen, "offline") {
+		t.Errorf("bob saw alice %v, want no offline", seen)
+	}
 }

@@ -250,6 +250,11 @@ export interface Options {
   activityIntervalMs?: number;
   /** Follow Page Visibility and input events. Default true (when there is a document). */
   trackVisibility?: boolean;
+  /**
+   * With trackVisibility, say background() as soon as the page is hidden (for phones, where the system may
+   * kill a hidden page's socket at any time), instead of idle after idleAfterMs. Default false.
+   */
+  backgroundOnHide?: boolean;
   /** Connect at once. Default true. */
   connect?: boolean;
   /** The WebSocket constructor. Default globalThis.WebSocket. */

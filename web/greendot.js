@@ -1177,6 +1177,7 @@ export class GreenDot {
     if (this.#suspended) {
       this.#attempt = 0;
       this.#idleSent = false;
+      this.#background = null;
       this.connect();
       return;
     }
@@ -1185,7 +1186,11 @@ export class GreenDot {
 
   #hidden() {
     this.#clearHidden();
-    this.#idleTimer = setTimeout(() => {
+    if (this.#opts.backgroundOnHide) {
+      // A phone's app switched away from: in the background at once, so
+      // that the socket the system may kill soon ends in the grace.
+      if (!this.#background) this.background();
+    } else this.#idleTimer = setTimeout(() => {
       this.#idleTimer = null;
       this.#idleSent = true;
       this.#activity.cancel();

@@ -3,10 +3,13 @@
 // the same client every app uses (/greendot.js), and the demo-only endpoints
 // under /demo/api/ to write the follow graph.
 //
-// Query parameters: user (who you are), device, and, to see the timings in
-// seconds rather than minutes: idle_after_ms, close_after_ms, activity_ms,
-// backoff_base_ms, backoff_max_ms, drain_jitter_ms, stable_after_ms,
-// graph_poll_ms.
+// Query parameters: user (who you are), device, platform (by default
+// mobile on a touch screen, else web), background_on_hide (1 or 0; by
+// default 1 on a touch screen: a phone's user switching to another app is
+// away, not offline, for the gateway's background grace), and, to see the
+// timings in seconds rather than minutes: idle_after_ms, close_after_ms,
+// activity_ms, backoff_base_ms, backoff_max_ms, drain_jitter_ms,
+// stable_after_ms, graph_poll_ms.
 
 import { GreenDot, STATUSES, validUserId } from "/greendot.js";
 
@@ -94,9 +97,12 @@ function start(me) {
   switchParams.delete("user");
   $("switch-user").href = `${location.pathname}?${switchParams}`;
 
+  const touch = window.matchMedia("(pointer: coarse)").matches;
   const client = new GreenDot({
     user: me,
     device: params.get("device") ?? "web",
+    platform: params.get("platform") ?? (touch ? "mobile" : "web"),
+    backgroundOnHide: params.has("background_on_hide") ? params.get("background_on_hide") === "1" : touch,
     idleAfterMs: number("idle_after_ms"),
     closeAfterMs: number("close_after_ms"),
     activityIntervalMs: number("activity_ms"),
