@@ -197,3 +197,39 @@ func TestBackgroundBadGrace(t *testing.T) {
 		t.Errorf("bob's connection after refused backgrounds: %+v, want neither idle nor in the background", ci)
 	}
 }
+
+// TestBackgroundGatewayStops: a gateway that stops keeps a background
+// connection's grace no longer than the offline grace, and the others'
+// clean closes no longer for it: the lease it hands over ends them all.
+func TestBackgroundGatewayStops(t *testing.T) {
+	t.Parallel()
+	sys := systest.Start(t, systest.Options{Gateway: gateway.Config{BackgroundGrace: 30 * time.Second}})
+	gw := sys.Gateway()
+	other := sys.StartGateway(gateway.Config{BackgroundGrace: 30 * time.Second})
+	sys.Mutual("alice", "bob", "carol")
+	alice := sys.Dial(other, "alice")
+	defer systest.KeepAlive(alice, systest.Heartbeat)()
+	if err := alice.Subscribe("s", "bob", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	view := systest.NewView(t, alice)
+	phone, err := client.Dial(context.Background(), gw.WS+"?user=bob&platform=mobile", client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer phone.Abort()
+	defer systest.KeepAlive(phone, systest.Heartbeat)()
+	carol := sys.Dial(gw, "carol")
+	defer systest.KeepAlive(carol, systest.Heartbeat)()
+	view.Await("carol", presence.Online)
+	background(t, phone)
+	view.Await("bob", presence.Away)
+
+	stopped := time.Now()
+	sys.StopGateway(gw)
+	view.Await("carol", presence.Offline)
+	view.Await("bob", presence.Offline)
+	if d := time.Since(stopped); d >= 30*time.Second {
+		t.Errorf("bob and carol offline %v after their gateway stopped, want the offline grace and the lease's end, not the background grace", d)
+	}
+}

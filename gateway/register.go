@@ -500,7 +500,8 @@ func (r *registrar) closing() int {
 // stop waits, at most until ctx ends, for every writer to have written;
 // then it gives the lease up and stops. Connections that still live out
 // their offline grace are handed to the lease: its last refresh lasts
-// until the latest grace ends, and its end then ends them.
+// until the latest grace ends (a background grace only as long as the
+// offline grace), and its end then ends them.
 func (r *registrar) stop(ctx context.Context) {
 	defer r.events.Close() // after the last writes: their events are reported too
 	t := time.NewTicker(50 * time.Millisecond)
@@ -520,6 +521,12 @@ func (r *registrar) stop(ctx context.Context) {
 	r.mu.Lock()
 	until := r.grace.last()
 	r.mu.Unlock()
+	// Not past the offline grace: the lease's end ends every connection
+	// it holds, the clean closes with the background ones, which a stop
+	// does not keep for their longer grace.
+	if limit := time.Now().Add(max(r.cfg.OfflineGrace, 0)); until.After(limit) {
+		until = limit
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), requestTimeout)
 	var err error
 	if until.IsZero() {
