@@ -62,6 +62,7 @@ func (p *page) connID() string {
 // through the demo page and see each other go online, busy, invisible
 // (offline to the other) and offline, live.
 func TestBrowserTwoUsers(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()
@@ -163,6 +164,7 @@ func evalScreenshot(p *page) ([]byte, error) {
 // TestBrowserHiddenTab: a tab hidden for a while makes its user away, then
 // offline, and back online when it is visible again.
 func TestBrowserHiddenTab(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()
@@ -205,6 +207,7 @@ func TestBrowserHiddenTab(t *testing.T) {
 // replaced by another (the old one draining with 1001), both reconnect,
 // and the dots recover, chosen status included.
 func TestBrowserReconnect(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	sys.Mutual("alice", "bob")
@@ -257,6 +260,7 @@ func TestBrowserReconnect(t *testing.T) {
 // argument checks, reconnect and restore against a scripted socket, and a
 // few exchanges with the real gateway that serves the page.
 func TestClientInBrowser(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	sys.Mutual("unit-me", "unit-friend")
@@ -313,6 +317,7 @@ func TestClientInBrowser(t *testing.T) {
 // the demo page saying so, with the close code and reason and what to do;
 // typing in the lobby's box then throws nothing.
 func TestBrowserDemoRefused(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	c := startChrome(t, chromium)
@@ -338,6 +343,7 @@ func TestBrowserDemoRefused(t *testing.T) {
 // never offline, when its socket is closed while hidden; shown again, it
 // is online.
 func TestBrowserPhoneBackground(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()

@@ -14,6 +14,7 @@ import (
 // the app of a watched user's platforms changing, however the status
 // stays the same, and says background() to the gateway.
 func TestBrowserPlatforms(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	mutualWith(sys, "me", "pf", 1)

@@ -68,6 +68,7 @@ func mutualWith(sys *demoSystem, user, prefix string, n int) {
 // window and rate and sends the rest as the first are answered, so every
 // call resolves and every user's presence arrives, none refused.
 func TestBrowserSubscribeOneByOne(t *testing.T) {
+	t.Parallel()
 	p := meOnDemo(t, "u", 50)
 	type result struct {
 		Refused []string `json:"refused"`
@@ -95,6 +96,7 @@ func TestBrowserSubscribeOneByOne(t *testing.T) {
 // wait is joined once the gateway takes it: the Room gets its state, and
 // typing() sends.
 func TestBrowserJoinBehindSubscribes(t *testing.T) {
+	t.Parallel()
 	p := meOnDemo(t, "x", 30)
 	got, err := eval[string](p, `(async () => {
 		for (let i = 0; i < 30; i++) gd.subscribe("x" + i);
@@ -113,6 +115,7 @@ func TestBrowserJoinBehindSubscribes(t *testing.T) {
 // TestBrowserLeaveBehindSubscribes: a room left while many subscribes wait
 // is left at the gateway too: the other members see the user go.
 func TestBrowserLeaveBehindSubscribes(t *testing.T) {
+	t.Parallel()
 	p := meOnDemo(t, "x", 30)
 	if _, err := eval[bool](p, `(async () => {
 		const bob = new m.GreenDot({user: "bob", trackVisibility: false});
@@ -139,6 +142,7 @@ func TestBrowserLeaveBehindSubscribes(t *testing.T) {
 // update rate all end with the newest meta at the gateway, and so at every
 // member: updates that wait are folded into the newest.
 func TestBrowserRoomMetaBurst(t *testing.T) {
+	t.Parallel()
 	p := meOnDemo(t, "", 0)
 	if _, err := eval[bool](p, `(async () => {
 		window.room = gd.room("doc:1", {n: -1});
@@ -157,6 +161,7 @@ func TestBrowserRoomMetaBurst(t *testing.T) {
 // (docs/integration.md, step 6): the client ends, closed, with an error
 // event that gives the close code.
 func TestBrowserPolicyCloseIsFinal(t *testing.T) {
+	t.Parallel()
 	p := meOnDemo(t, "", 0)
 	if _, err := eval[bool](p, `(() => { for (let i = 0; i < 80; i++) gd.send({type: "heartbeat"}); return true; })()`); err != nil {
 		t.Fatal(err)
@@ -190,6 +195,7 @@ func TestBrowserPolicyCloseIsFinal(t *testing.T) {
 // token, and the token function stays: every later connection calls it,
 // so a renewed token that expires in turn does not lock the client out.
 func TestBrowserSetTokenKeepsFunction(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	c := startChrome(t, chromium)

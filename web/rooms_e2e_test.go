@@ -29,6 +29,7 @@ func (p *page) waitNoAvatar(user string) {
 // a reconnect re-syncs the room without anyone leaving or joining again;
 // a closed tab leaves the room after the offline grace.
 func TestBrowserRoom(t *testing.T) {
+	t.Parallel()
 	chromium := chromiumPath(t)
 	sys := startDemo(t)
 	gw := sys.Gateway()
@@ -111,6 +112,7 @@ func aliceAndBobInTheLobby(t *testing.T) (alice, bob *page) {
 // sees "<name> is typing…" at once, and no longer once the typing signal
 // expired, 3 s after the last one.
 func TestBrowserRoomTyping(t *testing.T) {
+	t.Parallel()
 	alice, bob := aliceAndBobInTheLobby(t)
 
 	typed := time.Now()
@@ -136,6 +138,7 @@ func TestBrowserRoomTyping(t *testing.T) {
 // the lobby for the others, and no longer in their own count; their page
 // still shows the others, and does not say they are alone.
 func TestBrowserRoomInvisible(t *testing.T) {
+	t.Parallel()
 	alice, bob := aliceAndBobInTheLobby(t)
 
 	alice.choose("invisible")

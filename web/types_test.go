@@ -19,6 +19,7 @@ import (
 // (CI=true) and is skipped elsewhere, with a line that says what to
 // install.
 func TestDeclarationsTypeCheck(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join("testdata", "types")
 	tsc := filepath.Join(dir, "node_modules", "typescript", "bin", "tsc")
 	missing := func(why string) {

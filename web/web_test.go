@@ -65,6 +65,7 @@ func do(t *testing.T, srv *httptest.Server, method, path, contentType, body stri
 }
 
 func TestHandlerServesTheClient(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(web.Handler(web.Options{}))
 	defer srv.Close()
 	src, err := os.ReadFile("greendot.js")
@@ -110,6 +111,7 @@ func TestHandlerServesTheClient(t *testing.T) {
 }
 
 func TestHandlerRefusesEverythingElse(t *testing.T) {
+	t.Parallel()
 	plain := httptest.NewServer(web.Handler(web.Options{}))
 	defer plain.Close()
 	demo := httptest.NewServer(web.Handler(web.Options{Demo: true, Store: openStore(t)}))
@@ -152,6 +154,7 @@ func TestHandlerRefusesEverythingElse(t *testing.T) {
 }
 
 func TestDemoPage(t *testing.T) {
+	t.Parallel()
 	srv := httptest.NewServer(web.Handler(web.Options{Demo: true, Store: openStore(t)}))
 	defer srv.Close()
 	r := do(t, srv, "GET", "/", "", "")
@@ -179,6 +182,7 @@ func TestDemoPage(t *testing.T) {
 }
 
 func TestHandlerNeedsAStoreForTheDemo(t *testing.T) {
+	t.Parallel()
 	defer func() {
 		if r := recover(); r == nil || !strings.Contains(r.(string), "Store") {
 			t.Fatalf("recovered %v, want a panic naming Store", r)
@@ -211,6 +215,7 @@ func readGraph(t *testing.T, srv *httptest.Server, user string) graph {
 }
 
 func TestDemoAPIWritesTheGraph(t *testing.T) {
+	t.Parallel()
 	store := openStore(t)
 	srv := httptest.NewServer(web.Handler(web.Options{Demo: true, Store: store}))
 	defer srv.Close()
@@ -268,6 +273,7 @@ func TestDemoAPIWritesTheGraph(t *testing.T) {
 }
 
 func TestDemoAPIRefusesBadInput(t *testing.T) {
+	t.Parallel()
 	store := openStore(t)
 	srv := httptest.NewServer(web.Handler(web.Options{Demo: true, Store: store}))
 	defer srv.Close()
@@ -318,6 +324,7 @@ func TestDemoAPIRefusesBadInput(t *testing.T) {
 }
 
 func TestDemoAPIWithNATSDown(t *testing.T) {
+	t.Parallel()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, srv, nats.Name("web test store"), nats.MaxReconnects(0))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -343,6 +350,7 @@ func TestDemoAPIWithNATSDown(t *testing.T) {
 
 // TestPackageJSON checks that the npm package points at files that exist.
 func TestPackageJSON(t *testing.T) {
+	t.Parallel()
 	data, err := os.ReadFile("package.json")
 	if err != nil {
 		t.Fatal(err)
