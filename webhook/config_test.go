@@ -87,6 +87,22 @@ func TestEventOf(t *testing.T) {
 	if ev := webhook.EventOf("dan", &presence.Record{}, 9, 999, webhook.InvisibleTrue); ev.Status != presence.Offline || ev.At != 999 {
 		t.Errorf("empty record: %+v", ev)
 	}
+	// A custom status: the backend is sent it, unless the user chose
+	// invisible and the process sends what watchers see.
+	meeting := &presence.Custom{Text: "In a meeting", Emoji: "📅", ExpiresAt: 1800000000}
+	busy := &presence.Record{Chosen: presence.Busy, Custom: meeting, Status: presence.Busy, Public: presence.Busy, Devices: 1, Updated: 1234}
+	for _, inv := range []webhook.Invisible{webhook.InvisibleTrue, webhook.InvisiblePublic} {
+		if ev := webhook.EventOf("erin", busy, 10, 999, inv); !ev.CustomStatus.Equal(meeting) {
+			t.Errorf("busy with a custom status, invisible %s: %+v", inv, ev)
+		}
+	}
+	hidden := &presence.Record{Chosen: presence.Invisible, Custom: meeting, Status: presence.Invisible, Public: presence.Offline, Devices: 1, Updated: 1234}
+	if ev := webhook.EventOf("erin", hidden, 11, 999, webhook.InvisibleTrue); !ev.CustomStatus.Equal(meeting) {
+		t.Errorf("invisible with a custom status, true: %+v", ev)
+	}
+	if ev := webhook.EventOf("erin", hidden, 11, 999, webhook.InvisiblePublic); ev.CustomStatus != nil {
+		t.Errorf("invisible with a custom status, public: %+v", ev)
+	}
 }
 
 // TestRetryWait: the wait before a retry is the backoff with up to a fifth
