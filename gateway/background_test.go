@@ -41,6 +41,9 @@ func bgSystem(t *testing.T) (*systest.System, *client.Conn, func(query string) *
 	if err := alice.Subscribe("s", "bob"); err != nil {
 		t.Fatal(err)
 	}
+	// bob offline, before any device of his: an offline seen after this
+	// is one of the test's.
+	systest.AwaitStatus(t, alice, "bob", presence.Offline)
 	return sys, alice, dial
 }
 
