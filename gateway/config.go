@@ -202,6 +202,18 @@ type Config struct {
 	APIRateBurst        int
 	APIAddressRateLimit float64
 	APIAddressRateBurst int
+	// APIKeysFile, when set, is a file of keys a backend calls the server
+	// API (/api/server/) with, each with its scopes (see docs/integration.md);
+	// it is read at the start, where a bad one stops the gateway, and again
+	// every APIKeysRefresh (zero means 5s) when it changed, where a bad one
+	// keeps the keys before. Without it the server API is not served.
+	APIKeysFile    string
+	APIKeysRefresh time.Duration
+	// APIKeyRateLimit is how many server API requests per second one key
+	// may make on average, and APIKeyRateBurst how many at once, apart
+	// from users' limits; zero means 200 and 400.
+	APIKeyRateLimit float64
+	APIKeyRateBurst int
 	// MaxRegistering bounds the upgrades being registered in NATS at once
 	// (each creates a connection key and updates a status record before
 	// it is answered). An upgrade beyond it is refused with 503 at once:
@@ -357,6 +369,9 @@ func DefaultConfig() Config {
 		APIRateBurst:        40,
 		APIAddressRateLimit: 200,
 		APIAddressRateBurst: 400,
+		APIKeysRefresh:      5 * time.Second,
+		APIKeyRateLimit:     200,
+		APIKeyRateBurst:     400,
 		HandshakeTimeout:    10 * time.Second,
 		WriteTimeout:        10 * time.Second,
 		ReadWorkers:         256,
@@ -424,6 +439,9 @@ func (c Config) withDefaults() Config {
 	c.APIRateBurst = cmp.Or(c.APIRateBurst, d.APIRateBurst)
 	c.APIAddressRateLimit = cmp.Or(c.APIAddressRateLimit, d.APIAddressRateLimit)
 	c.APIAddressRateBurst = cmp.Or(c.APIAddressRateBurst, d.APIAddressRateBurst)
+	c.APIKeysRefresh = cmp.Or(c.APIKeysRefresh, d.APIKeysRefresh)
+	c.APIKeyRateLimit = cmp.Or(c.APIKeyRateLimit, d.APIKeyRateLimit)
+	c.APIKeyRateBurst = cmp.Or(c.APIKeyRateBurst, d.APIKeyRateBurst)
 	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
 	c.WriteTimeout = cmp.Or(c.WriteTimeout, d.WriteTimeout)
 	c.ReadWorkers = cmp.Or(c.ReadWorkers, d.ReadWorkers)
@@ -481,7 +499,8 @@ func (c Config) Validate() error {
 	case c.MaxConns < 0 || c.MaxConnsPerUser < 0 || c.MaxRegistering < 0:
 		return bad("connection limits must not be negative")
 	case negativeRate(c.RateLimit) || c.RateBurst < 0 || c.RateStrikes < 0,
-		negativeRate(c.APIRateLimit) || c.APIRateBurst < 0 || negativeRate(c.APIAddressRateLimit) || c.APIAddressRateBurst < 0:
+		negativeRate(c.APIRateLimit) || c.APIRateBurst < 0 || negativeRate(c.APIAddressRateLimit) || c.APIAddressRateBurst < 0,
+		negativeRate(c.APIKeyRateLimit) || c.APIKeyRateBurst < 0 || c.APIKeysRefresh < 0:
 		return bad("rate limits must not be negative or NaN")
 	case c.HandshakeTimeout < 0 || c.WriteTimeout < 0 || c.DrainPeriod < 0:
 		return bad("timeouts must not be negative")

@@ -35,7 +35,8 @@ type gatewayMetrics struct {
 	statusConflicts prometheus.Counter
 	feedLate        prometheus.Counter
 	kicks           prometheus.Counter
-	apiLimited      *prometheus.CounterVec // by what was over its limit: identity, address
+	apiLimited      *prometheus.CounterVec // by what was over its limit: identity, address, key
+	serverAPI       *prometheus.CounterVec // by key and status code
 	eventsOut       prometheus.Counter
 	leaseRefreshes  prometheus.Counter
 	leasesLost      prometheus.Counter
@@ -99,7 +100,9 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 		kicks: f.Counter("greendot_gateway_kicks_total",
 			"Connections closed by an operator's kick (greendot.gateway.kick)."),
 		apiLimited: f.CounterVec("greendot_gateway_api_rate_limited_total",
-			"HTTP API requests answered 429, by the limit they were over: identity or address.", "by"),
+			"HTTP API requests answered 429, by the limit they were over: identity, address, or key (the server API's).", "by"),
+		serverAPI: f.CounterVec("greendot_gateway_server_api_requests_total",
+			"Server API requests (/api/server/), by the API key's name (empty when none was given or known) and the answer's status code.", "key", "code"),
 		eventsOut: f.Counter("greendot_gateway_events_published_total",
 			"Presence and self events the gateway published for the status writes it made."),
 		leaseRefreshes: f.Counter("greendot_gateway_lease_refreshes_total",

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/greendot/greendot/gateway/internal/apikeys"
 	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/gateway/internal/keyrate"
@@ -93,6 +94,10 @@ type Service struct {
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
+	// apiKeys are Config.APIKeysFile's, and apiByKey limits the server
+	// API's requests per key; nil without the file.
+	apiKeys  *apikeys.Set
+	apiByKey *keyrate.Limiter
 	// workers are the goroutines handling the connections' requests.
 	workers sync.WaitGroup
 
@@ -145,6 +150,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 		fatal:     make(chan error, 1),
 		apiByUser: keyrate.New(cfg.APIRateLimit, cfg.APIRateBurst),
 		apiByAddr: keyrate.New(cfg.APIAddressRateLimit, cfg.APIAddressRateBurst),
+		apiByKey:  keyrate.New(cfg.APIKeyRateLimit, cfg.APIKeyRateBurst),
 	}
 	var subscribe func(string) (hub.Subscription, error)
 	if cfg.Policy != PolicyEveryone {
@@ -351,6 +357,13 @@ func startErr(ctx context.Context, err error) error {
 // open opens the buckets, takes the gateway's lease, and makes the parts
 // that need them. addr is the listen address, for the lease.
 func (s *Service) open(ctx context.Context, addr string) error {
+	if s.cfg.APIKeysFile != "" {
+		keys, err := apikeys.Open(s.cfg.APIKeysFile)
+		if err != nil {
+			return err
+		}
+		s.apiKeys = keys
+	}
 	// A cluster that is starting may not answer for a while: asked again.
 	store, err := jsretry.Until(ctx, 100*time.Millisecond, 5*time.Second, func() (*presence.Store, error) {
 		return presence.Open(ctx, s.nc, s.cfg.Buckets)
@@ -437,6 +450,9 @@ func (s *Service) startCore(ctx context.Context, g *group) error {
 	g.Go(func(ctx context.Context) { s.keys.run(ctx) })
 	if r, ok := s.cfg.Tokens.(KeyRefresher); ok {
 		g.Go(r.RefreshKeys)
+	}
+	if s.apiKeys != nil {
+		g.Go(s.reloadAPIKeys)
 	}
 	graph, err := s.store.WatchGraph(ctx)
 	if err != nil {
@@ -680,6 +696,13 @@ func (s *Service) httpHandler() http.Handler {
 		authz: s.authz, store: s.store, online: s.online,
 		authenticate: s.authenticate, checkOrigin: s.checkOrigin,
 		presenceOf: s.presenceOf, ready: s.ready.Load,
+	}
+	if s.apiKeys != nil {
+		sa := &serverAPI{
+			keys: s.apiKeys, byKey: s.apiByKey, byAddr: s.apiByAddr, log: s.log, metrics: s.metrics,
+			store: s.store, events: s.keys.events, cfg: &s.cfg, ready: s.ready.Load,
+		}
+		sa.routes(mux, a.route)
 	}
 	a.routes(mux)
 	if s.cfg.Static != nil {

@@ -151,8 +151,11 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	if err := notNegative(c, "offline-grace", "drain-period", "jwt-leeway", "memory-trim-interval"); err != nil {
 		return cfg, err
 	}
+	if err := positive(c, "api-keys-refresh"); err != nil {
+		return cfg, err
+	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
-		"max-conns-per-user", "max-registering", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "signal-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
+		"max-conns-per-user", "max-registering", "room-meta-max", "max-rooms-per-conn", "room-members-max", "room-update-burst", "signal-burst", "rate-burst", "rate-strikes", "api-rate-burst", "api-address-rate-burst", "api-key-rate-burst", "read-workers", "write-workers", "kv-max-pending"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 0, "max-conns"); err != nil {
@@ -161,7 +164,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	if err := positiveRates(c, "messages", "rate-limit", "room-update-rate", "signal-rate"); err != nil {
 		return cfg, err
 	}
-	if err := positiveRates(c, "requests", "api-rate-limit", "api-address-rate-limit"); err != nil {
+	if err := positiveRates(c, "requests", "api-rate-limit", "api-address-rate-limit", "api-key-rate-limit"); err != nil {
 		return cfg, err
 	}
 	origins := splitList(c.String("allowed-origins"))
@@ -230,6 +233,10 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.APIRateBurst = c.Int("api-rate-burst")
 	cfg.APIAddressRateLimit = c.Float64("api-address-rate-limit")
 	cfg.APIAddressRateBurst = c.Int("api-address-rate-burst")
+	cfg.APIKeysFile = c.String("api-keys-file")
+	cfg.APIKeysRefresh = c.Duration("api-keys-refresh")
+	cfg.APIKeyRateLimit = c.Float64("api-key-rate-limit")
+	cfg.APIKeyRateBurst = c.Int("api-key-rate-burst")
 	cfg.HandshakeTimeout = c.Duration("handshake-timeout")
 	cfg.WriteTimeout = c.Duration("write-timeout")
 	cfg.ReadWorkers = c.Int("read-workers")

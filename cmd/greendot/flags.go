@@ -160,6 +160,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		stringFlag(catAuth, "jwt-issuer", "", "iss claim every token must carry; empty checks none"),
 		stringFlag(catAuth, "jwt-audience", "", "value the aud claim of every token must contain; empty checks none"),
 		durationFlag(catAuth, "jwt-leeway", 0, "clock skew forgiven when checking exp, nbf and iat; at most 5m"),
+		stringFlag(catAuth, "api-keys-file", "", "file of the keys a backend calls the server API (/api/server/) with, one per line: a name, its scopes (presence:read, status:write) and the key (at least 24 characters) or sha256:<its hex>; read again when it changes, so keys rotate without a restart; empty serves no server API"),
+		durationFlag(catAuth, "api-keys-refresh", d.APIKeysRefresh, "how often --api-keys-file is looked at for changes"),
 
 		intFlag(catLimits, "max-message-size", d.MaxMessageSize, "largest client message in bytes (256 to 1048576); larger frames close the socket with 1009"),
 		intFlag(catLimits, "max-subscriptions", d.MaxSubscriptions, "subscriptions one socket may hold"),
@@ -184,6 +186,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catLimits, "api-rate-burst", d.APIRateBurst, "HTTP API requests one identity may make at once"),
 		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),
 		intFlag(catLimits, "api-address-rate-burst", d.APIAddressRateBurst, "HTTP API requests one source address may make at once"),
+		floatFlag(catLimits, "api-key-rate-limit", d.APIKeyRateLimit, "server API requests per second one API key may make on average, apart from users' limits"),
+		intFlag(catLimits, "api-key-rate-burst", d.APIKeyRateBurst, "server API requests one API key may make at once"),
 		durationFlag(catLimits, "handshake-timeout", d.HandshakeTimeout, "time from accepting a TCP connection to the end of its WebSocket handshake or of its first HTTP request (head and body); as long for each later request from its first bytes, and for an idle kept-alive connection"),
 		durationFlag(catLimits, "write-timeout", d.WriteTimeout, "time a socket may take nothing of the frames waiting for it (at most 1 MiB); a slower socket is closed"),
 
