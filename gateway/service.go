@@ -90,6 +90,8 @@ type Service struct {
 	// AwayAfter may have run out (lookAt).
 	due    *dueRing
 	regSem chan struct{} // upgrades being registered (MaxRegistering)
+	// proxy is the connect proxy; nil without one.
+	proxy *connectProxy
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
@@ -154,6 +156,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
+	s.proxy = newConnectProxy(cfg, nc, s.metrics)
 	s.sockets = &sockets{cfg: cfg, log: s.log, metrics: s.metrics, registry: s.registry, end: s.end}
 	s.rooms = newRoomHub(nc, s.log, s.metrics, cfg.buffers.roomMsgs)
 	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}

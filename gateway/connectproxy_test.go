@@ -1,0 +1,337 @@
+package gateway_test
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/metricstest"
+	"github.com/greendot/greendot/pkg/client"
+	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/system/systest"
+)
+
+// proxyQuestion is what a gateway asks its connect proxy.
+type proxyQuestion struct {
+	Type    string            `json:"type"`
+	Headers map[string]string `json:"headers"`
+	UserID  string            `json:"user_id"`
+	Session string            `json:"session"`
+}
+
+// proxyApp is the app's side of the connect proxy: its sessions, by the
+// value of the sessionid cookie, each the answer it gets; a session not
+// listed is refused. Its HTTP endpoint verifies every signature.
+type proxyApp struct {
+	mu       sync.Mutex
+	sessions map[string]any
+	asked    []proxyQuestion
+	badSigs  int
+	// handle, when set, handles a question instead, unless it returns
+	// false.
+	handle func(w http.ResponseWriter, r *http.Request, q proxyQuestion) bool
+}
+
+func newProxyApp() *proxyApp { return &proxyApp{sessions: map[string]any{}} }
+
+// set gives session the answer a (nil: refused).
+func (a *proxyApp) set(session string, answer any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if answer == nil {
+		delete(a.sessions, session)
+		return
+	}
+	a.sessions[session] = answer
+}
+
+// questions returns the questions asked so far.
+func (a *proxyApp) questions() []proxyQuestion {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]proxyQuestion(nil), a.asked...)
+}
+
+// answer records q and returns the answer to it: the answer of the
+// session its cookie (a connect) or its session (a refresh) names.
+func (a *proxyApp) answer(q proxyQuestion) any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.asked = append(a.asked, q)
+	session := q.Session
+	if q.Type == "connect" {
+		session = ""
+		if c, err := http.ParseCookie(q.Headers["Cookie"]); err == nil {
+			for _, c := range c {
+				if c.Name == "sessionid" {
+					session = c.Value
+				}
+			}
+		}
+	}
+	if ans, ok := a.sessions[session]; ok {
+		return ans
+	}
+	return map[string]any{"refuse": true}
+}
+
+func (a *proxyApp) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	if err := verifyGreendot(appSecret, r, body); err != nil {
+		a.mu.Lock()
+		a.badSigs++
+		a.mu.Unlock()
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	var q proxyQuestion
+	if err := json.Unmarshal(body, &q); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	a.mu.Lock()
+	handle := a.handle
+	a.mu.Unlock()
+	if handle != nil && handle(w, r, q) {
+		a.mu.Lock()
+		a.asked = append(a.asked, q)
+		a.mu.Unlock()
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(a.answer(q))
+}
+
+// serveHTTP runs the app's endpoint until the test ends, and checks then
+// that every question was signed.
+func (a *proxyApp) serveHTTP(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(a)
+	t.Cleanup(func() {
+		srv.Close()
+		if a.badSigs > 0 {
+			t.Errorf("%d questions without a good signature", a.badSigs)
+		}
+	})
+	return srv
+}
+
+// proxyGateway runs a system whose gateway asks the connect proxy at url
+// (with tokens too, for the tests of a token sent anyway).
+func proxyGateway(t *testing.T, url string, cfg gateway.Config) (*systest.System, *systest.Gateway) {
+	cfg.ConnectProxyURL, cfg.AppSecret = url, appSecret
+	sys := secStart(t, systest.Options{Gateway: cfg})
+	return sys, sys.Gateway()
+}
+
+// cookie returns the headers of a browser whose session is id.
+func cookie(id string) http.Header {
+	return http.Header{"Cookie": {"csrftoken=x; sessionid=" + id}}
+}
+
+// proxyDial connects with the headers h, and fails the test unless the
+// gateway admits user.
+func proxyDial(t *testing.T, gw *systest.Gateway, h http.Header, user string) *client.Conn {
+	t.Helper()
+	c, err := secDialErr(gw.WS, h)
+	if err != nil {
+		t.Fatalf("dial: %v, want %s admitted", err, user)
+	}
+	t.Cleanup(func() { _ = c.Abort() })
+	if c.Hello.UserID != user {
+		t.Fatalf("hello for %q, want %q", c.Hello.UserID, user)
+	}
+	return c
+}
+
+func TestConnectProxyAllow(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 3600, "rooms": []string{"doc:*"}})
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyHeaders: []string{"x-client-version"}})
+
+	h := cookie("s-alice")
+	h.Set("X-Client-Version", "1.2")
+	h.Set("X-Not-Forwarded", "secret")
+	c := proxyDial(t, gw, h, "alice")
+	qs := a.questions()
+	if len(qs) != 1 {
+		t.Fatalf("%d questions, want 1", len(qs))
+	}
+	want := map[string]string{"Cookie": "csrftoken=x; sessionid=s-alice", "X-Client-Version": "1.2"}
+	if q := qs[0]; q.Type != "connect" || len(q.Headers) != len(want) || q.Headers["Cookie"] != want["Cookie"] || q.Headers["X-Client-Version"] != "1.2" {
+		t.Errorf("question = %+v, want a connect with headers %v", q, want)
+	}
+	// The rooms claim of the answer is the connection's grant.
+	joinRoom(t, c, "j1", "doc:1", "")
+	sendRoom(t, c, protocol.TypeJoin, "j2", "chat:1", "")
+	systest.Await(t, c, systest.EventTimeout, "room_denied j2", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeRoomDenied && m.ID == "j2" && m.Reason == protocol.ReasonNotAllowed
+	})
+	subscribeSelf(t, c, "self")
+
+	// A token decides alone: the app is not asked, and a bad token is not
+	// rescued by the cookie.
+	tok := bearer(secLongToken(t, "bob"))
+	tok.Set("Cookie", "sessionid=s-alice")
+	proxyDial(t, gw, tok, "bob")
+	bad := bearer("not.a.jwt")
+	bad.Set("Cookie", "sessionid=s-alice")
+	_, err := secDialErr(gw.WS, bad)
+	refusedWith(t, err, http.StatusUnauthorized)
+	if n := len(a.questions()); n != 1 {
+		t.Errorf("%d questions after two upgrades with tokens, want still 1", n)
+	}
+	if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "connect", "result", "allowed"); v != 1 {
+		t.Errorf("allowed answers = %v, want 1", v)
+	}
+}
+
+func TestConnectProxyRefuse(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{})
+	for name, h := range map[string]http.Header{"unknown session": cookie("nobody"), "no cookie": nil} {
+		_, err := secDialErr(gw.WS, h)
+		if body := refusedWith(t, err, http.StatusUnauthorized); !strings.Contains(body, "refused the session") {
+			t.Errorf("%s: refusal %q does not say the app refused the session", name, body)
+		}
+	}
+	if n := len(a.questions()); n != 2 {
+		t.Errorf("%d questions, want 2", n)
+	}
+	if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "connect", "result", "refused"); v != 2 {
+		t.Errorf("refused answers = %v, want 2", v)
+	}
+}
+
+// TestConnectProxyDown: an app that fails, answers nonsense or is not
+// there refuses the upgrade with 503; the failure is not remembered, so
+// the app, back, admits the next.
+func TestConnectProxyDown(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 3600})
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
+	for name, answer := range map[string]func(w http.ResponseWriter){
+		"500":           func(w http.ResponseWriter) { http.Error(w, "boom", http.StatusInternalServerError) },
+		"403":           func(w http.ResponseWriter) { http.Error(w, "forbidden", http.StatusForbidden) },
+		"not JSON":      func(w http.ResponseWriter) { _, _ = io.WriteString(w, "<html>login</html>") },
+		"bad user id":   func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"al ice","expires_in":60}`) },
+		"no expiry":     func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice"}`) },
+		"unknown field": func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"admin":true}`) },
+		"bad rooms":     func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"rooms":"doc:1"}`) },
+	} {
+		a.mu.Lock()
+		a.handle = func(w http.ResponseWriter, _ *http.Request, _ proxyQuestion) bool { answer(w); return true }
+		a.mu.Unlock()
+		_, err := secDialErr(gw.WS, cookie("s-alice"))
+		if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "try again") {
+			t.Errorf("%s: refusal %q", name, body)
+		}
+	}
+	a.mu.Lock()
+	a.handle = nil
+	a.mu.Unlock()
+	proxyDial(t, gw, cookie("s-alice"), "alice")
+
+	// Nobody listening: 503 too, within the timeout.
+	url := srv.URL
+	srv.Close()
+	_, gw2 := proxyGateway(t, url, gateway.Config{ConnectProxyTimeout: 300 * time.Millisecond})
+	_, err := secDialErr(gw2.WS, cookie("s-alice"))
+	refusedWith(t, err, http.StatusServiceUnavailable)
+	if v, _ := metricstest.Value(gw2.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "connect", "result", "failed"); v != 1 {
+		t.Errorf("failed answers = %v, want 1", v)
+	}
+}
+
+// TestConnectProxySlow: an upgrade waiting for a slow app holds no other
+// work of the gateway (a socket with a token is admitted meanwhile), holds
+// a place among the upgrades being registered (one more is refused at
+// once when none is left), and is refused 503 at the timeout.
+func TestConnectProxySlow(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 3600})
+	asked := make(chan struct{}, 1)
+	a.handle = func(_ http.ResponseWriter, r *http.Request, _ proxyQuestion) bool {
+		asked <- struct{}{}
+		<-r.Context().Done()
+		return true
+	}
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 3 * time.Second, MaxRegistering: 1})
+
+	slow := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := secDialErr(gw.WS, cookie("s-alice"))
+		slow <- err
+	}()
+	<-asked
+	// The only place is taken: another proxied upgrade is refused now.
+	_, err := secDialErr(gw.WS, cookie("s-alice"))
+	if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "too many connections being registered") {
+		t.Errorf("second upgrade refused with %q", body)
+	}
+	select {
+	case err := <-slow:
+		t.Fatalf("the slow upgrade ended before its timeout: %v", err)
+	default:
+	}
+	err = <-slow
+	refusedWith(t, err, http.StatusServiceUnavailable)
+	if took := time.Since(start); took < 3*time.Second {
+		t.Errorf("refused after %v, before the 3s timeout", took)
+	}
+	// With the place given back, a socket with a token is admitted.
+	secDial(t, gw, "bob")
+}
+
+func TestConnectProxyConfig(t *testing.T) {
+	t.Parallel()
+	ok := gateway.Config{ConnectProxyURL: "http://app.example/proxy", AppSecret: appSecret}
+	if err := ok.Validate(); err != nil {
+		t.Fatalf("valid config: %v", err)
+	}
+	for name, set := range map[string]func(*gateway.Config){
+		"URL and subject":         func(c *gateway.Config) { c.ConnectProxySubject = "app.connect" },
+		"no secret":               func(c *gateway.Config) { c.AppSecret = nil },
+		"not http":                func(c *gateway.Config) { c.ConnectProxyURL = "ftp://app.example/" },
+		"no host":                 func(c *gateway.Config) { c.ConnectProxyURL = "http:///proxy" },
+		"dev auth":                func(c *gateway.Config) { c.DevAuth = true },
+		"timeout over handshake":  func(c *gateway.Config) { c.ConnectProxyTimeout = 10 * time.Second },
+		"negative timeout":        func(c *gateway.Config) { c.ConnectProxyTimeout = -time.Second },
+		"cookie listed":           func(c *gateway.Config) { c.ConnectProxyHeaders = []string{"cookie"} },
+		"bad header name":         func(c *gateway.Config) { c.ConnectProxyHeaders = []string{"X Client"} },
+		"header twice":            func(c *gateway.Config) { c.ConnectProxyHeaders = []string{"X-A", "x-a"} },
+		"headers without a proxy": func(c *gateway.Config) { c.ConnectProxyURL = ""; c.ConnectProxyHeaders = []string{"X-A"} },
+		"wildcard subject":        func(c *gateway.Config) { c.ConnectProxyURL = ""; c.ConnectProxySubject = "app.*" },
+	} {
+		cfg := ok
+		set(&cfg)
+		err := cfg.Validate()
+		if !errors.Is(err, gateway.ErrInvalidConfig) {
+			t.Errorf("%s: %v, want an invalid config", name, err)
+		}
+	}
+	// Policy token takes its watch lists from the proxy's answers.
+	tok := ok
+	tok.Policy = gateway.PolicyToken
+	if err := tok.Validate(); err != nil {
+		t.Errorf("policy token with a connect proxy: %v", err)
+	}
+}
