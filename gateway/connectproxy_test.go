@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/micro"
+
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/pkg/client"
@@ -226,13 +228,17 @@ func TestConnectProxyDown(t *testing.T) {
 	srv := a.serveHTTP(t)
 	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
 	for name, answer := range map[string]func(w http.ResponseWriter){
-		"500":           func(w http.ResponseWriter) { http.Error(w, "boom", http.StatusInternalServerError) },
-		"403":           func(w http.ResponseWriter) { http.Error(w, "forbidden", http.StatusForbidden) },
-		"not JSON":      func(w http.ResponseWriter) { _, _ = io.WriteString(w, "<html>login</html>") },
-		"bad user id":   func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"al ice","expires_in":60}`) },
-		"no expiry":     func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice"}`) },
-		"unknown field": func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"admin":true}`) },
-		"bad rooms":     func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"rooms":"doc:1"}`) },
+		"500":         func(w http.ResponseWriter) { http.Error(w, "boom", http.StatusInternalServerError) },
+		"403":         func(w http.ResponseWriter) { http.Error(w, "forbidden", http.StatusForbidden) },
+		"not JSON":    func(w http.ResponseWriter) { _, _ = io.WriteString(w, "<html>login</html>") },
+		"bad user id": func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"al ice","expires_in":60}`) },
+		"no expiry":   func(w http.ResponseWriter) { _, _ = io.WriteString(w, `{"user_id":"alice"}`) },
+		"unknown field": func(w http.ResponseWriter) {
+			_, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"admin":true}`)
+		},
+		"bad rooms": func(w http.ResponseWriter) {
+			_, _ = io.WriteString(w, `{"user_id":"alice","expires_in":60,"rooms":"doc:1"}`)
+		},
 	} {
 		a.mu.Lock()
 		a.handle = func(w http.ResponseWriter, _ *http.Request, _ proxyQuestion) bool { answer(w); return true }
@@ -334,4 +340,62 @@ func TestConnectProxyConfig(t *testing.T) {
 	if err := tok.Validate(); err != nil {
 		t.Errorf("policy token with a connect proxy: %v", err)
 	}
+}
+
+// serveNATS answers the questions of subject with a micro service, as
+// docs/integration.md shows, until the test ends; hold, when set, is
+// waited on before each answer.
+func (a *proxyApp) serveNATS(t *testing.T, sys *systest.System, subject string, hold <-chan struct{}) {
+	svc, err := micro.AddService(sys.NC, micro.Config{
+		Name:    "connect",
+		Version: "1.0.0",
+		Endpoint: &micro.EndpointConfig{
+			Subject: subject,
+			Handler: micro.HandlerFunc(func(req micro.Request) {
+				var q proxyQuestion
+				if err := json.Unmarshal(req.Data(), &q); err != nil {
+					_ = req.Error("400", "bad question", nil)
+					return
+				}
+				if hold != nil {
+					<-hold
+				}
+				_ = req.RespondJSON(a.answer(q))
+			}),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+}
+
+// TestConnectProxyNATS: the same questions over NATS request/reply:
+// allowed, refused, nobody answering (503) and an app too slow (503).
+func TestConnectProxyNATS(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 3600})
+	sys := secStart(t, systest.Options{Gateway: gateway.Config{ConnectProxySubject: "app.connect", ConnectProxyTimeout: 500 * time.Millisecond}})
+	gw := sys.Gateway()
+
+	// Nobody answers yet.
+	_, err := secDialErr(gw.WS, cookie("s-alice"))
+	refusedWith(t, err, http.StatusServiceUnavailable)
+
+	a.serveNATS(t, sys, "app.connect", nil)
+	proxyDial(t, gw, cookie("s-alice"), "alice")
+	_, err = secDialErr(gw.WS, cookie("s-mallory"))
+	refusedWith(t, err, http.StatusUnauthorized)
+	if qs := a.questions(); len(qs) != 2 || qs[0].Type != "connect" || qs[0].Headers["Cookie"] != "csrftoken=x; sessionid=s-alice" {
+		t.Errorf("questions = %+v", qs)
+	}
+
+	// An app slower than the timeout.
+	hold := make(chan struct{})
+	defer close(hold)
+	a.serveNATS(t, sys, "app.slow", hold)
+	slow := sys.StartGateway(gateway.Config{ConnectProxySubject: "app.slow", ConnectProxyTimeout: 300 * time.Millisecond, Tokens: secVerifier(t)})
+	_, err = secDialErr(slow.WS, cookie("s-alice"))
+	refusedWith(t, err, http.StatusServiceUnavailable)
 }
