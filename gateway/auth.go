@@ -61,6 +61,11 @@ type credentials struct {
 	// proxy, with the headers forwarded (connectProxy.forward).
 	askProxy  bool
 	forwarded map[string]string
+	// proxied is set once the connect proxy let the client in (askProxy),
+	// with the session value and lifetime of its answer.
+	proxied  bool
+	session  string
+	lifetime time.Duration
 }
 
 // identity is a verified client.
@@ -75,9 +80,8 @@ type identity struct {
 	// rooms are the rooms it may join.
 	rooms *roomGrant
 	// proxied is set for a client that sent no token, to be asked of the
-	// connect proxy (askProxy), and session is the app's value for it.
+	// connect proxy (askProxy).
 	proxied bool
-	session string
 }
 
 // parseQuery fills the query parts of cr from a request URI's raw query.

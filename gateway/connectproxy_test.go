@@ -3,6 +3,7 @@ package gateway_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gobwas/ws"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
 	"github.com/greendot/greendot/internal/metricstest"
+	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
 	"github.com/greendot/greendot/system/systest"
@@ -398,4 +401,167 @@ func TestConnectProxyNATS(t *testing.T) {
 	slow := sys.StartGateway(gateway.Config{ConnectProxySubject: "app.slow", ConnectProxyTimeout: 300 * time.Millisecond, Tokens: secVerifier(t)})
 	_, err = secDialErr(slow.WS, cookie("s-alice"))
 	refusedWith(t, err, http.StatusServiceUnavailable)
+}
+
+// awaitCloseReason reads c until the gateway closes it, and returns the
+// close frame's code and reason.
+func awaitCloseReason(t *testing.T, c *client.Conn, timeout time.Duration) (ws.StatusCode, string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	for {
+		_, raw, err := c.Read()
+		if err == nil {
+			continue
+		}
+		var ce *client.CloseError
+		if !errors.As(err, &ce) {
+			t.Fatalf("waiting for a close frame: %v (%s)", err, raw)
+		}
+		return ce.Code, ce.Reason
+	}
+}
+
+// awaitQuestions waits until the app was asked n questions, and returns
+// them.
+func (a *proxyApp) awaitQuestions(t *testing.T, n int) []proxyQuestion {
+	t.Helper()
+	var qs []proxyQuestion
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if qs = a.questions(); len(qs) < n {
+			return fmt.Errorf("%d questions, want %d", len(qs), n)
+		}
+		return nil
+	})
+	return qs
+}
+
+// TestConnectProxyRefresh: a session is asked about again before its
+// expiry, with the user and the session value of the last answer; the new
+// answer's expiry keeps the socket open past the first, and its rooms
+// claim replaces the first's. An auth message is refused on such a
+// socket.
+func TestConnectProxyRefresh(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 2, "session": "v1", "rooms": []string{"doc:*"}})
+	a.set("v1", map[string]any{"user_id": "alice", "expires_in": 3600, "session": "v2", "rooms": []string{"chat:*"}})
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
+	start := time.Now()
+	c := proxyDial(t, gw, cookie("s-alice"), "alice")
+	defer systest.KeepAlive(c, systest.Heartbeat)()
+	joinRoom(t, c, "j1", "doc:1", "")
+
+	qs := a.awaitQuestions(t, 2)
+	if q := qs[1]; q.Type != "refresh" || q.UserID != "alice" || q.Session != "v1" || len(q.Headers) != 0 {
+		t.Errorf("refresh question = %+v, want alice's session v1", q)
+	}
+	// The room the new answer no longer allows is left, with room_denied.
+	systest.Await(t, c, systest.EventTimeout, "room_denied doc:1", func(m protocol.ServerMessage) bool {
+		return m.Type == protocol.TypeRoomDenied && m.Room == "doc:1"
+	})
+	for _, m := range stillOpen(t, c, start.Add(3*time.Second)) {
+		if m.Type == protocol.TypeError {
+			t.Errorf("refreshed socket got %+v", m)
+		}
+	}
+	joinRoom(t, c, "j2", "chat:1", "")
+	if n := len(a.questions()); n != 2 {
+		t.Errorf("%d questions, want 2: the next refresh is an hour away", n)
+	}
+	if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "refresh", "result", "allowed"); v != 1 {
+		t.Errorf("allowed refreshes = %v, want 1", v)
+	}
+
+	if err := c.Send(protocol.ClientMessage{Type: protocol.TypeAuth, ID: "a1", Token: secLongToken(t, "alice")}); err != nil {
+		t.Fatal(err)
+	}
+	if code, reason := awaitCloseReason(t, c, systest.EventTimeout); code != protocol.ClosePolicy || reason != "unauthorized" {
+		t.Errorf("auth on a proxied socket: closed with %d %q, want %d unauthorized", code, reason, protocol.ClosePolicy)
+	}
+}
+
+// TestConnectProxySessionEnd: the app refusing a refresh (the user signed
+// out) closes the socket with 1008 "session ended", before its expiry.
+func TestConnectProxySessionEnd(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 4, "session": "v1"})
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
+	c := proxyDial(t, gw, cookie("s-alice"), "alice")
+	defer systest.KeepAlive(c, systest.Heartbeat)()
+	exp := time.Now().Add(4 * time.Second)
+	code, reason := awaitCloseReason(t, c, 10*time.Second)
+	if code != protocol.ClosePolicy || reason != "session ended" {
+		t.Errorf("closed with %d %q, want %d \"session ended\"", code, reason, protocol.ClosePolicy)
+	}
+	if time.Now().After(exp) {
+		t.Errorf("closed after the session's expiry, not at its refresh")
+	}
+	if qs := a.questions(); len(qs) != 2 || qs[1].Type != "refresh" {
+		t.Errorf("questions = %+v, want a connect and a refresh", qs)
+	}
+	if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "refresh", "result", "refused"); v != 1 {
+		t.Errorf("refused refreshes = %v, want 1", v)
+	}
+}
+
+// TestConnectProxyRefreshDown: a refresh with no good answer keeps the
+// socket and is asked again; answered meanwhile, the socket lives on; an
+// app down until the expiry closes it then, with 1008 "session expired".
+func TestConnectProxyRefreshDown(t *testing.T) {
+	t.Parallel()
+	t.Run("back before the expiry", func(t *testing.T) {
+		t.Parallel()
+		a := newProxyApp()
+		// Refreshed 3 s before its expiry, and again a second later.
+		a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 12, "session": "v1"})
+		a.set("v1", map[string]any{"user_id": "alice", "expires_in": 3600})
+		a.handle = func(w http.ResponseWriter, _ *http.Request, q proxyQuestion) bool {
+			if q.Type == "refresh" && len(a.questions()) == 1 {
+				http.Error(w, "down for a moment", http.StatusInternalServerError)
+				return true
+			}
+			return false
+		}
+		srv := a.serveHTTP(t)
+		_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
+		start := time.Now()
+		c := proxyDial(t, gw, cookie("s-alice"), "alice")
+		defer systest.KeepAlive(c, systest.Heartbeat)()
+		qs := a.awaitQuestions(t, 3)
+		if qs[1].Type != "refresh" || qs[2].Type != "refresh" || qs[2].Session != "v1" {
+			t.Errorf("questions = %+v, want a connect and two refreshes of v1", qs)
+		}
+		stillOpen(t, c, start.Add(13*time.Second))
+		subscribeSelf(t, c, "alive")
+		if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "refresh", "result", "failed"); v != 1 {
+			t.Errorf("failed refreshes = %v, want 1", v)
+		}
+	})
+	t.Run("down until the expiry", func(t *testing.T) {
+		t.Parallel()
+		a := newProxyApp()
+		a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 2, "session": "v1"})
+		a.handle = func(_ http.ResponseWriter, r *http.Request, q proxyQuestion) bool {
+			if q.Type == "refresh" {
+				<-r.Context().Done() // too slow
+				return true
+			}
+			return false
+		}
+		srv := a.serveHTTP(t)
+		_, gw := proxyGateway(t, srv.URL, gateway.Config{ConnectProxyTimeout: 500 * time.Millisecond})
+		c := proxyDial(t, gw, cookie("s-alice"), "alice")
+		defer systest.KeepAlive(c, systest.Heartbeat)()
+		exp := time.Now().Add(2 * time.Second)
+		code, reason := awaitCloseReason(t, c, 10*time.Second)
+		if code != protocol.ClosePolicy || reason != "session expired" {
+			t.Errorf("closed with %d %q, want %d \"session expired\"", code, reason, protocol.ClosePolicy)
+		}
+		if time.Now().Before(exp) {
+			t.Errorf("closed %v before the session's expiry", time.Until(exp))
+		}
+	})
 }

@@ -206,6 +206,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		return
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
+	if cr.proxied {
+		s.proxy.track(c, cr.session, cr.lifetime, time.Unix(0, c.expires.Load()))
+	}
 	if hook := s.hooks.afterRegister.Load(); hook != nil {
 		(*hook)(c.userID)
 	}

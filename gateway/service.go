@@ -251,6 +251,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	io := newGroup()
 	defer io.stop()
 	io.Go(func(ctx context.Context) { s.due.run(ctx, s.lookAt) })
+	if s.proxy != nil {
+		io.Go(s.refreshSessions)
+	}
 	if s.cfg.MemoryTrimInterval > 0 {
 		io.Go(func(ctx context.Context) { s.memoryTrim(ctx, s.cfg.MemoryTrimInterval) })
 	}
@@ -556,6 +559,9 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	s.hub.RemoveWatcher(c)
 	s.members.hide(c)
 	s.due.ended(c)
+	if s.proxy != nil {
+		s.proxy.forget(c)
+	}
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
 	if s.log.Enabled(context.Background(), levelDebug) {

@@ -61,6 +61,8 @@ type ConnectAnswer struct {
 	// Expires is when the answer ends: the time it was received plus its
 	// expires_in.
 	Expires time.Time
+	// Lifetime is its expires_in.
+	Lifetime time.Duration
 	// Session is the opaque value the app wants back in refresh questions.
 	Session string
 	// Watch and Rooms are the claims as a token's are read
@@ -112,7 +114,8 @@ func parseConnect(data []byte, now time.Time) (ConnectAnswer, error) {
 	case a.Session != nil && len(*a.Session) > MaxSession:
 		return ConnectAnswer{}, fmt.Errorf("answer: session of %d bytes, over %d", len(*a.Session), MaxSession)
 	}
-	out := ConnectAnswer{UserID: *a.UserID, Expires: now.Add(time.Duration(*a.ExpiresIn) * time.Second)}
+	life := time.Duration(*a.ExpiresIn) * time.Second
+	out := ConnectAnswer{UserID: *a.UserID, Expires: now.Add(life), Lifetime: life}
 	if a.Session != nil {
 		out.Session = *a.Session
 	}
