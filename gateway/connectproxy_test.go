@@ -565,3 +565,26 @@ func TestConnectProxyRefreshDown(t *testing.T) {
 		}
 	})
 }
+
+// TestConnectProxyWatchClaim: under the token policy, the watch claim of
+// the proxy's answer is the connection's watch list, as a token's is, and
+// one over --token-watch-max is a bad answer (503).
+func TestConnectProxyWatchClaim(t *testing.T) {
+	t.Parallel()
+	a := newProxyApp()
+	a.set("s-alice", map[string]any{"user_id": "alice", "expires_in": 3600, "watch": []string{"bob"}})
+	a.set("s-big", map[string]any{"user_id": "dave", "expires_in": 3600, "watch": []string{"a", "b", "c"}})
+	srv := a.serveHTTP(t)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{Policy: gateway.PolicyToken, TokenMaxWatch: 2})
+	online(t, gw, "bob", "carol")
+	c := proxyDial(t, gw, cookie("s-alice"), "alice")
+	got := subscribeAll(t, c, "s", "bob", "carol")
+	if u := got.users(); len(u) != 1 || u[0] != "bob" {
+		t.Errorf("presence_init users = %v, want bob", u)
+	}
+	if got.denied["carol"] != protocol.ReasonNotAllowed {
+		t.Errorf("denied = %v, want carol not_allowed", got.denied)
+	}
+	_, err := secDialErr(gw.WS, cookie("s-big"))
+	refusedWith(t, err, http.StatusServiceUnavailable)
+}
