@@ -157,6 +157,9 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
 	s.proxy = newConnectProxy(cfg, nc, s.metrics)
+	if s.proxy != nil && len(cfg.AllowedOrigins) == 0 {
+		s.log.Warn("the connect proxy admits browsers by their cookies, and any Origin is allowed: a page of another site could connect as its visitor; set the allowed origins (--allowed-origins)")
+	}
 	s.sockets = &sockets{cfg: cfg, log: s.log, metrics: s.metrics, registry: s.registry, end: s.end}
 	s.rooms = newRoomHub(nc, s.log, s.metrics, cfg.buffers.roomMsgs)
 	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}

@@ -52,6 +52,27 @@ type ConnectQuestion struct {
 	Session string `json:"session,omitempty"`
 }
 
+// MarshalJSON encodes a connect question with its headers (an empty
+// object when none is forwarded), a refresh question with its user id and
+// session (empty when the answer had none): each always has its fields.
+func (q ConnectQuestion) MarshalJSON() ([]byte, error) {
+	if q.Type == TypeConnect {
+		h := q.Headers
+		if h == nil {
+			h = map[string]string{}
+		}
+		return json.Marshal(struct {
+			Type    string            `json:"type"`
+			Headers map[string]string `json:"headers"`
+		}{q.Type, h})
+	}
+	return json.Marshal(struct {
+		Type    string `json:"type"`
+		UserID  string `json:"user_id"`
+		Session string `json:"session"`
+	}{q.Type, q.UserID, q.Session})
+}
+
 // ConnectAnswer is the app's answer, read.
 type ConnectAnswer struct {
 	// Refused is set when the app refused the client (or, for a refresh,

@@ -84,3 +84,22 @@ func TestConnectHTTPIsSigned(t *testing.T) {
 		t.Errorf("question = %+v", got)
 	}
 }
+
+// TestConnectQuestionJSON: each question has all its fields, and only
+// those.
+func TestConnectQuestionJSON(t *testing.T) {
+	for _, tc := range []struct {
+		q    ConnectQuestion
+		want string
+	}{
+		{ConnectQuestion{Type: TypeConnect}, `{"type":"connect","headers":{}}`},
+		{ConnectQuestion{Type: TypeConnect, Headers: map[string]string{"Cookie": "a=b"}}, `{"type":"connect","headers":{"Cookie":"a=b"}}`},
+		{ConnectQuestion{Type: TypeRefresh, UserID: "alice"}, `{"type":"refresh","user_id":"alice","session":""}`},
+		{ConnectQuestion{Type: TypeRefresh, UserID: "alice", Session: "s"}, `{"type":"refresh","user_id":"alice","session":"s"}`},
+	} {
+		got, err := json.Marshal(&tc.q)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%+v = %s, %v; want %s", tc.q, got, err, tc.want)
+		}
+	}
+}
