@@ -1,6 +1,7 @@
 package gateway_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,10 +17,12 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/greendot/greendot/gateway"
+	"github.com/greendot/greendot/internal/doctest"
 	"github.com/greendot/greendot/internal/metricstest"
 	"github.com/greendot/greendot/internal/natstest"
 	"github.com/greendot/greendot/pkg/client"
 	"github.com/greendot/greendot/pkg/protocol"
+	"github.com/greendot/greendot/pkg/signature"
 	"github.com/greendot/greendot/system/systest"
 )
 
@@ -505,6 +508,20 @@ func TestConnectProxySessionEnd(t *testing.T) {
 	if v, _ := metricstest.Value(gw.Registry(), "greendot_gateway_connect_proxy_answers_total", "type", "refresh", "result", "refused"); v != 1 {
 		t.Errorf("refused refreshes = %v, want 1", v)
 	}
+
+	// A refresh answered for another user ends the session too: a socket
+	// never changes who it is.
+	a.set("s-bob", map[string]any{"user_id": "bob", "expires_in": 4, "session": "b1"})
+	a.set("b1", map[string]any{"user_id": "mallory", "expires_in": 3600})
+	b := proxyDial(t, gw, cookie("s-bob"), "bob")
+	defer systest.KeepAlive(b, systest.Heartbeat)()
+	exp = time.Now().Add(4 * time.Second)
+	if code, reason := awaitCloseReason(t, b, 10*time.Second); code != protocol.ClosePolicy || reason != "session ended" {
+		t.Errorf("refresh for another user: closed with %d %q, want %d \"session ended\"", code, reason, protocol.ClosePolicy)
+	}
+	if time.Now().After(exp) {
+		t.Errorf("closed after the session's expiry, not at its refresh")
+	}
 }
 
 // TestConnectProxyRefreshDown: a refresh with no good answer keeps the
@@ -587,4 +604,99 @@ func TestConnectProxyWatchClaim(t *testing.T) {
 	}
 	_, err := secDialErr(gw.WS, cookie("s-big"))
 	refusedWith(t, err, http.StatusServiceUnavailable)
+}
+
+// docUser is a user of the app's session store of the Go sample of
+// docs/integration.md.
+type docUser struct {
+	ID    string
+	Rooms []string
+}
+
+// docSessions is that store: sessions by key.
+type docSessions map[string]docUser
+
+func (s docSessions) Lookup(key string) (docUser, bool) {
+	u, ok := s[key]
+	return u, ok
+}
+
+// sessions is the store greendotConnect reads.
+var sessions = docSessions{"k-42": {ID: "42", Rooms: []string{"team-7:*"}}}
+
+// greendotConnect is the Go connect proxy of docs/integration.md, line for
+// line (the test's secret in place of the page's).
+func greendotConnect(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusRequestEntityTooLarge)
+		return
+	}
+	if err := signature.Verify(appSecret, r.Header.Get(signature.Header), body, time.Now(), 5*time.Minute); err != nil {
+		http.Error(w, err.Error(), http.StatusUnauthorized)
+		return
+	}
+	var q struct {
+		Type    string            `json:"type"` // "connect" or "refresh"
+		Headers map[string]string `json:"headers"`
+		Session string            `json:"session"`
+	}
+	if err := json.Unmarshal(body, &q); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	key := q.Session // a refresh names the session of the answer before
+	if q.Type == "connect" {
+		key = ""
+		if cookies, err := http.ParseCookie(q.Headers["Cookie"]); err == nil {
+			for _, c := range cookies {
+				if c.Name == "sessionid" {
+					key = c.Value
+				}
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	user, ok := sessions.Lookup(key)
+	if !ok {
+		_ = json.NewEncoder(w).Encode(map[string]any{"refuse": true})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"user_id": user.ID, "expires_in": 3600, "session": key, "rooms": user.Rooms})
+}
+
+// TestConnectProxyGoSample runs the Go connect proxy of
+// docs/integration.md behind a gateway: the session's user is let in with
+// the rooms of the store, an unknown session refused, and a refresh of
+// the session answered.
+func TestConnectProxyGoSample(t *testing.T) {
+	t.Parallel()
+	doctest.Verbatim(t, doctest.Sample(t, "docs/integration.md", "func greendotConnect(w http.ResponseWriter"), "connectproxy_test.go",
+		"(secret,", "(appSecret,")
+	srv := httptest.NewServer(http.HandlerFunc(greendotConnect))
+	t.Cleanup(srv.Close)
+	_, gw := proxyGateway(t, srv.URL, gateway.Config{})
+	c := proxyDial(t, gw, cookie("k-42"), "42")
+	joinRoom(t, c, "j", "team-7:standup", "")
+	_, err := secDialErr(gw.WS, cookie("k-nobody"))
+	refusedWith(t, err, http.StatusUnauthorized)
+
+	body := []byte(`{"type":"refresh","user_id":"42","session":"k-42"}`)
+	req, err := http.NewRequest("POST", srv.URL, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(signature.Header, signature.Sign(appSecret, time.Now(), body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var a struct {
+		UserID  string `json:"user_id"`
+		Session string `json:"session"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil || a.UserID != "42" || a.Session != "k-42" {
+		t.Errorf("refresh answered %+v, %v; want user 42 and its session", a, err)
+	}
 }

@@ -142,7 +142,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catGateway, "token-watch-max", d.TokenMaxWatch, "user ids a token's watch claim may list (policy token); a token with more is refused with 401"),
 		stringFlag(catGateway, "authz-app-url", "", "URL the app policy POSTs its signed questions to (needs an app secret); or use --authz-app-subject"),
 		stringFlag(catGateway, "authz-app-subject", "", "NATS subject the app policy sends its questions to, request/reply; or use --authz-app-url"),
-		stringFlag(catGateway, "authz-app-secret", "", "shared secret, at least 32 bytes, that signs questions to --authz-app-url and verifies POST /api/authz/invalidate (prefer --authz-app-secret-file or the environment variable)"),
+		stringFlag(catGateway, "authz-app-secret", "", "shared secret, at least 32 bytes, that signs questions to --authz-app-url and --connect-proxy-url and verifies POST /api/authz/invalidate (prefer --authz-app-secret-file or the environment variable)"),
 		stringFlag(catGateway, "authz-app-secret-file", "", "file holding the app secret (trailing newlines are ignored)"),
 		durationFlag(catGateway, "authz-app-timeout", d.AppTimeout, "how long one question to the app may take, retries included; no answer refuses with authorization_unavailable"),
 		durationFlag(catGateway, "authz-app-cache-ttl", d.AppCacheTTL, "how long an answer of the app is cached per watcher and target; an invalidation drops it sooner"),
