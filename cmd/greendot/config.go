@@ -350,7 +350,7 @@ func gatewayAuth(c *cli.Context, cfg *gateway.Config, log *slog.Logger, standalo
 			"use a JWT key, or add --dev-auth-allow-public to do it anyway", listen)
 	}
 	if !devAuth && cfg.Tokens == nil && !proxied {
-		how := "give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys (or --dev-auth, for development only)"
+		how := "give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys, or a connect proxy (--connect-proxy-url or --connect-proxy-subject) (or --dev-auth, for development only)"
 		if standalone && !loopback {
 			how = "dev auth is off because --listen is not a loopback address; " + how
 		}
