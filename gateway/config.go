@@ -223,7 +223,9 @@ type Config struct {
 	// it is answered). An upgrade beyond it is refused with 503 at once:
 	// in a reconnect storm the gateway then does only the work NATS can
 	// finish in time, instead of starting every registration and letting
-	// them all time out. Zero means DefaultMaxRegistering.
+	// them all time out. The upgrades waiting for a connect proxy's answer
+	// are bounded by the same number, apart. Zero means
+	// DefaultMaxRegistering.
 	MaxRegistering int
 	// HandshakeTimeout bounds the time from accepting a TCP connection to
 	// the end of its WebSocket handshake or of its first HTTP request (head

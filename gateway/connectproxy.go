@@ -29,13 +29,18 @@ import (
 // A refusal answers the upgrade 401, as a bad token; no good answer
 // within ConnectProxyTimeout (the app down, slow, failing, answering
 // nonsense) answers it 503, and is not remembered: the next upgrade asks
-// again. The upgrades waiting for the app count against MaxRegistering,
-// as those being registered do.
+// again. At most MaxRegistering upgrades wait for the app at once (apart
+// from those being registered); one more is refused with 503 at once.
 
 // connectProxy is the gateway's side of the connect proxy.
 type connectProxy struct {
 	client  *callout.Client
 	timeout time.Duration
+	// asking holds a place for each upgrade waiting for the app: at most
+	// MaxRegistering, apart from those being registered, so that a slow
+	// app holds up neither the upgrades with tokens nor the gateway's
+	// other work.
+	asking chan struct{}
 	// sessions are those of the connections it let in.
 	sessions *proxySessions
 	// headers are the canonical names of the headers forwarded besides
@@ -48,7 +53,7 @@ func newConnectProxy(cfg Config, nc *nats.Conn, m *gatewayMetrics) *connectProxy
 	if !cfg.connectProxy() {
 		return nil
 	}
-	p := &connectProxy{timeout: cfg.ConnectProxyTimeout, sessions: newProxySessions()}
+	p := &connectProxy{timeout: cfg.ConnectProxyTimeout, asking: make(chan struct{}, cfg.MaxRegistering), sessions: newProxySessions()}
 	for _, h := range cfg.ConnectProxyHeaders {
 		p.headers = append(p.headers, textproto.CanonicalMIMEHeaderKey(h))
 	}
@@ -97,16 +102,17 @@ func (p *connectProxy) forward(cr *credentials, key, value []byte) {
 var errProxyUnavailable = fmt.Errorf("%w: the app could not say who you are right now; try again", ErrUnavailable)
 
 // askProxy asks the connect proxy who the client of an upgrade without a
-// token is, and fills id with its answer. The question holds a place
-// among the MaxRegistering upgrades being registered while it waits.
+// token is, and fills id with its answer (and cr with what is kept of it
+// for the refresh). At most MaxRegistering questions wait at once: one
+// more is refused with 503 at once.
 func (s *Service) askProxy(cr *credentials, id *identity) error {
 	select {
-	case s.regSem <- struct{}{}:
+	case s.proxy.asking <- struct{}{}:
 	default:
-		return fmt.Errorf("%w: too many connections being registered; retry shortly", ErrUnavailable)
+		return fmt.Errorf("%w: too many connections waiting for the app to say who they are; retry shortly", ErrUnavailable)
 	}
 	a, err := s.proxy.client.Connect(context.Background(), &callout.ConnectQuestion{Type: callout.TypeConnect, Headers: cr.forwarded})
-	<-s.regSem
+	<-s.proxy.asking
 	if err == nil && !a.Refused {
 		id.watch, id.rooms, err = s.proxyGrants(a)
 	}

@@ -271,9 +271,10 @@ func TestConnectProxyDown(t *testing.T) {
 }
 
 // TestConnectProxySlow: an upgrade waiting for a slow app holds no other
-// work of the gateway (a socket with a token is admitted meanwhile), holds
-// a place among the upgrades being registered (one more is refused at
-// once when none is left), and is refused 503 at the timeout.
+// work of the gateway: a socket with a token is admitted meanwhile, though
+// the gateway registers one upgrade at a time; at most --max-registering
+// upgrades wait for the app (one more is refused at once), and the one
+// waiting is refused 503 at the timeout.
 func TestConnectProxySlow(t *testing.T) {
 	t.Parallel()
 	a := newProxyApp()
@@ -294,11 +295,14 @@ func TestConnectProxySlow(t *testing.T) {
 		slow <- err
 	}()
 	<-asked
-	// The only place is taken: another proxied upgrade is refused now.
+	// The only place to wait for the app is taken: another upgrade to be
+	// asked about is refused now.
 	_, err := secDialErr(gw.WS, cookie("s-alice"))
-	if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "too many connections being registered") {
+	if body := refusedWith(t, err, http.StatusServiceUnavailable); !strings.Contains(body, "too many connections waiting for the app") {
 		t.Errorf("second upgrade refused with %q", body)
 	}
+	// A socket with a token is admitted meanwhile.
+	subscribeSelf(t, secDial(t, gw, "bob"), "bob")
 	select {
 	case err := <-slow:
 		t.Fatalf("the slow upgrade ended before its timeout: %v", err)
@@ -309,8 +313,6 @@ func TestConnectProxySlow(t *testing.T) {
 	if took := time.Since(start); took < 3*time.Second {
 		t.Errorf("refused after %v, before the 3s timeout", took)
 	}
-	// With the place given back, a socket with a token is admitted.
-	secDial(t, gw, "bob")
 }
 
 func TestConnectProxyConfig(t *testing.T) {
