@@ -205,10 +205,10 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		_ = nc.Close()
 		return
 	}
-	s.metrics.upgrades.WithLabelValues("accepted").Inc()
 	if cr.proxied {
 		s.proxy.track(c, cr.session, cr.lifetime, time.Unix(0, c.expires.Load()))
 	}
+	s.metrics.upgrades.WithLabelValues("accepted").Inc()
 	if hook := s.hooks.afterRegister.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
