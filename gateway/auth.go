@@ -57,6 +57,15 @@ type credentials struct {
 	hasOrigin   bool
 	// origins counts the Origin headers: a request with more is refused.
 	origins int
+	// askProxy says an upgrade without a token is asked of the connect
+	// proxy, with the headers forwarded (connectProxy.forward).
+	askProxy  bool
+	forwarded map[string]string
+	// proxied is set once the connect proxy let the client in (askProxy),
+	// with the session value and lifetime of its answer.
+	proxied  bool
+	session  string
+	lifetime time.Duration
 }
 
 // identity is a verified client.
@@ -70,6 +79,9 @@ type identity struct {
 	watch *authz.WatchList
 	// rooms are the rooms it may join.
 	rooms *roomGrant
+	// proxied is set for a client that sent no token, to be asked of the
+	// connect proxy (askProxy).
+	proxied bool
 }
 
 // parseQuery fills the query parts of cr from a request URI's raw query.
@@ -114,7 +126,8 @@ func credentialsFromHTTP(r *http.Request) (credentials, error) {
 }
 
 // authenticate turns credentials into an identity. A token, when one is
-// given, must verify; ?user= is taken only with dev auth.
+// given, must verify; ?user= is taken only with dev auth; an upgrade with
+// neither, under a connect proxy, is left to it (id.proxied).
 func (s *Service) authenticate(cr *credentials) (identity, error) {
 	var id identity
 	if cr.hasDevice {
@@ -158,6 +171,8 @@ func (s *Service) authenticate(cr *credentials) (identity, error) {
 			return id, fmt.Errorf("%w: user id must be 1 to %d characters of A-Z a-z 0-9 _ -", ErrBadRequest, presence.MaxUserIDLen)
 		}
 		id.userID, id.rooms = cr.user, allRooms
+	case cr.askProxy:
+		id.proxied = true
 	default:
 		if s.cfg.DevAuth {
 			return id, fmt.Errorf("%w: missing identity: send a token, or ?user=<id> (dev auth)", ErrUnauthorized)

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/pkg/presence"
@@ -140,6 +142,20 @@ type Config struct {
 	// AppCacheTTL bounds how long an answer of the app is cached, per
 	// watcher and target; zero means 1m. An invalidation drops it sooner.
 	AppCacheTTL time.Duration
+	// ConnectProxyURL, when set, is where the gateway POSTs, signed with
+	// AppSecret, the question of who a client is whose upgrade request
+	// carries no token: the request's cookies and ConnectProxyHeaders
+	// are forwarded, and the app answers with a user id, an expiry and
+	// optionally a token's claims (watch, rooms), or a refusal (see
+	// connectproxy.go). ConnectProxySubject is the NATS subject it sends
+	// them to instead. At most one is set.
+	ConnectProxyURL, ConnectProxySubject string
+	// ConnectProxyHeaders are the request headers forwarded to the
+	// connect proxy besides Cookie.
+	ConnectProxyHeaders []string
+	// ConnectProxyTimeout bounds one question to the connect proxy,
+	// retries included; less than HandshakeTimeout. Zero means 2s.
+	ConnectProxyTimeout time.Duration
 
 	// MaxMessageSize is the largest client message, in bytes; zero means
 	// 4096.
@@ -219,7 +235,9 @@ type Config struct {
 	// it is answered). An upgrade beyond it is refused with 503 at once:
 	// in a reconnect storm the gateway then does only the work NATS can
 	// finish in time, instead of starting every registration and letting
-	// them all time out. Zero means DefaultMaxRegistering.
+	// them all time out. The upgrades waiting for a connect proxy's answer
+	// are bounded by the same number, apart. Zero means
+	// DefaultMaxRegistering.
 	MaxRegistering int
 	// HandshakeTimeout bounds the time from accepting a TCP connection to
 	// the end of its WebSocket handshake or of its first HTTP request (head
@@ -307,24 +325,25 @@ const (
 	// DefaultBatchPace is the batch pace when BatchInterval is no longer.
 	DefaultBatchPace = 50 * time.Millisecond
 	// DefaultMemoryTrimInterval is DefaultConfig's MemoryTrimInterval.
-	DefaultMemoryTrimInterval = 10 * time.Second
-	DefaultMaxMessageSize     = 4096
-	DefaultMaxSubscriptions   = 500
-	DefaultMaxSubscribeIDs    = 100
-	DefaultMaxQueryIDs        = 500
-	DefaultOnlineLimit        = 1000
-	DefaultMaxConnsPerUser    = 32
-	DefaultMaxRegistering     = 128
-	DefaultTokenMaxWatch      = 1000
-	DefaultAppTimeout         = 2 * time.Second
-	DefaultAppCacheTTL        = time.Minute
-	DefaultRoomMetaMax        = 1024
-	DefaultMaxRoomsPerConn    = 10
-	DefaultRoomMembersMax     = 100
-	DefaultRoomUpdateRate     = 10
-	DefaultRoomUpdateBurst    = 20
-	DefaultSignalRate         = 5
-	DefaultSignalBurst        = 10
+	DefaultMemoryTrimInterval  = 10 * time.Second
+	DefaultMaxMessageSize      = 4096
+	DefaultMaxSubscriptions    = 500
+	DefaultMaxSubscribeIDs     = 100
+	DefaultMaxQueryIDs         = 500
+	DefaultOnlineLimit         = 1000
+	DefaultMaxConnsPerUser     = 32
+	DefaultMaxRegistering      = 128
+	DefaultTokenMaxWatch       = 1000
+	DefaultAppTimeout          = 2 * time.Second
+	DefaultAppCacheTTL         = time.Minute
+	DefaultConnectProxyTimeout = 2 * time.Second
+	DefaultRoomMetaMax         = 1024
+	DefaultMaxRoomsPerConn     = 10
+	DefaultRoomMembersMax      = 100
+	DefaultRoomUpdateRate      = 10
+	DefaultRoomUpdateBurst     = 20
+	DefaultSignalRate          = 5
+	DefaultSignalBurst         = 10
 )
 
 // MinAppSecretLen is the shortest AppSecret accepted, in bytes.
@@ -348,6 +367,7 @@ func DefaultConfig() Config {
 		TokenMaxWatch:       DefaultTokenMaxWatch,
 		AppTimeout:          DefaultAppTimeout,
 		AppCacheTTL:         DefaultAppCacheTTL,
+		ConnectProxyTimeout: DefaultConnectProxyTimeout,
 		MaxMessageSize:      DefaultMaxMessageSize,
 		MaxSubscriptions:    DefaultMaxSubscriptions,
 		MaxSubscribeIDs:     DefaultMaxSubscribeIDs,
@@ -418,6 +438,7 @@ func (c Config) withDefaults() Config {
 	c.TokenMaxWatch = cmp.Or(c.TokenMaxWatch, d.TokenMaxWatch)
 	c.AppTimeout = cmp.Or(c.AppTimeout, d.AppTimeout)
 	c.AppCacheTTL = cmp.Or(c.AppCacheTTL, d.AppCacheTTL)
+	c.ConnectProxyTimeout = cmp.Or(c.ConnectProxyTimeout, d.ConnectProxyTimeout)
 	c.MaxMessageSize = cmp.Or(c.MaxMessageSize, d.MaxMessageSize)
 	c.MaxSubscriptions = cmp.Or(c.MaxSubscriptions, d.MaxSubscriptions)
 	c.MaxSubscribeIDs = cmp.Or(c.MaxSubscribeIDs, d.MaxSubscribeIDs)
@@ -543,9 +564,13 @@ func (c Config) validateExternal() error {
 	case len(c.AppSecret) > 0 && len(c.AppSecret) < MinAppSecretLen:
 		return fmt.Errorf("app secret is %d bytes: want at least %d", len(c.AppSecret), MinAppSecretLen)
 	}
+	if err := c.validateConnectProxy(); err != nil {
+		return err
+	}
 	if c.Policy == PolicyToken {
-		if _, ok := c.Tokens.(WatchVerifier); !ok {
-			return errors.New("policy token needs tokens that carry a watch claim: configure JWT verification")
+		_, ok := c.Tokens.(WatchVerifier)
+		if !ok && (c.Tokens != nil || !c.connectProxy()) {
+			return errors.New("policy token needs tokens that carry a watch claim: configure JWT verification (or a connect proxy, whose answers carry one)")
 		}
 	}
 	if c.Policy != PolicyApp {
@@ -568,12 +593,68 @@ func (c Config) validateExternal() error {
 			return errors.New("an app URL needs an app secret to sign its questions")
 		}
 	default:
-		if strings.ContainsAny(c.AppSubject, " \t\r\n*>") || strings.HasPrefix(c.AppSubject, ".") ||
-			strings.HasSuffix(c.AppSubject, ".") || strings.Contains(c.AppSubject, "..") {
+		if !validSubject(c.AppSubject) {
 			return fmt.Errorf("app subject %q: want a NATS subject without wildcards", c.AppSubject)
 		}
 	}
 	return nil
+}
+
+// connectProxy reports whether c asks a connect proxy.
+func (c Config) connectProxy() bool { return c.ConnectProxyURL != "" || c.ConnectProxySubject != "" }
+
+// validateConnectProxy checks the settings of the connect proxy.
+func (c Config) validateConnectProxy() error {
+	if !c.connectProxy() {
+		if len(c.ConnectProxyHeaders) > 0 {
+			return errors.New("connect proxy headers need a connect proxy URL or subject")
+		}
+		return nil
+	}
+	hsTimeout := cmp.Or(c.HandshakeTimeout, DefaultConfig().HandshakeTimeout)
+	switch {
+	case c.ConnectProxyURL != "" && c.ConnectProxySubject != "":
+		return errors.New("the connect proxy asks either a URL or a NATS subject, not both")
+	case c.DevAuth:
+		return errors.New("the connect proxy and dev auth both admit clients that send no token: choose one")
+	case c.ConnectProxyTimeout < 0:
+		return errors.New("connect proxy timeout must not be negative")
+	case cmp.Or(c.ConnectProxyTimeout, DefaultConnectProxyTimeout) >= hsTimeout:
+		return fmt.Errorf("connect proxy timeout %v: want less than the handshake timeout %v, which bounds the whole upgrade",
+			cmp.Or(c.ConnectProxyTimeout, DefaultConnectProxyTimeout), hsTimeout)
+	case c.ConnectProxyURL != "":
+		u, err := url.Parse(c.ConnectProxyURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("connect proxy URL %q: want an http:// or https:// URL", c.ConnectProxyURL)
+		}
+		if len(c.AppSecret) == 0 {
+			return errors.New("a connect proxy URL needs an app secret to sign its questions")
+		}
+	default:
+		if !validSubject(c.ConnectProxySubject) {
+			return fmt.Errorf("connect proxy subject %q: want a NATS subject without wildcards", c.ConnectProxySubject)
+		}
+	}
+	seen := map[string]bool{}
+	for _, h := range c.ConnectProxyHeaders {
+		k := textproto.CanonicalMIMEHeaderKey(h)
+		switch {
+		case !httpguts.ValidHeaderFieldName(h):
+			return fmt.Errorf("connect proxy header %q: not a header name", h)
+		case k == "Cookie":
+			return errors.New("connect proxy header Cookie: the cookies are always forwarded")
+		case seen[k]:
+			return fmt.Errorf("connect proxy header %s: listed twice", k)
+		}
+		seen[k] = true
+	}
+	return nil
+}
+
+// validSubject reports whether s is a NATS subject without wildcards.
+func validSubject(s string) bool {
+	return s != "" && !strings.ContainsAny(s, " \t\r\n*>") && !strings.HasPrefix(s, ".") &&
+		!strings.HasSuffix(s, ".") && !strings.Contains(s, "..")
 }
 
 // checkAllowedOrigin checks an allowed origin: "*", "null", or an origin as a

@@ -185,7 +185,11 @@ func (s *Service) lookAt(c *conn, now int64) (next int64, live bool) {
 		return 0, false
 	}
 	if exp := c.expires.Load(); exp != 0 && now >= exp {
-		s.end(c, endClean, ws.StatusPolicyViolation, "token expired")
+		reason := "token expired"
+		if s.proxy != nil && s.proxy.has(c) {
+			reason = closeSessionExpired
+		}
+		s.end(c, endClean, ws.StatusPolicyViolation, reason)
 		return 0, false
 	}
 	if now-c.lastActivity.Load() > int64(s.cfg.AwayAfter) {

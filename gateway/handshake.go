@@ -81,6 +81,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		refused   bool // counted by refuse
 		head      = newUpgradeHead(br)
 	)
+	cr.askProxy = s.proxy != nil
 	refuse := func(err error) error {
 		refused = true
 		s.metrics.upgrades.WithLabelValues(errorCode(err)).Inc()
@@ -99,6 +100,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		},
 		OnHeader: func(key, value []byte) error {
 			cr.setHeader(string(key), string(value))
+			if cr.askProxy {
+				s.proxy.forward(&cr, key, value)
+			}
 			return nil
 		},
 		OnBeforeUpgrade: func() (ws.HandshakeHeader, error) {
@@ -117,6 +121,11 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			}
 			if err := s.keys.ready(); err != nil {
 				return nil, refuse(err)
+			}
+			if id.proxied {
+				if err := s.askProxy(&cr, &id); err != nil {
+					return nil, refuse(err)
+				}
 			}
 			if err := s.registry.reserve(id.userID, s.cfg.MaxConns); err != nil {
 				return nil, refuse(err)
@@ -195,6 +204,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		}
 		_ = nc.Close()
 		return
+	}
+	if cr.proxied {
+		s.proxy.track(c, cr.session, cr.lifetime, time.Unix(0, c.expires.Load()))
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
 	if hook := s.hooks.afterRegister.Load(); hook != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/gobwas/ws"
 
+	"github.com/greendot/greendot/gateway/internal/authz"
 	"github.com/greendot/greendot/pkg/protocol"
 )
 
@@ -196,6 +197,10 @@ func (s *Service) renew(c *conn, id, token string) {
 		fail("this gateway accepts no tokens")
 		return
 	}
+	if s.proxy != nil && s.proxy.has(c) {
+		fail("this connection was let in by the app's session (connect proxy), which the gateway refreshes: it takes no token")
+		return
+	}
 	userID, exp, watch, err := s.verify(token)
 	var rooms *roomGrant
 	if err == nil {
@@ -209,6 +214,13 @@ func (s *Service) renew(c *conn, id, token string) {
 		fail("the token is for another user")
 		return
 	}
+	s.regrant(c, exp, watch, rooms)
+}
+
+// regrant gives c the grants of a fresh proof of who it is (a token sent
+// with auth, a connect proxy's refreshed answer): its expiry, its rooms
+// and, under the token policy, its watch list.
+func (s *Service) regrant(c *conn, exp time.Time, watch *authz.WatchList, rooms *roomGrant) {
 	c.expires.Store(exp.UnixNano())
 	// A token may expire sooner than the one it replaces.
 	s.due.at(c, exp.UnixNano())

@@ -53,6 +53,11 @@ type gatewayMetrics struct {
 	cacheHits     prometheus.Counter
 	cacheMisses   prometheus.Counter
 	invalidations *prometheus.CounterVec // by result: applied, invalid
+	// connectProxyAnswers counts the connect proxy's answers by type
+	// (connect, refresh) and result (allowed, refused, failed);
+	// connectProxyTime times its questions by transport.
+	connectProxyAnswers *prometheus.CounterVec
+	connectProxyTime    *prometheus.HistogramVec
 
 	// heartbeatMsgs is msgsIn for heartbeats, sentSelf and sentBatch
 	// msgsOut for the scheduler's frames, and sentRoomDiff and
@@ -117,6 +122,10 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 			"Questions to the app that got no good answer (timeout, error, bad answer), by transport; what they asked about was refused.", "transport"),
 		calloutTime: f.HistogramVec("greendot_gateway_authz_callout_seconds",
 			"Time to answer a question to the app, retries included, by transport.", metrics.LatencyBuckets, "transport"),
+		connectProxyAnswers: f.CounterVec("greendot_gateway_connect_proxy_answers_total",
+			"Questions to the connect proxy, by type (connect: an upgrade; refresh: a session before its expiry) and result: allowed, refused (the app refused the client, or ended the session), or failed (no good answer in time).", "type", "result"),
+		connectProxyTime: f.HistogramVec("greendot_gateway_connect_proxy_seconds",
+			"Time to answer a question to the connect proxy, retries included, by transport: http or nats.", metrics.LatencyBuckets, "transport"),
 		invalidations: f.CounterVec("greendot_gateway_authz_invalidations_total",
 			"Invalidations of the app's answers received on greendot.authz.invalidate, by result: applied, or invalid (not understood, dropped).", "result"),
 	}
@@ -194,6 +203,17 @@ func (m *gatewayMetrics) callout(transport string, took time.Duration, err error
 	if err != nil {
 		m.calloutErrors.WithLabelValues(transport).Inc()
 	}
+}
+
+// connectProxyCall times a question to the connect proxy
+// (callout.Observer).
+func (m *gatewayMetrics) connectProxyCall(transport string, took time.Duration, _ error) {
+	m.connectProxyTime.WithLabelValues(transport).Observe(took.Seconds())
+}
+
+// connectProxyAnswer counts an answer of the connect proxy.
+func (m *gatewayMetrics) connectProxyAnswer(typ, result string) {
+	m.connectProxyAnswers.WithLabelValues(typ, result).Inc()
 }
 
 // cacheLookup records a look-up of the app's cached answers.

@@ -91,6 +91,8 @@ type Service struct {
 	// AwayAfter may have run out (lookAt).
 	due    *dueRing
 	regSem chan struct{} // upgrades being registered (MaxRegistering)
+	// proxy is the connect proxy; nil without one.
+	proxy *connectProxy
 	// apiByUser and apiByAddr limit the HTTP API's requests per identity
 	// and per source address.
 	apiByUser, apiByAddr *keyrate.Limiter
@@ -160,6 +162,10 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 	}
 	s.hub = hub.New(subscribe)
 	s.metrics = newGatewayMetrics(s.reg, s)
+	s.proxy = newConnectProxy(cfg, nc, s.metrics)
+	if s.proxy != nil && len(cfg.AllowedOrigins) == 0 {
+		s.log.Warn("the connect proxy admits browsers by their cookies, and any Origin is allowed: a page of another site could connect as its visitor; set the allowed origins (--allowed-origins)")
+	}
 	s.sockets = &sockets{cfg: cfg, log: s.log, metrics: s.metrics, registry: s.registry, end: s.end}
 	s.rooms = newRoomHub(nc, s.log, s.metrics, cfg.buffers.roomMsgs)
 	s.members = &memberships{frames: s.frames, cfg: cfg, nc: nc, hub: s.rooms, registry: s.registry, enqueue: s.enqueue}
@@ -254,6 +260,9 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 	io := newGroup()
 	defer io.stop()
 	io.Go(func(ctx context.Context) { s.due.run(ctx, s.lookAt) })
+	if s.proxy != nil {
+		io.Go(s.refreshSessions)
+	}
 	if s.cfg.MemoryTrimInterval > 0 {
 		io.Go(func(ctx context.Context) { s.memoryTrim(ctx, s.cfg.MemoryTrimInterval) })
 	}
@@ -569,6 +578,9 @@ func (s *Service) end(c *conn, kind endKind, code ws.StatusCode, reason string) 
 	s.hub.RemoveWatcher(c)
 	s.members.hide(c)
 	s.due.ended(c)
+	if s.proxy != nil {
+		s.proxy.forget(c)
+	}
 	s.registry.remove(c)
 	s.metrics.closes(kind, code)
 	if s.log.Enabled(context.Background(), levelDebug) {

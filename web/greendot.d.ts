@@ -68,7 +68,8 @@ export interface Denial {
  * the client (token_failed, connect_failed, bad_frame), or `refused`: the
  * gateway closed the connection with a code that says not to come back as
  * is (1002, 1003, 1007, 1009, or 1008 other than "token expired" with a
- * token function), and the client is closed for good. A request refused
+ * token function and "session expired" with session), and the client is
+ * closed for good. A request refused
  * with rate_limited (or a subscribe or join with unavailable) is sent
  * again by the client itself; the error event still tells of it.
  */
@@ -235,6 +236,13 @@ export interface Options {
   token?: string | (() => string | Promise<string>);
   /** The user id, for a gateway with dev auth; ignored when a token is given. */
   user?: string;
+  /**
+   * True to connect with no token: the browser sends the page's session
+   * cookie, and a gateway with a connect proxy asks the app who the user
+   * is. A 1008 "session expired" close (the app could not be asked in time)
+   * is retried; 1008 "session ended" (signed out) ends the client.
+   */
+  session?: boolean;
   /** A device label (web, desktop, ...): 1 to 32 of A-Z a-z 0-9 _ - . and space. */
   device?: string;
   /** The platform this device is on, shown to those who watch the user. */

@@ -4,7 +4,7 @@
 // @greendot/client. The protocol it speaks is docs/protocol.md.
 //
 //   import { GreenDot } from "/greendot.js";
-//   const gd = new GreenDot({ token: () => fetchToken() });
+//   const gd = new GreenDot({ token: () => fetchToken() }); // or { session: true }
 //   gd.onChange((userId, p) => render(userId, p.status, p.last_seen));
 //   gd.subscribe(["bob", "carol"]);
 //   gd.setStatus("busy");
@@ -19,7 +19,8 @@
 // takes, and sent again when it refuses them for now; the client closed
 // for good after a close code that says not to come back as is (1002,
 // 1003, 1007, 1009, and 1008 but for "token expired" with a token
-// function), with an error event "refused"; `activity` on input
+// function and "session expired" with session), with an error event
+// "refused"; `activity` on input
 // and focus (at most once per activityIntervalMs), `idle` when the tab has
 // been hidden idleAfterMs, and the socket closed after closeAfterMs hidden,
 // then opened again when the tab is visible.
@@ -313,8 +314,11 @@ export class GreenDot {
     }
     if (o.backoffBaseMs <= 0) throw new TypeError("greendot: backoffBaseMs must be more than 0");
     if (o.backoffMaxMs < o.backoffBaseMs) throw new TypeError("greendot: backoffMaxMs must be at least backoffBaseMs");
-    if (o.token === undefined && o.user === undefined) {
-      throw new TypeError("greendot: give a token (a JWT, or a function returning one) or, with dev auth, a user");
+    if (o.session !== undefined && typeof o.session !== "boolean") {
+      throw new TypeError("greendot: session must be true or false");
+    }
+    if (o.token === undefined && o.user === undefined && o.session !== true) {
+      throw new TypeError("greendot: give a token (a JWT, or a function returning one), session: true (the page's session cookie, with a gateway that asks the app), or, with dev auth, a user");
     }
     if (o.token !== undefined && (typeof o.token !== "string" || o.token === "") && typeof o.token !== "function") {
       throw new TypeError("greendot: token must be a non-empty string or a function returning one");
@@ -724,11 +728,14 @@ export class GreenDot {
   }
 
   // final reports whether a close code says not to come back as is: 1002,
-  // 1003, 1007 and 1009 (a client bug) and 1008 (kicked, abusive, or the
-  // token expired), except 1008 "token expired" when a token function can
-  // give a fresh token.
+  // 1003, 1007 and 1009 (a client bug) and 1008 (kicked, abusive, the
+  // token expired, the app ended the session), except 1008 "token expired"
+  // when a token function can give a fresh token, and 1008 "session
+  // expired" (the app could not be asked in time) with session: the app is
+  // asked again at the next connection.
   #final(code, reason) {
     if (!FINAL_CLOSE_CODES.has(code)) return false;
+    if (code === 1008 && reason === "session expired" && this.#opts.session === true) return false;
     return !(code === 1008 && reason === "token expired" && this.#tokenFn !== undefined);
   }
 

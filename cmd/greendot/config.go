@@ -344,12 +344,20 @@ func gatewayAuth(c *cli.Context, cfg *gateway.Config, log *slog.Logger, standalo
 		devAuth = false
 		log.Info("dev auth is off: --listen is not a loopback address", "addr", listen)
 	}
+	proxied := cfg.ConnectProxyURL != "" || cfg.ConnectProxySubject != ""
+	if standalone && devAuth && proxied && !c.IsSet("dev-auth") {
+		devAuth = false
+		log.Info("dev auth is off: the connect proxy says who a client without a token is")
+	}
+	if devAuth && proxied {
+		return errors.New("--dev-auth and a connect proxy both admit clients that send no token: choose one")
+	}
 	if devAuth && !loopback && !c.Bool("dev-auth-allow-public") {
 		return fmt.Errorf("--dev-auth on %s, which is not a loopback address, would let anyone who reaches it claim any user id: "+
 			"use a JWT key, or add --dev-auth-allow-public to do it anyway", listen)
 	}
-	if !devAuth && cfg.Tokens == nil {
-		how := "give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys (or --dev-auth, for development only)"
+	if !devAuth && cfg.Tokens == nil && !proxied {
+		how := "give --jwt-secret, --jwt-secret-file, --jwt-public-key or --jwt-keys, or a connect proxy (--connect-proxy-url or --connect-proxy-subject) (or --dev-auth, for development only)"
 		if standalone && !loopback {
 			how = "dev auth is off because --listen is not a loopback address; " + how
 		}
@@ -455,6 +463,9 @@ func appAuthz(c *cli.Context, cfg *gateway.Config) error {
 		return errors.New("give only one of --authz-app-secret and --authz-app-secret-file")
 	case cfg.Policy != gateway.PolicyApp:
 		for _, name := range []string{"authz-app-url", "authz-app-subject", "authz-app-secret", "authz-app-secret-file", "authz-app-timeout", "authz-app-cache-ttl"} {
+			if strings.HasPrefix(name, "authz-app-secret") && c.String("connect-proxy-url") != "" {
+				continue // it signs the connect proxy's questions
+			}
 			if flagGiven(c, name) {
 				return fmt.Errorf("--%s is for --policy app, not %s", name, cfg.Policy)
 			}
@@ -469,8 +480,11 @@ func appAuthz(c *cli.Context, cfg *gateway.Config) error {
 	if cfg.Policy != gateway.PolicyToken && c.IsSet("token-watch-max") {
 		return fmt.Errorf("--token-watch-max is for --policy token, not %s", cfg.Policy)
 	}
-	if cfg.Policy == gateway.PolicyToken && cfg.Tokens == nil {
-		return errors.New("--policy token reads the watch claim of JWTs: give --jwt-secret, --jwt-secret-file or --jwt-public-key")
+	if err := connectProxy(c, cfg, secret != "" || secretFile != ""); err != nil {
+		return err
+	}
+	if cfg.Policy == gateway.PolicyToken && cfg.Tokens == nil && cfg.ConnectProxyURL == "" && cfg.ConnectProxySubject == "" {
+		return errors.New("--policy token reads the watch claim of JWTs (or of a connect proxy's answers): give --jwt-secret, --jwt-secret-file or --jwt-public-key, or a connect proxy")
 	}
 	flag := "--authz-app-secret"
 	if secretFile != "" {
@@ -493,6 +507,38 @@ func appAuthz(c *cli.Context, cfg *gateway.Config) error {
 	}
 	cfg.AppTimeout = c.Duration("authz-app-timeout")
 	cfg.AppCacheTTL = c.Duration("authz-app-cache-ttl")
+	return nil
+}
+
+// connectProxy reads the connect proxy's flags into cfg; secret says an
+// app secret is given.
+func connectProxy(c *cli.Context, cfg *gateway.Config, secret bool) error {
+	url, subject := c.String("connect-proxy-url"), c.String("connect-proxy-subject")
+	cfg.ConnectProxyTimeout = c.Duration("connect-proxy-timeout")
+	switch {
+	case url == "" && subject == "":
+		for _, name := range []string{"connect-proxy-headers", "connect-proxy-timeout"} {
+			if flagGiven(c, name) {
+				return fmt.Errorf("--%s needs --connect-proxy-url or --connect-proxy-subject", name)
+			}
+		}
+		return nil
+	case url != "" && subject != "":
+		return errors.New("give only one of --connect-proxy-url and --connect-proxy-subject")
+	case url != "" && !secret:
+		return errors.New("--connect-proxy-url needs --authz-app-secret or --authz-app-secret-file: the questions are signed")
+	}
+	if err := positive(c, "connect-proxy-timeout"); err != nil {
+		return err
+	}
+	headers := splitList(c.String("connect-proxy-headers"))
+	for _, h := range headers {
+		if h == "" {
+			return fmt.Errorf("--connect-proxy-headers %s: empty entry", quote(c.String("connect-proxy-headers")))
+		}
+	}
+	cfg.ConnectProxyURL, cfg.ConnectProxySubject = url, subject
+	cfg.ConnectProxyHeaders = headers
 	return nil
 }
 

@@ -249,7 +249,7 @@ func serveStandalone(c *cli.Context, sys *system.System, ln net.Listener, gcfg g
 	}()
 	switch err := awaitParts(ctx, gcfg.Logger, sys); {
 	case err == nil:
-		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg.DevAuth, demo, sys, natsKey, c.String("data")))
+		fmt.Fprintln(c.App.Writer, readyLine(addr, gcfg, demo, sys, natsKey, c.String("data")))
 	case ctx.Err() != nil || errors.Is(err, system.ErrStopped):
 		// Shutting down, or a part failed and its error says why.
 		return nil
@@ -317,7 +317,7 @@ func openBuckets(ctx context.Context, sys *system.System, feed bool) (*presence.
 
 // readyLine is the one line standalone mode prints when it serves; key is
 // the NKey seed file NATS takes, if it takes only that.
-func readyLine(addr net.Addr, devAuth, demo bool, sys *system.System, key, data string) string {
+func readyLine(addr net.Addr, gcfg gateway.Config, demo bool, sys *system.System, key, data string) string {
 	base := dialHost(addr)
 	nats := "in-process only"
 	if srv := sys.NATS(); srv.Addr() != nil {
@@ -330,8 +330,10 @@ func readyLine(addr net.Addr, devAuth, demo bool, sys *system.System, key, data 
 	switch {
 	case demo:
 		how = fmt.Sprintf("open http://%s/ for the demo, or connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base, base)
-	case devAuth:
+	case gcfg.DevAuth:
 		how = fmt.Sprintf("connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base)
+	case gcfg.ConnectProxyURL != "" || gcfg.ConnectProxySubject != "":
+		how = fmt.Sprintf("connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=) or the app's session cookie, which the connect proxy asks the app about; dev auth is off", base)
 	default:
 		how = fmt.Sprintf("connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=); dev auth is off", base)
 	}

@@ -197,22 +197,9 @@ func (v *Verifier) VerifyWatch(token string) (userID string, expires time.Time, 
 	if err := v.parse(token, &claims, &claims.RegisteredClaims); err != nil {
 		return "", time.Time{}, nil, err
 	}
-	if len(claims.Watch) > 0 && string(claims.Watch) != "null" {
-		if err := json.Unmarshal(claims.Watch, &watch); err != nil {
-			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrWatchClaim, err)
-		}
-		ids := make([]string, 0, len(watch))
-		seen := make(map[string]bool, len(watch))
-		for _, u := range watch {
-			if !presence.ValidUserID(u) {
-				return "", time.Time{}, nil, fmt.Errorf("%w: %q is not 1 to %d characters of A-Z a-z 0-9 _ -", ErrWatchClaim, u, presence.MaxUserIDLen)
-			}
-			if !seen[u] {
-				seen[u] = true
-				ids = append(ids, u)
-			}
-		}
-		watch = ids
+	watch, err = ParseWatchClaim(claims.Watch)
+	if err != nil {
+		return "", time.Time{}, nil, err
 	}
 	return claims.Subject, claims.ExpiresAt.Add(v.leeway), watch, nil
 }
@@ -233,20 +220,59 @@ func (v *Verifier) VerifyRooms(token string) (userID string, expires time.Time, 
 	if err := v.parse(token, &claims, &claims.RegisteredClaims); err != nil {
 		return "", time.Time{}, nil, err
 	}
-	if len(claims.Rooms) > 0 && string(claims.Rooms) != "null" {
-		if err := json.Unmarshal(claims.Rooms, &rooms); err != nil {
-			return "", time.Time{}, nil, fmt.Errorf("%w: %v", ErrRoomsClaim, err)
-		}
-		if rooms == nil {
-			rooms = []string{}
-		}
-		for _, r := range rooms {
-			if !presence.ValidRoomPattern(r) {
-				return "", time.Time{}, nil, fmt.Errorf("%w: %q", ErrRoomsClaim, r)
-			}
-		}
+	rooms, err = ParseRoomsClaim(claims.Rooms)
+	if err != nil {
+		return "", time.Time{}, nil, err
 	}
 	return claims.Subject, claims.ExpiresAt.Add(v.leeway), rooms, nil
+}
+
+// ParseWatchClaim reads a watch claim, as VerifyWatch does: a list of
+// valid user ids, returned without duplicates; nil for an absent (empty)
+// or null claim. Anything else fails with ErrWatchClaim.
+func ParseWatchClaim(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var watch []string
+	if err := json.Unmarshal(raw, &watch); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWatchClaim, err)
+	}
+	ids := make([]string, 0, len(watch))
+	seen := make(map[string]bool, len(watch))
+	for _, u := range watch {
+		if !presence.ValidUserID(u) {
+			return nil, fmt.Errorf("%w: %q is not 1 to %d characters of A-Z a-z 0-9 _ -", ErrWatchClaim, u, presence.MaxUserIDLen)
+		}
+		if !seen[u] {
+			seen[u] = true
+			ids = append(ids, u)
+		}
+	}
+	return ids, nil
+}
+
+// ParseRoomsClaim reads a rooms claim, as VerifyRooms does: a list of
+// room ids and prefixes ending in '*' (an empty list for []); nil for an
+// absent (empty) or null claim, which allows no room. Anything else fails
+// with ErrRoomsClaim.
+func ParseRoomsClaim(raw json.RawMessage) ([]string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var rooms []string
+	if err := json.Unmarshal(raw, &rooms); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrRoomsClaim, err)
+	}
+	if rooms == nil {
+		rooms = []string{}
+	}
+	for _, r := range rooms {
+		if !presence.ValidRoomPattern(r) {
+			return nil, fmt.Errorf("%w: %q", ErrRoomsClaim, r)
+		}
+	}
+	return rooms, nil
 }
 
 // parse checks a token's length, signature and claims into claims, whose

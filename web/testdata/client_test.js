@@ -147,6 +147,8 @@ async (m, users) => {
   {
     const W = fakeWebSocket();
     throws("GreenDot needs a token or a user", () => new m.GreenDot({ WebSocket: W, connect: false }));
+    throws("GreenDot rejects a session that is not a boolean", () => new m.GreenDot({ session: "yes", WebSocket: W, connect: false }));
+    throws("GreenDot needs a token or a user when session is false", () => new m.GreenDot({ session: false, WebSocket: W, connect: false }));
     throws("GreenDot rejects an empty token", () => new m.GreenDot({ token: "", WebSocket: W, connect: false }));
     throws("GreenDot rejects a bad user id", () => new m.GreenDot({ user: "a.b", WebSocket: W, connect: false }));
     throws("GreenDot rejects a bad device", () => new m.GreenDot({ user: "a", device: "x/y", WebSocket: W, connect: false }));
@@ -188,6 +190,8 @@ async (m, users) => {
     await until("url: the token function is called again on reconnect", () => W.all.length === 5);
     check("url: a fresh token for the reconnect", W.all[4]?.url === "ws://h.example/ws?token=tok2", W.all[4]?.url);
     gd.close();
+    await make({ session: true, platform: "web", url: "https://h.example" });
+    check("url: session sends neither token nor user", W.all[5]?.url === "wss://h.example/ws?platform=web", W.all[5]?.url);
   }
 
   // --- a failing token function is reported and retried ---
@@ -650,11 +654,14 @@ async (m, users) => {
       [1008, "token expired", "tok", true],
       [1008, "token expired", "fn", false],
       [1008, "rate limit exceeded", "fn", true],
+      [1008, "session expired", "session", false],
+      [1008, "session ended", "session", true],
+      [1008, "session expired", undefined, true],
       [1011, "", undefined, false],
     ]) {
       const W = fakeWebSocket();
       let n = 0;
-      const auth = token === undefined ? { user: "me" } : { token: token === "fn" ? () => `t${++n}` : token };
+      const auth = token === undefined ? { user: "me" } : token === "session" ? { session: true } : { token: token === "fn" ? () => `t${++n}` : token };
       const gd = new m.GreenDot({ ...auth, WebSocket: W, ...quiet, url: "ws://h.example" });
       const states = [];
       const errs = [];

@@ -1,5 +1,6 @@
-// Package callout asks the app who may watch whom (the app policy), over
-// HTTP or NATS request/reply, with the same JSON both ways:
+// Package callout asks the app who may watch whom (the app policy), and
+// who a connecting client is (the connect proxy, connect.go), over HTTP or
+// NATS request/reply, with the same JSON both ways:
 //
 //	{"watcher":"alice","targets":["bob","carol"]}  ->  {"allow":["bob"]}
 //	{"watcher":"alice","list":true}                ->  {"allow":["bob", ...]}
@@ -95,25 +96,39 @@ func (c *Client) List(ctx context.Context, watcher string, max int) ([]string, e
 }
 
 func (c *Client) question(ctx context.Context, q *Question, max int) ([]string, error) {
+	var out []string
+	err := c.call(ctx, q, func(data []byte) (err error) {
+		out, err = parse(data, q, max)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// call sends q, encoded in JSON, within the client's timeout, and hands
+// the answer's body to parse; the observer is told of it, and of parse's
+// error.
+func (c *Client) call(ctx context.Context, q any, parse func([]byte) error) error {
 	body, err := json.Marshal(q)
 	if err != nil {
-		return nil, fmt.Errorf("encode question: %w", err)
+		return fmt.Errorf("encode question: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	start := time.Now()
 	data, err := c.a.ask(ctx, body)
-	var out []string
 	if err == nil {
-		out, err = parse(data, q, max)
+		err = parse(data)
 	}
 	if c.observe != nil {
 		c.observe(c.a.transport(), time.Since(start), err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s callout: %w", c.a.transport(), err)
+		return fmt.Errorf("%s callout: %w", c.a.transport(), err)
 	}
-	return out, nil
+	return nil
 }
 
 // HTTPConfig configures a callout over HTTP.
