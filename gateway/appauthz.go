@@ -82,7 +82,7 @@ func (s *Service) invalidated(ctx context.Context, data []byte) {
 // gateway. The source address is limited as for the rest of the API,
 // before the signature is checked.
 func (a *api) postInvalidate(w http.ResponseWriter, r *http.Request) {
-	if !a.allowAPI(w, a.byAddr, "address", sourceAddress(r)) {
+	if !a.allowAPI(w, a.byAddr, "address", clientAddress(r, a.cfg.TrustedProxies)) {
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 4<<10))

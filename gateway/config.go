@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"net/url"
 	"strings"
@@ -218,6 +219,13 @@ type Config struct {
 	APIRateBurst        int
 	APIAddressRateLimit float64
 	APIAddressRateBurst int
+	// TrustedProxies are the addresses of the deployment's load balancers
+	// and reverse proxies: a request from one of them is taken to come
+	// from the address its Forwarded or X-Forwarded-For header names (the
+	// nearest one not trusted), for the per-address limits and the logs.
+	// A request from any other address is taken to come from there,
+	// whatever its headers say.
+	TrustedProxies []netip.Prefix
 	// APIKeysFile, when set, is a file of keys a backend calls the server
 	// API (/api/server/) with, each with its scopes (see docs/integration.md);
 	// it is read at the start, where a bad one stops the gateway, and again
@@ -479,6 +487,11 @@ func negativeRate(r float64) bool { return !(r >= 0) }
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			return bad("trusted proxy %v: not an address prefix", p)
+		}
 	}
 	ttl := presence.TTLSeconds(cmp.Or(c.ConnTTL, DefaultConnTTL))
 	switch {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sort"
 	"strconv"
@@ -148,7 +147,7 @@ func (a *api) authed(h func(http.ResponseWriter, *http.Request, identity)) http.
 		}
 		// The source address is limited before anything is verified, so
 		// a flood of bad tokens costs little; the identity after.
-		if !a.allowAPI(w, a.byAddr, "address", sourceAddress(r)) {
+		if !a.allowAPI(w, a.byAddr, "address", clientAddress(r, a.cfg.TrustedProxies)) {
 			return
 		}
 		if err == nil {
@@ -195,14 +194,6 @@ func (a *api) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key string
 	writeError(w, http.StatusTooManyRequests, protocol.CodeRateLimited,
 		fmt.Sprintf("too many API requests from %s; retry after %ds", who, secs))
 	return false
-}
-
-// sourceAddress is the host a request came from (without its port).
-func sourceAddress(r *http.Request) string {
-	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		return host
-	}
-	return r.RemoteAddr
 }
 
 // preflight answers CORS preflight requests for the API.

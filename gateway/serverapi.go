@@ -54,7 +54,7 @@ func (a *serverAPI) routes(mux *http.ServeMux, route func(mux *http.ServeMux, me
 func (a *serverAPI) keyed(scope apikeys.Scope, h func(http.ResponseWriter, *http.Request, *apikeys.Key)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		if !allowKeyed(w, a.byAddr, a.metrics, "address", sourceAddress(r)) {
+		if !allowKeyed(w, a.byAddr, a.metrics, "address", clientAddress(r, a.cfg.TrustedProxies)) {
 			return
 		}
 		key, ok := a.key(r)
@@ -66,7 +66,7 @@ func (a *serverAPI) keyed(scope apikeys.Scope, h func(http.ResponseWriter, *http
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		defer func() {
 			a.metrics.serverAPI.WithLabelValues(key.Name, strconv.Itoa(sw.status)).Inc()
-			a.log.Info("server API", "key", key.Name, "method", r.Method, "path", r.URL.Path, "status", sw.status,
+			a.log.Info("server API", "key", key.Name, "addr", clientAddress(r, a.cfg.TrustedProxies), "method", r.Method, "path", r.URL.Path, "status", sw.status,
 				"took", time.Since(start).Round(time.Microsecond).String())
 		}()
 		switch {
@@ -323,4 +323,12 @@ func (s *Service) reloadAPIKeys(ctx context.Context) {
 			s.log.Info("API keys read again", "keys", s.apiKeys.Len())
 		}
 	}
+}
+
+// CheckAPIKeysFile reads a file as Config.APIKeysFile would be read, and
+// returns what is wrong with it, if anything: for a command line to
+// refuse it before it starts anything.
+func CheckAPIKeysFile(path string) error {
+	_, err := apikeys.Open(path)
+	return err
 }

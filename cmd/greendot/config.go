@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -173,6 +174,15 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 			return cfg, fmt.Errorf("--allowed-origins %s: empty entry", quote(c.String("allowed-origins")))
 		}
 	}
+	var trusted []netip.Prefix
+	for _, s := range splitList(c.String("trusted-proxies")) {
+		p, err := parsePrefix(s)
+		if err != nil {
+			return cfg, fmt.Errorf("--trusted-proxies %s: %v", quote(c.String("trusted-proxies")), err)
+		}
+		trusted = append(trusted, p)
+	}
+	cfg.TrustedProxies = trusted
 	devHosts := splitList(c.String("dev-auth-hosts"))
 	for _, h := range devHosts {
 		if h == "" {
@@ -234,6 +244,11 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.APIAddressRateLimit = c.Float64("api-address-rate-limit")
 	cfg.APIAddressRateBurst = c.Int("api-address-rate-burst")
 	cfg.APIKeysFile = c.String("api-keys-file")
+	if cfg.APIKeysFile != "" {
+		if err := gateway.CheckAPIKeysFile(cfg.APIKeysFile); err != nil {
+			return cfg, fmt.Errorf("--api-keys-file: %w", err)
+		}
+	}
 	cfg.APIKeysRefresh = c.Duration("api-keys-refresh")
 	cfg.APIKeyRateLimit = c.Float64("api-key-rate-limit")
 	cfg.APIKeyRateBurst = c.Int("api-key-rate-burst")
@@ -660,4 +675,18 @@ func standaloneWebhooks(c *cli.Context, log *slog.Logger) (*webhook.Config, erro
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// parsePrefix parses an address prefix (10.0.0.0/8, fd00::/8) or one
+// address (192.0.2.7: the prefix of it alone).
+func parsePrefix(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked(), nil
+	}
+	ip, err := netip.ParseAddr(s)
+	if err != nil || ip.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q: want an address (192.0.2.7) or a prefix (10.0.0.0/8)", s)
+	}
+	ip = ip.Unmap()
+	return netip.PrefixFrom(ip, ip.BitLen()), nil
 }

@@ -147,6 +147,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		durationFlag(catGateway, "authz-app-timeout", d.AppTimeout, "how long one question to the app may take, retries included; no answer refuses with authorization_unavailable"),
 		durationFlag(catGateway, "authz-app-cache-ttl", d.AppCacheTTL, "how long an answer of the app is cached per watcher and target; an invalidation drops it sooner"),
 		durationFlag(catGateway, "drain-period", d.DrainPeriod, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
+		stringFlag(catGateway, "trusted-proxies", "", "comma-separated addresses or prefixes (10.0.0.0/8) of the load balancers and proxies in front of the gateway: a request from one is taken to come from the address its Forwarded or X-Forwarded-For header names, for per-address limits and logs; empty trusts none"),
 		stringFlag(catGateway, "allowed-origins", "", "comma-separated Origin values a browser may connect from (https://app.example.com), or * for any; empty allows any"),
 
 		devAuth,
@@ -188,7 +189,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		intFlag(catLimits, "rate-strikes", d.RateStrikes, "rate_limited errors of --rate-limit a socket may earn within a minute before it is closed with 1008 (those of other limits do not count)"),
 		floatFlag(catLimits, "api-rate-limit", d.APIRateLimit, "HTTP API requests per second one identity may make on average; more are answered 429 with Retry-After"),
 		intFlag(catLimits, "api-rate-burst", d.APIRateBurst, "HTTP API requests one identity may make at once"),
-		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address: raise it)"),
+		floatFlag(catLimits, "api-address-rate-limit", d.APIAddressRateLimit, "HTTP API requests per second one source address may make on average, checked before authentication (behind a proxy every client shares the proxy's address unless it is in --trusted-proxies)"),
 		intFlag(catLimits, "api-address-rate-burst", d.APIAddressRateBurst, "HTTP API requests one source address may make at once"),
 		floatFlag(catLimits, "api-key-rate-limit", d.APIKeyRateLimit, "server API requests per second one API key may make on average, apart from users' limits"),
 		intFlag(catLimits, "api-key-rate-burst", d.APIKeyRateBurst, "server API requests one API key may make at once"),
