@@ -219,6 +219,15 @@ type Config struct {
 	APIRateBurst        int
 	APIAddressRateLimit float64
 	APIAddressRateBurst int
+	// TLSCertFile and TLSKeyFile, when set, are the PEM files of the
+	// certificate (with its chain) and key the gateway serves TLS with:
+	// wss:// and https:// on its listen address, with no proxy in front.
+	// They are read at the start, where files that cannot be read stop
+	// the gateway, and again when they change (looked at every
+	// TLSReload at most, zero meaning 5s), where files that cannot be read
+	// keep the certificate before.
+	TLSCertFile, TLSKeyFile string
+	TLSReload               time.Duration
 	// TrustedProxies are the addresses of the deployment's load balancers
 	// and reverse proxies: a request from one of them is taken to come
 	// from the address its Forwarded or X-Forwarded-For header names (the
@@ -398,6 +407,7 @@ func DefaultConfig() Config {
 		APIAddressRateLimit: 200,
 		APIAddressRateBurst: 400,
 		APIKeysRefresh:      5 * time.Second,
+		TLSReload:           5 * time.Second,
 		APIKeyRateLimit:     200,
 		APIKeyRateBurst:     400,
 		HandshakeTimeout:    10 * time.Second,
@@ -469,6 +479,7 @@ func (c Config) withDefaults() Config {
 	c.APIAddressRateLimit = cmp.Or(c.APIAddressRateLimit, d.APIAddressRateLimit)
 	c.APIAddressRateBurst = cmp.Or(c.APIAddressRateBurst, d.APIAddressRateBurst)
 	c.APIKeysRefresh = cmp.Or(c.APIKeysRefresh, d.APIKeysRefresh)
+	c.TLSReload = cmp.Or(c.TLSReload, d.TLSReload)
 	c.APIKeyRateLimit = cmp.Or(c.APIKeyRateLimit, d.APIKeyRateLimit)
 	c.APIKeyRateBurst = cmp.Or(c.APIKeyRateBurst, d.APIKeyRateBurst)
 	c.HandshakeTimeout = cmp.Or(c.HandshakeTimeout, d.HandshakeTimeout)
@@ -487,6 +498,12 @@ func negativeRate(r float64) bool { return !(r >= 0) }
 func (c Config) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return bad("TLS needs both a certificate file and a key file")
+	}
+	if c.TLSReload < 0 {
+		return bad("TLS reload %v: want a positive duration", c.TLSReload)
 	}
 	for _, p := range c.TrustedProxies {
 		if !p.IsValid() {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -238,6 +239,13 @@ func (s *Service) Serve(ctx context.Context, ln net.Listener) error {
 		return errors.New("gateway: Serve called twice")
 	}
 	defer ln.Close()
+	if s.cfg.TLSCertFile != "" {
+		certs, err := loadCertFiles(s.cfg.TLSCertFile, s.cfg.TLSKeyFile, s.cfg.TLSReload, s.log)
+		if err != nil {
+			return err
+		}
+		ln = tls.NewListener(ln, certs.tlsConfig())
+	}
 	// Until it serves, probes get answers (serveStarting).
 	stopStarting := sync.OnceFunc(s.serveStarting(ln))
 	defer stopStarting()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -183,6 +184,15 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		trusted = append(trusted, p)
 	}
 	cfg.TrustedProxies = trusted
+	cfg.TLSCertFile, cfg.TLSKeyFile = c.String("tls-cert"), c.String("tls-key")
+	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
+		return cfg, errors.New("--tls-cert and --tls-key go together")
+	}
+	if cfg.TLSCertFile != "" {
+		if _, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+			return cfg, fmt.Errorf("--tls-cert %s, --tls-key %s: %w", quote(cfg.TLSCertFile), quote(cfg.TLSKeyFile), err)
+		}
+	}
 	devHosts := splitList(c.String("dev-auth-hosts"))
 	for _, h := range devHosts {
 		if h == "" {

@@ -147,6 +147,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		durationFlag(catGateway, "authz-app-timeout", d.AppTimeout, "how long one question to the app may take, retries included; no answer refuses with authorization_unavailable"),
 		durationFlag(catGateway, "authz-app-cache-ttl", d.AppCacheTTL, "how long an answer of the app is cached per watcher and target; an invalidation drops it sooner"),
 		durationFlag(catGateway, "drain-period", d.DrainPeriod, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
+		stringFlag(catGateway, "tls-cert", "", "PEM file of the certificate (and its chain) to serve TLS with, wss:// and https:// on --listen, with no proxy in front; read again when it changes, so a renewal needs no restart (needs --tls-key)"),
+		stringFlag(catGateway, "tls-key", "", "PEM file of the key of --tls-cert"),
 		stringFlag(catGateway, "trusted-proxies", "", "comma-separated addresses or prefixes (10.0.0.0/8) of the load balancers and proxies in front of the gateway: a request from one is taken to come from the address its Forwarded or X-Forwarded-For header names, for per-address limits and logs; empty trusts none"),
 		stringFlag(catGateway, "allowed-origins", "", "comma-separated Origin values a browser may connect from (https://app.example.com), or * for any; empty allows any"),
 

@@ -108,6 +108,8 @@ func TestBadInput(t *testing.T) {
 		{"bad log format", []string{"gateway", "--dev-auth", "--log-format", "xml"}, `--log-format "xml": want text or json`},
 		{"too many replicas", []string{"gateway", "--dev-auth", "--replicas", "7"}, "--replicas 7: want 1 to 5"},
 		{"gateway without auth", []string{"gateway"}, "the gateway has neither dev auth nor a JWT key"},
+		{"TLS certificate without key", []string{"gateway", "--dev-auth", "--tls-cert", notPEM}, "--tls-cert and --tls-key go together"},
+		{"TLS certificate not PEM", []string{"gateway", "--dev-auth", "--tls-cert", notPEM, "--tls-key", notPEM}, "failed to find any PEM data in certificate input"},
 		{"bad trusted proxy", []string{"gateway", "--dev-auth", "--trusted-proxies", "10.0.0.0/8,lb.example"}, `--trusted-proxies "10.0.0.0/8,lb.example": "lb.example": want an address (192.0.2.7) or a prefix (10.0.0.0/8)`},
 		{"bad API keys refresh", []string{"gateway", "--dev-auth", "--api-keys-refresh", "0s"}, "--api-keys-refresh 0s: want a positive duration"},
 		{"missing API keys file", []string{"gateway", "--dev-auth", "--api-keys-file", filepath.Join(dir, "no-keys")}, "--api-keys-file: API keys: stat"},

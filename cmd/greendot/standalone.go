@@ -326,16 +326,20 @@ func readyLine(addr net.Addr, gcfg gateway.Config, demo bool, sys *system.System
 	if key != "" {
 		nats += " with the NKey in " + key
 	}
+	web, ws := "http", "ws"
+	if gcfg.TLSCertFile != "" {
+		web, ws = "https", "wss"
+	}
 	var how string
 	switch {
 	case demo:
-		how = fmt.Sprintf("open http://%s/ for the demo, or connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base, base)
+		how = fmt.Sprintf("open %s://%s/ for the demo, or connect to %s://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", web, base, ws, base)
 	case gcfg.DevAuth:
-		how = fmt.Sprintf("connect to ws://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", base)
+		how = fmt.Sprintf("connect to %s://%s/ws?user=alice (dev auth is on: any ?user= is accepted)", ws, base)
 	case gcfg.ConnectProxyURL != "" || gcfg.ConnectProxySubject != "":
-		how = fmt.Sprintf("connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=) or the app's session cookie, which the connect proxy asks the app about; dev auth is off", base)
+		how = fmt.Sprintf("connect to %s://%s/ws with a JWT (Authorization: Bearer or ?token=) or the app's session cookie, which the connect proxy asks the app about; dev auth is off", ws, base)
 	default:
-		how = fmt.Sprintf("connect to ws://%s/ws with a JWT (Authorization: Bearer or ?token=); dev auth is off", base)
+		how = fmt.Sprintf("connect to %s://%s/ws with a JWT (Authorization: Bearer or ?token=); dev auth is off", ws, base)
 	}
 	return fmt.Sprintf("greendot standalone: %s; NATS %s; data %s", how, nats, data)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +51,10 @@ type Options struct {
 	// Timeout bounds the dial, the handshake and the hello frame; zero
 	// means 10s.
 	Timeout time.Duration
+	// TLSConfig is the TLS configuration of a wss:// URL (the roots a
+	// gateway's certificate is checked against, say); nil means the
+	// system's.
+	TLSConfig *tls.Config
 }
 
 // Conn is a client WebSocket to a gateway. Send may be called
@@ -87,7 +92,8 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 	defer cancel()
 	var refused *HandshakeError
 	d := ws.Dialer{
-		Timeout: timeout,
+		Timeout:   timeout,
+		TLSConfig: o.TLSConfig,
 		OnStatusError: func(status int, reason []byte, resp io.Reader) {
 			// resp is the whole response, status line and headers first.
 			refused = &HandshakeError{Status: status}
