@@ -147,6 +147,8 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		durationFlag(catGateway, "authz-app-timeout", d.AppTimeout, "how long one question to the app may take, retries included; no answer refuses with authorization_unavailable"),
 		durationFlag(catGateway, "authz-app-cache-ttl", d.AppCacheTTL, "how long an answer of the app is cached per watcher and target; an invalidation drops it sooner"),
 		durationFlag(catGateway, "drain-period", d.DrainPeriod, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
+		&cli.BoolFlag{Category: catGateway, Name: "ws-compression", Value: true, EnvVars: []string{envVar("ws-compression")},
+			Usage: "accept permessage-deflate (RFC 7692) from clients that offer it (every browser), with no context takeover: frames of 512 bytes or more go compressed; --ws-compression=false declines it"},
 		stringFlag(catGateway, "allowed-origins", "", "comma-separated Origin values a browser may connect from (https://app.example.com), or * for any; empty allows any"),
 
 		devAuth,
