@@ -293,7 +293,8 @@ func TestDeflateRefused(t *testing.T) {
 // parameter it does not know, a repeated one, a bad value, or a window it
 // cannot keep to (server_max_window_bits: compress/flate's is always 32
 // KiB) are declined, with the upgrade accepted uncompressed, as RFC 7692
-// §5 asks; the first acceptable offer of several is taken.
+// §5 asks; the first acceptable offer of several is taken. A header that
+// cannot be parsed is a bad request.
 func TestDeflateOffers(t *testing.T) {
 	t.Parallel()
 	sys := deflateStart(t, gateway.Config{})
@@ -318,6 +319,17 @@ func TestDeflateOffers(t *testing.T) {
 			t.Errorf("offer %q: extensions %q, want %q", tc.offer, r.extensions, tc.want)
 		}
 		_ = r.nc.Close()
+	}
+	// A header that is not a list of extensions at all breaks RFC 6455
+	// (§9.1): 400, counted as a bad request, as gobwas/ws answers it.
+	before := metricValue(t, gw, "greendot_gateway_upgrades_total", map[string]string{"result": "bad_request"})
+	for _, h := range []string{"permessage-deflate;;", `permessage-deflate; client_max_window_bits="`} {
+		if line := rawUpgrade(t, gw.Addr, "/ws?user=malformed", "Sec-WebSocket-Extensions: "+h); !strings.HasPrefix(line, "HTTP/1.1 400") {
+			t.Errorf("extensions %q: %q, want HTTP/1.1 400", h, line)
+		}
+	}
+	if after := metricValue(t, gw, "greendot_gateway_upgrades_total", map[string]string{"result": "bad_request"}); after != before+2 {
+		t.Errorf("bad requests counted %v, want %v", after, before+2)
 	}
 }
 
