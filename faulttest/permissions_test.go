@@ -280,6 +280,28 @@ func TestPermissions(t *testing.T) {
 	if _, err := adminclient.Watchers(ctx, op, "bob", 5*time.Second); err != nil {
 		t.Errorf("watchers of bob: %v", err)
 	}
+	// A custom status that expires: the gateway writes its timer, and a
+	// reaper clears it at the timer's end.
+	bob.mu.Lock()
+	bobConn := bob.conn
+	bob.mu.Unlock()
+	if err := bobConn.SetCustomStatus("Lunch", "🥪", time.Now().Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	customIs := func(set bool) func() error {
+		return func() error {
+			rec, _, err := store.Status(ctx, "bob")
+			switch {
+			case err != nil:
+				return err
+			case (rec.Custom != nil) != set:
+				return fmt.Errorf("custom status %+v", rec.Custom)
+			}
+			return nil
+		}
+	}
+	waitFor(t, 10*time.Second, "bob's custom status written", customIs(true))
+	waitFor(t, 15*time.Second, "bob's custom status cleared at its expiry", customIs(false))
 	// frank's record, written StatusHistory times, holds a connection of
 	// a gateway lease that does not exist: the sweep's write that ends it
 	// is the reaper's look at presence_feed.

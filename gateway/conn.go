@@ -165,8 +165,8 @@ func (c *conn) Deliver(p presence.Presence, at int64) {
 }
 
 // deliverSelf queues the user's own state at status revision rev.
-func (c *conn) deliverSelf(rev uint64, status presence.Status, devices int) {
-	if c.box.AddSelf(rev, status, devices) {
+func (c *conn) deliverSelf(rev uint64, status presence.Status, devices int, custom *presence.Custom) {
+	if c.box.AddSelf(rev, status, devices, custom) {
 		c.schedule()
 	}
 }
@@ -213,7 +213,7 @@ func (c *conn) flushFramesLocked(buf []byte) []byte {
 	updates, self, oldest, rooms := c.box.Take(nowNano(), c.env.scheduler.Pace())
 	m := c.env.metrics
 	if self.Pending {
-		buf = protocol.AppendSelf(buf[:0], self.Status, self.Devices)
+		buf = protocol.AppendSelf(buf[:0], self.Status, int(self.Devices), self.Custom)
 		if !c.writeLocked(buf) {
 			return buf
 		}

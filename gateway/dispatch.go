@@ -65,7 +65,7 @@ func (s *Service) deliverSelf(ev *presence.SelfEvent) {
 // whichever comes first.
 func (s *Service) handSelf(ev *presence.SelfEvent) {
 	for _, c := range s.registry.userConns(ev.UserID) {
-		c.deliverSelf(ev.Rev, ev.Status, ev.Devices)
+		c.deliverSelf(ev.Rev, ev.Status, ev.Devices, ev.Custom)
 		s.members.status(c, ev.Rev, ev.Status)
 	}
 }

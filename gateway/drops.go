@@ -228,7 +228,7 @@ func (s *Service) resyncSelf(ctx context.Context) {
 		case err != nil:
 			return err
 		}
-		ev := presence.SelfEvent{UserID: u, Status: rec.Status, Devices: rec.Devices, Rev: rev}
+		ev := presence.SelfEvent{UserID: u, Status: rec.Status, Devices: rec.Devices, Custom: rec.Custom, Rev: rev}
 		s.call(ctx, func() { s.deliverSelf(&ev) })
 		return nil
 	}, func(u string, err error, pause time.Duration) {

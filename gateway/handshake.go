@@ -209,7 +209,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 	if hook := s.hooks.afterRegister.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
-	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices}, answer.Bytes(), compressed)
+	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices, custom: status.Custom}, answer.Bytes(), compressed)
 }
 
 // answerPool holds the buffers upgrade keeps its answers in.
@@ -277,7 +277,7 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState, answer []byte, defl
 	// same hold, not left to the scheduler. (A box handed to the
 	// scheduler meanwhile, by another device's change, is taken here
 	// too, and the scheduler then finds it empty.)
-	c.box.AddSelf(self.rev, self.status, self.devices)
+	c.box.AddSelf(self.rev, self.status, self.devices, self.custom)
 	s.members.status(c, self.rev, self.status)
 	hello := protocol.Hello{
 		Type:                protocol.TypeHello,

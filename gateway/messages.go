@@ -68,6 +68,9 @@ func (s *Service) message(c *conn, payload []byte) bool {
 		// Choosing is a sign of use.
 		s.active(c, now)
 		s.setStatus(c, &m)
+	case protocol.TypeSetCustom:
+		s.active(c, now)
+		s.setCustom(c, &m)
 	case protocol.TypeSubscribe:
 		s.queueSubscribe(c, &m)
 	case protocol.TypeJoin:

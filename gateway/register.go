@@ -319,6 +319,16 @@ func (r *registrar) choose(c *conn, st presence.Status) <-chan presence.Write {
 	return r.askLocked(us)
 }
 
+// setCustom takes the custom status the user of c set (nil clears it),
+// as choose takes a status.
+func (r *registrar) setCustom(c *conn, custom *presence.Custom) <-chan presence.Write {
+	us := c.us
+	us.mu.Lock()
+	defer us.mu.Unlock()
+	us.custom, us.customSet = custom, true
+	return r.askLocked(us)
+}
+
 // setBackground marks a connection whose app went to the background:
 // idle, and living out grace when its socket closes or dies. It reports
 // whether the connection was still open. The record and the key are

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -97,6 +98,29 @@ func (s *Service) queueSubscribe(c *conn, m *protocol.ClientMessage) {
 		s.metrics.msgsIn.WithLabelValues("rate_limited").Inc()
 		s.sendError(c, m.ID, protocol.CodeRateLimited, fmt.Sprintf("too many requests in progress: at most %d wait for an answer", maxQueued))
 	}
+}
+
+// setCustom takes the custom status the user of c set, as setStatus
+// takes a status: at once, in order, the newest one written.
+func (s *Service) setCustom(c *conn, m *protocol.ClientMessage) {
+	custom, err := presence.ParseCustom(m.Text, m.Emoji, m.ExpiresAt, time.Now())
+	if err != nil {
+		s.sendError(c, m.ID, protocol.CodeInvalidCustom, err.Error())
+		return
+	}
+	written := s.keys.setCustom(c, custom)
+	id := m.ID
+	s.enqueue(c, func(ctx context.Context) {
+		select {
+		case <-written:
+		case <-ctx.Done():
+			if !c.open() {
+				return
+			}
+			s.log.Warn("custom status not written in time", "user_id", c.userID, "conn_id", c.connID, "err", ctx.Err())
+			s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now: the custom status is kept, and written once it is back")
+		}
+	})
 }
 
 // setStatus takes the status the user of c chose. The choice counts at

@@ -629,7 +629,7 @@ func (s *Service) resyncUsers(ctx context.Context, users []string) {
 		if err != nil {
 			return err
 		}
-		ev := presence.Event{UserID: u, Status: p.Status, LastSeen: p.LastSeen, Platforms: p.Platforms, Rev: rev, At: at}
+		ev := presence.Event{UserID: u, Status: p.Status, LastSeen: p.LastSeen, Platforms: p.Platforms, Custom: p.Custom, Rev: rev, At: at}
 		s.call(ctx, func() { s.deliver(&ev) })
 		return nil
 	}, func(u string, err error, pause time.Duration) {

@@ -28,6 +28,10 @@ type userState struct {
 	gone map[string]goneConn
 	// chosen is a status chosen here and not yet written; empty if none.
 	chosen presence.Status
+	// custom is a custom status set here (nil: cleared) and not yet
+	// written, when customSet.
+	custom    *presence.Custom
+	customSet bool
 	// gen counts changes asked for; written is the gen of the newest state
 	// written.
 	gen, written uint64
@@ -50,6 +54,7 @@ type selfState struct {
 	rev     uint64
 	status  presence.Status
 	devices int
+	custom  *presence.Custom
 }
 
 // cacheKeep is how long a user's writer keeps its copy of the record after
@@ -100,7 +105,7 @@ func (r *registrar) forget(us *userState) {
 	defer r.mu.Unlock()
 	us.mu.Lock()
 	defer us.mu.Unlock()
-	if us.running || us.written != us.gen || len(us.conns) > 0 || len(us.gone) > 0 || us.chosen != "" || len(us.waiters) > 0 {
+	if us.running || us.written != us.gen || len(us.conns) > 0 || len(us.gone) > 0 || us.chosen != "" || us.customSet || len(us.waiters) > 0 {
 		return
 	}
 	if r.users[us.id] == us {
@@ -168,9 +173,10 @@ func (r *registrar) write(us *userState) {
 		}
 		gen := us.gen
 		entries, gone, chosen, epoch := r.desiredLocked(us)
+		custom, customSet := us.custom, us.customSet
 		us.mu.Unlock()
 
-		w, err := r.writeOnce(us, entries, gone, chosen, epoch)
+		w, err := r.writeOnce(us, entries, gone, chosen, epoch, custom, customSet)
 		if err != nil {
 			if r.ctx.Err() != nil || r.nc.IsClosed() {
 				// Stopping, or the connection is gone for good: the end
@@ -195,7 +201,7 @@ func (r *registrar) write(us *userState) {
 		// Noted before its self event goes out: a connection listed after
 		// the event reached the registry finds the state here.
 		us.mu.Lock()
-		us.keepSelfLocked(selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices})
+		us.keepSelfLocked(selfState{rev: w.Rev, status: w.Next.Status, devices: w.Next.Devices, custom: w.Next.Custom})
 		us.mu.Unlock()
 		r.publish(us.id, &w)
 		r.removeKeys(gone)
@@ -212,6 +218,9 @@ func (r *registrar) write(us *userState) {
 		}
 		if chosen != "" && us.chosen == chosen {
 			us.chosen = ""
+		}
+		if customSet && us.customSet && us.custom == custom {
+			us.custom, us.customSet = nil, false
 		}
 		kept := us.waiters[:0]
 		for _, wt := range us.waiters {
@@ -242,7 +251,7 @@ func (r *registrar) learnSelf(ev *presence.SelfEvent) {
 		return
 	}
 	us.mu.Lock()
-	us.keepSelfLocked(selfState{rev: ev.Rev, status: ev.Status, devices: ev.Devices})
+	us.keepSelfLocked(selfState{rev: ev.Rev, status: ev.Status, devices: ev.Devices, custom: ev.Custom})
 	us.mu.Unlock()
 }
 
@@ -278,8 +287,12 @@ func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, 
 }
 
 // writeOnce makes one compare-and-set write of the user's record, from
-// the writer's cache; entries are held under the lease epoch.
-func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status, epoch string) (presence.Write, error) {
+// the writer's cache; entries are held under the lease epoch. When
+// customSet, custom is the custom status to write; the timer of its
+// expiry is written first, so that a custom status written always has
+// one (a timer left by a write that failed ends to no effect).
+func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status, epoch string,
+	custom *presence.Custom, customSet bool) (presence.Write, error) {
 	if len(entries) > 0 {
 		// No entry is written unless the lease it is held under is
 		// certainly alive: a write after it ended would name a
@@ -292,6 +305,13 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
 	defer cancel()
+	if customSet && custom != nil && custom.ExpiresAt != 0 {
+		if err := r.store.SetCustomTimer(ctx, us.id, custom.ExpiresAt); err != nil {
+			r.metrics.kvErrors.WithLabelValues("timer").Inc()
+			return presence.Write{}, err
+		}
+		r.metrics.kvWrites.WithLabelValues("timer").Inc()
+	}
 	start := time.Now()
 	w, err := r.store.WriteStatus(ctx, us.id, &us.cache, func(rec *presence.Record) error {
 		changed := false
@@ -309,6 +329,10 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 		}
 		if chosen != "" && rec.ChosenStatus() != chosen {
 			rec.Chosen = chosen
+			changed = true
+		}
+		if customSet && !rec.Custom.Equal(custom) {
+			rec.Custom = custom
 			changed = true
 		}
 		if !changed {

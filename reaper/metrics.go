@@ -27,6 +27,7 @@ type reaperMetrics struct {
 	leaseEnds   prometheus.Counter
 	leaseEnd    prometheus.Histogram
 	roomLeaves  prometheus.Counter
+	customs     *prometheus.CounterVec // by result: cleared, unchanged, error
 }
 
 // The kinds of reconcile work, and their results, as metric labels.
@@ -65,6 +66,8 @@ func newReaperMetrics(reg prometheus.Registerer, s *Service) *reaperMetrics {
 			[]float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}),
 		roomLeaves: f.Counter("greendot_reaper_room_leaves_total",
 			"Room memberships the reaper ended (keys in presence_rooms held under leases that ended), each with a leave event."),
+		customs: f.CounterVec("greendot_reaper_custom_expiries_total",
+			"Ends of custom status timers (presence_timers) the reaper applied, by result: cleared (the custom status expired and was cleared), unchanged (another was set since, or it was cleared already), error (tried again).", "result"),
 		conflicts: f.Counter("greendot_reaper_status_conflicts_total",
 			"Compare-and-set writes of a status record that lost to another writer and were retried."),
 		feedLate: f.Counter("greendot_reaper_feed_late_writes_total",

@@ -160,6 +160,19 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			},
 			PullMaxMessages: 2000,
 			Handle:          s.handleLegacy,
+		}, {
+			// The ends of custom statuses' timers.
+			Bucket: presence.TimersBucket,
+			Consumer: jetstream.ConsumerConfig{
+				Durable:       presence.ReaperConsumer,
+				Description:   "greendot reaper: the end of a custom status's timer clears the custom status",
+				FilterSubject: presence.KeySubject(presence.TimersBucket, presence.CustomTimerKey(">")),
+				DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+				AckPolicy:     jetstream.AckExplicitPolicy,
+				AckWait:       cfg.AckWait,
+				MaxAckPending: 1000,
+			},
+			Handle: s.handleCustomTimer,
 		}},
 	})
 	if err != nil {
@@ -186,8 +199,9 @@ func (s *Service) opened(store *presence.Store) {
 }
 
 var (
-	leaseSubjectPrefix = presence.KeySubject(presence.LeasesBucket, "")
-	connSubjectPrefix  = presence.KeySubject(presence.ConnsBucket, "")
+	leaseSubjectPrefix  = presence.KeySubject(presence.LeasesBucket, "")
+	connSubjectPrefix   = presence.KeySubject(presence.ConnsBucket, "")
+	customSubjectPrefix = presence.KeySubject(presence.TimersBucket, presence.CustomTimerKey(""))
 )
 
 // handleLease takes one message of the lease stream: a refresh, which
@@ -224,6 +238,56 @@ func (s *Service) handleLease(msg jetstream.Msg) {
 	s.log.Info("lease ended", "lease", presence.LeaseKey(gw, epoch), "conns", n, "took", time.Since(start).Round(time.Millisecond).String())
 	_ = msg.Ack()
 }
+
+// handleCustomTimer takes one message of the timers stream: a timer
+// written, which needs nothing, or the end of one, which clears its
+// user's custom status if it expired (a custom status set since, with
+// another expiry or none, stays). It runs on the consumer's goroutine.
+func (s *Service) handleCustomTimer(msg jetstream.Msg) {
+	userID := strings.TrimPrefix(msg.Subject(), customSubjectPrefix)
+	if presence.EntryOp(msg.Headers()) == jetstream.KeyValuePut || !presence.ValidUserID(userID) {
+		_ = msg.Ack()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.AckWait)
+	defer cancel()
+	if err := s.clearCustom(ctx, userID); err != nil {
+		s.metrics.customs.WithLabelValues(resultError).Inc()
+		s.log.Error("clear expired custom status", "user_id", userID, "err", err)
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
+	_ = msg.Ack()
+}
+
+// clearCustom clears userID's custom status if it expired, and publishes
+// the events of the write. The end of a timer comes at its expiry or
+// after, by the server's clock; one that comes before it by this
+// process's clock is taken as at the expiry, so that a clock behind the
+// server's does not leave it.
+func (s *Service) clearCustom(ctx context.Context, userID string) error {
+	w, err := s.store.ClearExpiredCustom(ctx, userID, time.Now().Add(customClockSlack))
+	if err != nil {
+		if undecodable(err) {
+			s.log.Warn("ignoring undecodable status record", "user_id", userID, "kind", "custom", "err", err)
+			return nil
+		}
+		return err
+	}
+	if !w.Written {
+		s.metrics.customs.WithLabelValues(resultUnchanged).Inc()
+		return nil
+	}
+	s.metrics.customs.WithLabelValues("cleared").Inc()
+	if _, err := s.events.Publish(userID, &w, false); err != nil {
+		s.log.Warn("publish events", "user_id", userID, "err", err)
+	}
+	return nil
+}
+
+// customClockSlack is how far ahead of this process's clock the end of a
+// custom status's timer may be.
+const customClockSlack = time.Second
 
 // watchReconnects notes each time the NATS connection comes back, as
 // soon as nats.go says so.
@@ -591,9 +655,14 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 		conns  map[string]presence.ConnInfo
 	}
 	var records []seen
+	var expired []string // users whose custom status expired
 	legacy := false
+	now := time.Now()
 	err = s.store.ScanStatusAll(ctx, func(userID string, rec presence.Record, _ uint64) error {
 		s.swept.Add(1)
+		if rec.Custom.Expired(now) {
+			expired = append(expired, userID)
+		}
 		if len(rec.Conns) == 0 {
 			return nil
 		}
@@ -615,6 +684,16 @@ func (s *Service) sweep(ctx context.Context) (int, error) {
 		})
 		if err != nil {
 			return 0, err
+		}
+	}
+	// Custom statuses whose timer's end nobody applied (a reaper down for
+	// longer than the timers' markers stay).
+	for _, u := range expired {
+		if err := s.clearCustom(ctx, u); err != nil {
+			if ctx.Err() != nil {
+				return 0, ctx.Err()
+			}
+			s.log.Error("sweep", "user_id", u, "err", err)
 		}
 	}
 	removed, removedConns := 0, 0

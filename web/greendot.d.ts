@@ -18,8 +18,18 @@ export interface Presence {
   readonly status: PublicStatus;
   /** Unix seconds; present only where the user's privacy setting lets this watcher see it. */
   readonly last_seen?: number;
-  /** The platforms the user is live on, where their clients said which, and whether they are active there; absent while offline or invisible. */
-  readonly platforms?: Readonly<Partial<Record<Platform, "active" | "idle">>>;
+  /** The platforms the user is live on, where their clients said which, and whether they are active there (or in the background); absent while offline or invisible. */
+  readonly platforms?: Readonly<Partial<Record<Platform, "active" | "idle" | "background">>>;
+  /** The user's custom status, if they set one; absent while they are invisible. */
+  readonly custom_status?: CustomStatus;
+}
+
+/** A custom status: a text and an emoji, with when the server clears it. */
+export interface CustomStatus {
+  readonly text?: string;
+  readonly emoji?: string;
+  /** Unix seconds; absent when it does not expire. */
+  readonly expires_at?: number;
 }
 
 /** The platform a device is on. */
@@ -29,6 +39,8 @@ export type Platform = "web" | "desktop" | "mobile";
 export interface Self {
   readonly status: SelfStatus;
   readonly devices: number;
+  /** The user's custom status, if they set one. */
+  readonly custom_status?: CustomStatus;
 }
 
 /** The first frame of a connection. */
@@ -320,6 +332,12 @@ export declare class GreenDot {
   background(graceMs?: number): void;
   /** Chooses the user's status for all of their devices. Throws a TypeError for another value. */
   setStatus(status: ChosenStatus): void;
+  /**
+   * Sets the user's custom status for all of their devices (text at most 100 characters, emoji at
+   * most 16), cleared by the server at expiresAt if given; empty text and emoji clear it. Throws a
+   * TypeError for values of the wrong type.
+   */
+  setCustomStatus(text?: string, emoji?: string, expiresAt?: Date | number): void;
   /**
    * Joins a room with this connection's meta, now and after every
    * reconnect; for a room already joined, returns the same Room (with the

@@ -215,6 +215,11 @@ function samePlatforms(a, b) {
   return PLATFORMS.every((p) => (a?.[p] ?? "") === (b?.[p] ?? ""));
 }
 
+// sameCustom reports whether two custom statuses say the same.
+function sameCustom(a, b) {
+  return (a?.text ?? "") === (b?.text ?? "") && (a?.emoji ?? "") === (b?.emoji ?? "") && (a?.expires_at ?? 0) === (b?.expires_at ?? 0);
+}
+
 function checkDuration(name, v) {
   if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
     throw new TypeError(`greendot: ${name} must be a finite number of milliseconds, at least 0 (got ${v})`);
@@ -390,7 +395,7 @@ export class GreenDot {
     return this.on("change", fn);
   }
 
-  /** onSelf calls fn({status, devices}) when the user's own true status or device count changes. */
+  /** onSelf calls fn({status, devices, custom_status?}) when the user's own true status, device count or custom status changes. */
   onSelf(fn) {
     return this.on("self", fn);
   }
@@ -503,6 +508,29 @@ export class GreenDot {
     // made before hello is sent, or not, once it comes.
     if (this.#state === "open") this.#chosenSent = this.#self?.status !== status;
     this.#send({ type: "set_status", status });
+  }
+
+  /**
+   * setCustomStatus sets the user's custom status for all their devices: a
+   * text (at most 100 characters) and an emoji (a character or a shortcode
+   * such as ":calendar:", at most 16), cleared by the server at expiresAt
+   * (a Date, or unix seconds) if given. Empty text and emoji clear it. The
+   * gateway answers a refused one with an "error" event, code
+   * invalid_custom_status; a set one comes back in "self".
+   */
+  setCustomStatus(text = "", emoji = "", expiresAt = undefined) {
+    if (typeof text !== "string" || typeof emoji !== "string") {
+      throw new TypeError("greendot: a custom status's text and emoji must be strings");
+    }
+    let at = 0;
+    if (expiresAt instanceof Date) at = Math.ceil(expiresAt.getTime() / 1000);
+    else if (typeof expiresAt === "number" && Number.isInteger(expiresAt) && expiresAt > 0) at = expiresAt;
+    else if (expiresAt !== undefined && expiresAt !== null) {
+      throw new TypeError(`greendot: expiresAt must be a Date or whole unix seconds (got ${expiresAt})`);
+    }
+    const m = { type: "set_custom_status", text, emoji };
+    if (at > 0) m.expires_at = at;
+    this.#send(m);
   }
 
   /**
@@ -1112,13 +1140,22 @@ export class GreenDot {
     if (!this.#wanted.has(p.user_id)) return; // unsubscribed meanwhile
     const prev = this.#presence.get(p.user_id);
     const next = Object.freeze({ ...p });
-    if (prev && prev.status === next.status && prev.last_seen === next.last_seen && samePlatforms(prev.platforms, next.platforms)) return;
+    if (
+      prev &&
+      prev.status === next.status &&
+      prev.last_seen === next.last_seen &&
+      samePlatforms(prev.platforms, next.platforms) &&
+      sameCustom(prev.custom_status, next.custom_status)
+    )
+      return;
     this.#presence.set(p.user_id, next);
     this.#emit("change", p.user_id, next);
   }
 
   #selfFrame(m) {
-    const next = Object.freeze({ status: m.status, devices: Number(m.devices) || 0 });
+    const next = { status: m.status, devices: Number(m.devices) || 0 };
+    if (m.custom_status && typeof m.custom_status === "object") next.custom_status = Object.freeze({ ...m.custom_status });
+    Object.freeze(next);
     // Another device chose a status: adopt it, so that a reconnect of this
     // one does not undo that choice. An automatic away is not a choice, and
     // until this one's own choice is confirmed (or turned away because the
@@ -1132,7 +1169,9 @@ export class GreenDot {
     }
     const prev = this.#self;
     this.#self = next;
-    if (!prev || prev.status !== next.status || prev.devices !== next.devices) this.#emit("self", next);
+    if (!prev || prev.status !== next.status || prev.devices !== next.devices || !sameCustom(prev.custom_status, next.custom_status)) {
+      this.#emit("self", next);
+    }
   }
 
   #denied(m) {

@@ -37,6 +37,16 @@ type Config struct {
 	// Invisible says what is sent of an invisible user; empty means
 	// InvisibleTrue.
 	Invisible Invisible
+	// Users, when not empty, are the users whose events are sent: user
+	// ids, or patterns of them (CheckUserPattern), such as team_* or
+	// *_bot. The revisions of others are acknowledged unsent.
+	Users []string
+	// Events, when not empty, are the kinds of change an event is sent
+	// for: a revision that changes none of them since the user's revision
+	// before is acknowledged unsent. A revision this process cannot
+	// compare (the first of a user it sees, or one delivered again) is
+	// sent.
+	Events []EventType
 	// BatchSize is the most events one delivery carries, and the most
 	// revisions handed out and not yet acknowledged.
 	BatchSize int
@@ -153,6 +163,16 @@ func (c Config) Validate() error {
 	}
 	if c.Invisible != "" {
 		if _, err := ParseInvisible(string(c.Invisible)); err != nil {
+			return bad("%v", err)
+		}
+	}
+	for _, p := range c.Users {
+		if err := CheckUserPattern(p); err != nil {
+			return bad("%v", err)
+		}
+	}
+	for _, t := range c.Events {
+		if _, err := ParseEventType(string(t)); err != nil {
 			return bad("%v", err)
 		}
 	}

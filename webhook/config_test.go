@@ -35,6 +35,9 @@ func TestConfigValidate(t *testing.T) {
 		{"the fanout's consumer", func(c *webhook.Config) { c.Consumer = presence.FanoutConsumer }, "a name of their own"},
 		{"the reaper's consumer", func(c *webhook.Config) { c.Consumer = presence.ReaperConsumer }, "a name of their own"},
 		{"bad invisible", func(c *webhook.Config) { c.Invisible = "hidden" }, `invisible "hidden"`},
+		{"bad user pattern", func(c *webhook.Config) { c.Users = []string{"team_*", "[a-"} }, `user pattern "[a-": syntax error in pattern`},
+		{"empty user pattern", func(c *webhook.Config) { c.Users = []string{""} }, `user pattern "": empty`},
+		{"unknown event type", func(c *webhook.Config) { c.Events = []webhook.EventType{"status", "typing"} }, `event type "typing": want one of status, devices, last_seen, custom_status`},
 		{"huge batch", func(c *webhook.Config) { c.BatchSize = 20_000 }, "batch size 20000"},
 		{"long batch wait", func(c *webhook.Config) { c.BatchWait = 2 * time.Minute }, "batch wait 2m0s"},
 		{"negative timeout", func(c *webhook.Config) { c.Timeout = -time.Second }, "negative duration"},
@@ -86,6 +89,22 @@ func TestEventOf(t *testing.T) {
 	}
 	if ev := webhook.EventOf("dan", &presence.Record{}, 9, 999, webhook.InvisibleTrue); ev.Status != presence.Offline || ev.At != 999 {
 		t.Errorf("empty record: %+v", ev)
+	}
+	// A custom status: the backend is sent it, unless the user chose
+	// invisible and the process sends what watchers see.
+	meeting := &presence.Custom{Text: "In a meeting", Emoji: "📅", ExpiresAt: 1800000000}
+	busy := &presence.Record{Chosen: presence.Busy, Custom: meeting, Status: presence.Busy, Public: presence.Busy, Devices: 1, Updated: 1234}
+	for _, inv := range []webhook.Invisible{webhook.InvisibleTrue, webhook.InvisiblePublic} {
+		if ev := webhook.EventOf("erin", busy, 10, 999, inv); !ev.CustomStatus.Equal(meeting) {
+			t.Errorf("busy with a custom status, invisible %s: %+v", inv, ev)
+		}
+	}
+	hidden := &presence.Record{Chosen: presence.Invisible, Custom: meeting, Status: presence.Invisible, Public: presence.Offline, Devices: 1, Updated: 1234}
+	if ev := webhook.EventOf("erin", hidden, 11, 999, webhook.InvisibleTrue); !ev.CustomStatus.Equal(meeting) {
+		t.Errorf("invisible with a custom status, true: %+v", ev)
+	}
+	if ev := webhook.EventOf("erin", hidden, 11, 999, webhook.InvisiblePublic); ev.CustomStatus != nil {
+		t.Errorf("invisible with a custom status, public: %+v", ev)
 	}
 }
 

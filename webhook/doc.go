@@ -10,7 +10,7 @@
 // loses no transition. The stream must exist (`greendot buckets --feed`);
 // Run refuses to start without it. An event's Rev is still the
 // presence_status revision. A revision that changes what a backend sees of the
-// user (status, devices or last_seen) becomes an Event; events are POSTed
+// user (status, devices, last_seen or custom status) becomes an Event; events are POSTed
 // in batches (a JSON Batch) of up to BatchSize, sent once the first has
 // waited BatchWait. Each POST is signed: the Greendot-Signature header is
 // "t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">", which Verify

@@ -20,6 +20,9 @@ type Event struct {
 	// Devices counts the user's live connections; zero while offline (and
 	// while invisible, when invisible users are sent as others see them).
 	Devices int `json:"devices"`
+	// CustomStatus is the user's custom status, if any (none for an
+	// invisible user sent as others see them).
+	CustomStatus *presence.Custom `json:"custom_status,omitempty"`
 	// Rev is the presence_status revision the event was made from. A
 	// user's revisions only grow: a receiver keeps the highest it applied
 	// per user and drops an event whose Rev is not above it.
@@ -61,9 +64,9 @@ func EventOf(userID string, rec *presence.Record, rev uint64, at int64, invisibl
 	if rec == nil {
 		return Event{UserID: userID, Status: presence.Offline, Rev: rev, At: at}
 	}
-	ev := Event{UserID: userID, Status: rec.Status, LastSeen: rec.LastSeen, Devices: rec.Devices, Rev: rev, At: rec.Updated}
+	ev := Event{UserID: userID, Status: rec.Status, LastSeen: rec.LastSeen, Devices: rec.Devices, CustomStatus: rec.Custom, Rev: rev, At: rec.Updated}
 	if invisible == InvisiblePublic {
-		ev.Status = rec.Public
+		ev.Status, ev.CustomStatus = rec.Public, rec.PublicCustom()
 	}
 	if ev.Status == "" || ev.Status == presence.Offline {
 		ev.Status, ev.Devices = presence.Offline, 0
@@ -80,6 +83,13 @@ type state struct {
 	status   presence.Status
 	lastSeen int64
 	devices  int
+	custom   presence.Custom // the zero value for none
 }
 
-func (e *Event) state() state { return state{e.Status, e.LastSeen, e.Devices} }
+func (e *Event) state() state {
+	st := state{status: e.Status, lastSeen: e.LastSeen, devices: e.Devices}
+	if e.CustomStatus != nil {
+		st.custom = *e.CustomStatus
+	}
+	return st
+}

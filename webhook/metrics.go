@@ -31,7 +31,7 @@ func newWebhookMetrics(reg prometheus.Registerer, s *Service) *webhookMetrics {
 		revisions: f.Counter("greendot_webhook_revisions_total",
 			"Revisions of presence_status received."),
 		skipped: f.CounterVec("greendot_webhook_revisions_skipped_total",
-			"Revisions acknowledged without an event, by reason: no transition (unchanged: same status, devices and last_seen as the user's revision before), or not greendot's (invalid_key, undecodable).", "reason"),
+			"Revisions acknowledged without an event, by reason: no transition (unchanged: same status, devices, last_seen and custom status as the user's revision before), not for this endpoint (filtered: a user or a kind of change its filters leave out), or not greendot's (invalid_key, undecodable).", "reason"),
 		events: f.Counter("greendot_webhook_events_delivered_total",
 			"Events delivered: in a batch the endpoint answered with 2xx."),
 		batches: f.Counter("greendot_webhook_batches_delivered_total",

@@ -37,6 +37,7 @@ type Service struct {
 	consumer *durable.Consumer
 	client   *http.Client
 	limiter  *rate.Limiter
+	filter   filter
 	js       atomic.Pointer[jetstream.JetStream]
 	// store reads the users' current records for resync; nil before the
 	// buckets are open.
@@ -114,6 +115,7 @@ func New(nc *nats.Conn, cfg Config) (*Service, error) {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		limiter:  rate.NewLimiter(rate.Limit(cfg.RateLimit), 1),
+		filter:   filter{users: cfg.Users, events: cfg.Events},
 		held:     held{msgs: make(map[jetstream.Msg]struct{})},
 		order:    newOrder(),
 		last:     make(map[string]sent),
@@ -254,16 +256,27 @@ func (s *Service) decode(msg jetstream.Msg, meta *jetstream.MsgMetadata) *item {
 			return nil
 		}
 	}
+	if !s.filter.user(userID) {
+		s.metrics.skipped.WithLabelValues("filtered").Inc()
+		return nil
+	}
 	ev := EventOf(userID, rec, rev, meta.Timestamp.UnixMilli(), s.cfg.Invisible)
 
 	// A revision delivered before (its process stopped, or let its
 	// acknowledgement wait pass) goes out again whatever this process
 	// remembers: the receiver drops it if it had it.
 	last, known := s.last[userID]
-	if known && rev > last.rev && ev.state() == last.state && meta.NumDelivered == 1 {
-		s.metrics.skipped.WithLabelValues("unchanged").Inc()
-		s.last[userID] = sent{rev: rev, state: last.state}
-		return nil
+	if known && rev > last.rev && meta.NumDelivered == 1 {
+		switch st := ev.state(); {
+		case st == last.state:
+			s.metrics.skipped.WithLabelValues("unchanged").Inc()
+			s.last[userID] = sent{rev: rev, state: last.state}
+			return nil
+		case !s.filter.change(last.state, st):
+			s.metrics.skipped.WithLabelValues("filtered").Inc()
+			s.last[userID] = sent{rev: rev, state: st}
+			return nil
+		}
 	}
 	if len(s.last) >= maxCached {
 		clear(s.last)

@@ -716,3 +716,33 @@ func TestNoFeed(t *testing.T) {
 		t.Errorf("Run without presence_feed: %v, want %v", err, presence.ErrFeedNotFound)
 	}
 }
+
+// TestFilters: with Users and Events, only the events of the users named
+// (by id or pattern) are sent, and only for the kinds of change asked;
+// the rest are acknowledged unsent, counted as filtered. A user's first
+// revision this process sees is sent: it has nothing to compare it with.
+func TestFilters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	rc := newReceiver(t)
+	cfg := fast()
+	cfg.Users = []string{"al*", "bob"}
+	cfg.Events = []webhook.EventType{webhook.EventStatus}
+	r := start(t, e, rc, cfg)
+
+	a1 := e.put(t, "alice", presence.Online, 1, 100)
+	a2 := e.put(t, "alice", presence.Online, 2, 100) // devices only
+	a3 := e.put(t, "alice", presence.Busy, 2, 100)
+	c1 := e.put(t, "carol", presence.Online, 1, 100) // not a user named
+	b1 := e.put(t, "bob", presence.Online, 1, 100)
+	b2 := e.put(t, "bob", presence.Offline, 0, 200)
+	l1 := e.put(t, "albert", presence.Away, 1, 300)
+	got := rc.waitAccepted(t, at("alice", a1), at("alice", a3), at("bob", b1), at("bob", b2), at("albert", l1))
+	for _, k := range []string{at("alice", a2), at("carol", c1)} {
+		if slices.Contains(keys(got), k) {
+			t.Errorf("%s was sent: %v", k, keys(got))
+		}
+	}
+	r.awaitMetric(t, "greendot_webhook_revisions_skipped_total", 2, "reason", "filtered")
+	r.awaitMetric(t, "greendot_webhook_events_delivered_total", 5)
+}

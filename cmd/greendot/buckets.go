@@ -76,7 +76,7 @@ func runBuckets(c *cli.Context) error {
 			return err
 		}
 	}
-	names := []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket}
+	names := []string{presence.ConnsBucket, presence.LeasesBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket, presence.TimersBucket}
 	// The webhooks' bucket, when it exists.
 	switch _, err := store.JetStream().KeyValue(ctx, presence.WebhookResyncBucket); {
 	case err == nil:

@@ -16,10 +16,10 @@ func TestBucketsCommand(t *testing.T) {
 			t.Fatalf("buckets: exit %d; stderr:\n%s", code, stderr)
 		}
 		lines := strings.Split(strings.TrimSpace(stdout), "\n")
-		if len(lines) != 6 || !strings.HasPrefix(lines[0], "bucket ") {
+		if len(lines) != 7 || !strings.HasPrefix(lines[0], "bucket ") {
 			t.Fatalf("output:\n%s", stdout)
 		}
-		for i, name := range []string{"presence_conns", "presence_leases", "presence_status", "presence_graph", "presence_rooms"} {
+		for i, name := range []string{"presence_conns", "presence_leases", "presence_status", "presence_graph", "presence_rooms", "presence_timers"} {
 			if f := strings.Fields(lines[i+1]); len(f) != 6 || f[0] != name || f[1] != "1" || f[3] != "file" {
 				t.Errorf("line %q, want bucket %s with 1 replica on file storage", lines[i+1], name)
 			}
@@ -42,14 +42,14 @@ func TestBucketsCommand(t *testing.T) {
 			t.Fatalf("buckets %v: exit %d; stderr:\n%s", args, code, stderr)
 		}
 		lines := strings.Split(strings.TrimSpace(stdout), "\n")
-		if len(lines) != 10 || !strings.HasPrefix(lines[8], "stream ") {
+		if len(lines) != 11 || !strings.HasPrefix(lines[9], "stream ") {
 			t.Fatalf("buckets %v output:\n%s", args, stdout)
 		}
-		if f := strings.Fields(lines[6]); len(f) != 6 || f[0] != "presence_webhook_resync" || f[1] != "1" || f[3] != "file" {
-			t.Errorf("buckets %v: line %q, want presence_webhook_resync with 1 replica on file storage", args, lines[6])
+		if f := strings.Fields(lines[7]); len(f) != 6 || f[0] != "presence_webhook_resync" || f[1] != "1" || f[3] != "file" {
+			t.Errorf("buckets %v: line %q, want presence_webhook_resync with 1 replica on file storage", args, lines[7])
 		}
-		if f := strings.Fields(lines[9]); len(f) != 7 || f[0] != "presence_feed" || f[1] != "1" || f[2] != "1h0m0s" || f[3] != "file" {
-			t.Errorf("buckets %v: line %q, want presence_feed with 1 replica, kept 1h, on file storage", args, lines[9])
+		if f := strings.Fields(lines[10]); len(f) != 7 || f[0] != "presence_feed" || f[1] != "1" || f[2] != "1h0m0s" || f[3] != "file" {
+			t.Errorf("buckets %v: line %q, want presence_feed with 1 replica, kept 1h, on file storage", args, lines[10])
 		}
 	}
 }

@@ -506,6 +506,20 @@ func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets pres
 	if err != nil {
 		return cfg, fmt.Errorf("--%s %s: want true or public", flag("invisible"), quote(c.String(flag("invisible"))))
 	}
+	users := splitList(c.String(flag("users")))
+	for _, u := range users {
+		if err := webhook.CheckUserPattern(u); err != nil {
+			return cfg, fmt.Errorf("--%s %s: %v", flag("users"), quote(c.String(flag("users"))), err)
+		}
+	}
+	var events []webhook.EventType
+	for _, e := range splitList(c.String(flag("events"))) {
+		t, err := webhook.ParseEventType(e)
+		if err != nil {
+			return cfg, fmt.Errorf("--%s %s: %v", flag("events"), quote(c.String(flag("events"))), err)
+		}
+		events = append(events, t)
+	}
 	if err := positive(c, flag("timeout"), flag("min-backoff"), flag("max-backoff"), flag("give-up-after"), flag("ack-wait"), flag("pinned-ttl")); err != nil {
 		return cfg, err
 	}
@@ -536,6 +550,8 @@ func webhookConfig(c *cli.Context, prefix string, log *slog.Logger, buckets pres
 		PreviousSecret: previous,
 		Consumer:       c.String(flag("consumer")),
 		Invisible:      invisible,
+		Users:          users,
+		Events:         events,
 		BatchSize:      c.Int(flag("batch-size")),
 		BatchWait:      c.Duration(flag("batch-wait")),
 		Timeout:        c.Duration(flag("timeout")),

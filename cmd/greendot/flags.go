@@ -284,6 +284,8 @@ func webhookFlags(prefix, cat string) []cli.Flag {
 		stringFlag(cat, name("previous-secret-file"), "", "file holding the previous signature key"),
 		stringFlag(cat, name("consumer"), d.Consumer, "durable consumer on the status stream that every process serving this endpoint shares; one per endpoint"),
 		stringFlag(cat, name("invisible"), string(d.Invisible), "what is sent of an invisible user: true (invisible, with devices: the app's backend knows) or public (offline, as watchers see it)"),
+		stringFlag(cat, name("users"), "", "comma-separated users whose events are sent, each a user id or a pattern (team_*, *_bot, user[0-9]); empty sends every user's"),
+		stringFlag(cat, name("events"), "", "comma-separated kinds of change an event is sent for: status, devices, last_seen, custom_status; empty sends every change"),
 		intFlag(cat, name("batch-size"), d.BatchSize, "most events in one POST, and most revisions handed out unacknowledged; 1 to 10000"),
 		durationFlag(cat, name("batch-wait"), d.BatchWait, "how long a batch waits for more events after its first; at most 1m"),
 		durationFlag(cat, name("timeout"), d.Timeout, "time one POST may take, from connecting to reading the response"),

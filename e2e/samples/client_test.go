@@ -39,6 +39,7 @@ func runClientSample(ctx context.Context, t *testing.T, gw *systest.Gateway, tok
 
 	c.Subscribe("alice", "bob") // watched until Unsubscribe, or until denied
 	c.SetStatus(presence.Busy)  // online, away, busy or invisible
+	c.SetCustomStatus(&presence.Custom{Text: "In a meeting", Emoji: "📅", ExpiresAt: time.Now().Add(time.Hour).Unix()})
 
 	for ev := range c.Events() { // closed when the client stops; c.Err() says why
 		switch ev := ev.(type) {

@@ -381,6 +381,17 @@ func (c *Conn) SetStatus(status string) error {
 	return c.Send(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: status})
 }
 
+// SetCustomStatus sends set_custom_status: a text and an emoji shared by
+// the user's devices, cleared by the server at expiresAt unless it is
+// zero; an empty text and emoji clear it.
+func (c *Conn) SetCustomStatus(text, emoji string, expiresAt time.Time) error {
+	m := protocol.ClientMessage{Type: protocol.TypeSetCustom, Text: text, Emoji: emoji}
+	if !expiresAt.IsZero() {
+		m.ExpiresAt = expiresAt.Unix()
+	}
+	return c.Send(m)
+}
+
 // Subscribe sends subscribe with an id the answer echoes.
 func (c *Conn) Subscribe(id string, userIDs ...string) error {
 	return c.Send(protocol.ClientMessage{Type: protocol.TypeSubscribe, ID: id, UserIDs: userIDs})

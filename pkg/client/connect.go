@@ -42,7 +42,12 @@ type Client struct {
 	// confirmed it yet: the Self frames before the confirmation show an
 	// earlier status, not another device's choice.
 	statusSent bool
-	idle       bool
+	// custom is a custom status set with SetCustomStatus (nil: cleared)
+	// that no Self frame has shown yet, while customPending: it is sent
+	// again on the next connection.
+	custom        *presence.Custom
+	customPending bool
+	idle          bool
 	// activitySent is when an activity last went on the open connection,
 	// and activityDue says one more was asked for since, which goes with
 	// the next heartbeat in its place (Activity).
@@ -202,6 +207,39 @@ func (c *Client) SetStatus(status presence.Status) error {
 	c.status, c.statusSent = st, c.self.Status != st
 	c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(st)})
 	return nil
+}
+
+// SetCustomStatus sets the user's custom status for all of their
+// devices (nil clears it): at once when a connection is open, else on
+// the next one, and again on later ones until the gateway confirms it
+// (a Self event carries it). A custom status the gateway would refuse
+// (presence.ParseCustom) is refused here, wrapping
+// presence.ErrInvalidCustom.
+func (c *Client) SetCustomStatus(custom *presence.Custom) error {
+	if custom != nil {
+		var err error
+		if custom, err = presence.ParseCustom(custom.Text, custom.Emoji, custom.ExpiresAt, time.Now()); err != nil {
+			return fmt.Errorf("set custom status: %w", err)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil {
+		return fmt.Errorf("set custom status: %w", c.err)
+	}
+	// One the user already has is not confirmed by a Self frame.
+	c.custom, c.customPending = custom, !c.self.Custom.Equal(custom)
+	c.sendLocked(customMessage(custom))
+	return nil
+}
+
+// customMessage returns the set_custom_status message of custom.
+func customMessage(custom *presence.Custom) protocol.ClientMessage {
+	m := protocol.ClientMessage{Type: protocol.TypeSetCustom}
+	if custom != nil {
+		m.Text, m.Emoji, m.ExpiresAt = custom.Text, custom.Emoji, custom.ExpiresAt
+	}
+	return m
 }
 
 // Status returns the status chosen with SetStatus, or since then on

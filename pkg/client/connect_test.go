@@ -297,6 +297,51 @@ func TestSetStatusSeenByWatcher(t *testing.T) {
 	}
 }
 
+// TestSetCustomStatusSeenByWatcher: a custom status set with the Client
+// reaches a watcher and comes back in Self; one the gateway would refuse
+// is refused before it is sent; one set while no connection is open is
+// sent on the next.
+func TestSetCustomStatusSeenByWatcher(t *testing.T) {
+	t.Parallel()
+	sys, alice, bob := bobWatchesAlice(t, fast)
+	lunch := &presence.Custom{Text: "Lunch", Emoji: "🥪", ExpiresAt: time.Now().Add(time.Hour).Unix()}
+	if err := alice.c.SetCustomStatus(lunch); err != nil {
+		t.Fatal(err)
+	}
+	bob.await("alice's custom status", func(ev client.Event) bool {
+		ch, ok := ev.(client.Changes)
+		return ok && len(ch.Updates) > 0 && ch.Updates[len(ch.Updates)-1].Custom.Equal(lunch)
+	})
+	alice.await("self with the custom status", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Custom.Equal(lunch)
+	})
+	if err := alice.c.SetCustomStatus(&presence.Custom{Text: strings.Repeat("x", 101)}); !errors.Is(err, presence.ErrInvalidCustom) {
+		t.Errorf("SetCustomStatus of 101 characters = %v, want ErrInvalidCustom", err)
+	}
+
+	// Set while the gateway is away: sent when the client is back.
+	g := sys.Gateway()
+	sys.StopGateway(g)
+	alice.await("disconnected", isType[client.Disconnected])
+	gym := &presence.Custom{Text: "Gym"}
+	if err := alice.c.SetCustomStatus(gym); err != nil {
+		t.Fatal(err)
+	}
+	sys.StartGatewayAt(gateway.Config{}, g.Addr)
+	alice.await("self with the custom status set while away", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Custom.Equal(gym)
+	})
+	if err := alice.c.SetCustomStatus(nil); err != nil {
+		t.Fatal(err)
+	}
+	alice.await("self with no custom status", func(ev client.Event) bool {
+		s, ok := ev.(client.Self)
+		return ok && s.Custom == nil
+	})
+}
+
 // TestReconnectAfterGatewayRestart stops the gateway under two clients and
 // starts it again on the same address: both come back, alice's chosen
 // status is sent again (it was changed meanwhile from another device, so

@@ -57,7 +57,7 @@ type Snapshot struct{ protocol.PresenceInit }
 type Changes struct{ protocol.PresenceBatch }
 
 // Self is the user's own true status and number of live connections,
-// across all of their devices.
+// across all of their devices, and their custom status.
 type Self struct{ protocol.Self }
 
 // Denied is a refused subscription, as an answer to a subscribe or later,
@@ -130,7 +130,7 @@ func serverEvent(m protocol.ServerMessage) (ev Event, ok bool) {
 	case protocol.TypePresenceBatch:
 		return Changes{protocol.PresenceBatch{Type: m.Type, Updates: m.Updates}}, true
 	case protocol.TypeSelf:
-		return Self{protocol.Self{Type: m.Type, Status: m.Status, Devices: m.Devices}}, true
+		return Self{protocol.Self{Type: m.Type, Status: m.Status, Devices: m.Devices, Custom: m.Custom}}, true
 	case protocol.TypeDenied:
 		return Denied{protocol.Denied{Type: m.Type, ID: m.ID, UserID: m.UserID, Reason: m.Reason}}, true
 	case protocol.TypeRoomState:

@@ -128,6 +128,15 @@ func (c *Client) attach(conn *Conn) protocol.Hello {
 		c.statusSent = true
 		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeSetStatus, Status: string(c.status)})
 	}
+	if c.customPending {
+		if c.custom.Expired(time.Now()) {
+			// Too late to set; clearing it instead might clear one set
+			// on another device since.
+			c.custom, c.customPending = nil, false
+		} else {
+			c.sendLocked(customMessage(c.custom))
+		}
+	}
 	if c.idle {
 		c.sendLocked(protocol.ClientMessage{Type: protocol.TypeIdle})
 	}
@@ -338,6 +347,9 @@ func (c *Client) deliver(m protocol.ServerMessage) {
 		c.notedLocked(ev.Updates)
 	case Self:
 		c.self = ev.Self
+		if c.customPending && ev.Custom.Equal(c.custom) {
+			c.customPending = false
+		}
 		// Another device chose a status: adopt it, so that a reconnect
 		// of this client does not undo that choice. An automatic away
 		// is not a choice.

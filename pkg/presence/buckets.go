@@ -93,6 +93,11 @@ func BucketConfig(bucket string, o BucketOptions) (jetstream.KeyValueConfig, err
 		// leave nothing behind.
 		cfg.Description = "greendot: one key per connection in a room, <room>.<gateway>.<epoch>.<user>.<conn>, held under its gateway's lease"
 		cfg.LimitMarkerTTL = o.markerTTL()
+	case TimersBucket:
+		// History 1, as for every key with a TTL; the markers of ended
+		// timers stay for a day, for a reaper that was down.
+		cfg.Description = "greendot: one key per deadline of a user's, custom.<user>, with a TTL that ends at it: the end clears the user's custom status"
+		cfg.LimitMarkerTTL = TimersMarkerTTL
 	case GraphBucket:
 		cfg.Description = "greendot: follows.<a>.<b> edges and settings.<user> privacy settings"
 	case WebhookResyncBucket:

@@ -27,14 +27,14 @@ func Changes(userID string, prev, next *Record, rev uint64) (pub *Event, self *S
 		return &Event{UserID: userID, Status: Offline, Rev: rev}, nil, nil
 	}
 	if pubMoved {
-		pub = &Event{UserID: userID, Status: next.Public, LastSeen: next.LastSeen, Platforms: next.PublicPlatforms(), Rev: rev, At: next.Updated}
+		pub = &Event{UserID: userID, Status: next.Public, LastSeen: next.LastSeen, Platforms: next.PublicPlatforms(), Custom: next.PublicCustom(), Rev: rev, At: next.Updated}
 		if pub.Status == "" {
 			pub.Status = Offline
 		}
 	}
 	if selfMoved {
 		if gateways = Gateways(next); len(gateways) > 0 {
-			self = &SelfEvent{UserID: userID, Status: next.Status, Devices: next.Devices, Rev: rev}
+			self = &SelfEvent{UserID: userID, Status: next.Status, Devices: next.Devices, Custom: next.Custom, Rev: rev}
 		}
 	}
 	return pub, self, gateways

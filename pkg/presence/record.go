@@ -16,6 +16,10 @@ type Record struct {
 	// disconnection: a user who chose busy or invisible is busy or invisible
 	// again when they reconnect.
 	Chosen Status `json:"chosen,omitempty"`
+	// Custom is the custom status the user set, if any; like Chosen, it
+	// survives disconnection, until the user clears it or it expires.
+	// Writers replace it, never change it in place: clones share it.
+	Custom *Custom `json:"custom,omitempty"`
 	// Conns are the user's connections, by connection id: every connection
 	// whose key in ConnsBucket was created, and whose end (its gateway
 	// closing it, the end of its gateway's lease, or for a key of the
@@ -215,10 +219,10 @@ func (r *Record) Finish(prev *Record, now time.Time) {
 		if r.Public.Visible() || prevPublic.Visible() {
 			r.LastSeen = r.seenAt(prev, now).Unix()
 		}
-	case r.PublicPlatforms() != prev.PublicPlatforms():
+	case r.PublicPlatforms() != prev.PublicPlatforms(), !r.PublicCustom().Equal(prev.PublicCustom()):
 		r.PubVer++
 	}
-	if r.Status != prevStatus || r.Devices != prev.Devices {
+	if r.Status != prevStatus || r.Devices != prev.Devices || !r.Custom.Equal(prev.Custom) {
 		r.SelfVer++
 	}
 	if r.Status != prevStatus {
@@ -269,7 +273,10 @@ func (r *Record) seenAt(prev *Record, now time.Time) time.Time {
 // Presence returns what others see of the user, with LastSeen included
 // (the caller removes it where the user's privacy setting says so).
 func (r *Record) Presence(userID string) Presence {
-	p := Presence{UserID: userID, Status: r.Public, LastSeen: r.LastSeen, Platforms: r.PublicPlatforms()}
+	p := Presence{UserID: userID, Status: r.Public, LastSeen: r.LastSeen, Platforms: r.PublicPlatforms(), Custom: r.PublicCustom()}
+	if p.Custom.Expired(time.Now()) {
+		p.Custom = nil
+	}
 	if p.Status == "" {
 		p.Status = Offline
 	}
@@ -334,6 +341,8 @@ type Presence struct {
 	// Platforms are where the user is live, when their clients said;
 	// none while they are offline or invisible.
 	Platforms Platforms `json:"platforms,omitempty"`
+	// Custom is the user's custom status; none while they are invisible.
+	Custom *Custom `json:"custom_status,omitempty"`
 }
 
 // Event is published on EventSubject(UserID) whenever what others see of
@@ -346,6 +355,8 @@ type Event struct {
 	LastSeen int64  `json:"last_seen,omitempty"`
 	// Platforms are the user's platforms others see (Record.PublicPlatforms).
 	Platforms Platforms `json:"platforms,omitempty"`
+	// Custom is the user's custom status others see (Record.PublicCustom).
+	Custom *Custom `json:"custom_status,omitempty"`
 	// Rev is the StatusBucket revision the event was made from; a gateway
 	// drops an event whose Rev is not newer than what it already has.
 	Rev uint64 `json:"rev"`
@@ -356,7 +367,7 @@ type Event struct {
 
 // Presence returns the event's presence object.
 func (e *Event) Presence() Presence {
-	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen, Platforms: e.Platforms}
+	return Presence{UserID: e.UserID, Status: e.Status, LastSeen: e.LastSeen, Platforms: e.Platforms, Custom: e.Custom}
 }
 
 // SelfEvent is published on SelfSubject(gateway) for each gateway holding
@@ -366,5 +377,8 @@ type SelfEvent struct {
 	UserID  string `json:"user_id"`
 	Status  Status `json:"status"`
 	Devices int    `json:"devices"`
-	Rev     uint64 `json:"rev"`
+	// Custom is the user's custom status, which their own devices see
+	// whatever their status.
+	Custom *Custom `json:"custom_status,omitempty"`
+	Rev    uint64  `json:"rev"`
 }

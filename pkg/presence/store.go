@@ -38,6 +38,7 @@ type Store struct {
 	status jetstream.KeyValue
 	graph  jetstream.KeyValue
 	rooms  jetstream.KeyValue
+	timers jetstream.KeyValue
 	opts   BucketOptions
 	now    func() time.Time
 	// created is when each bucket's stream was created, as the store
@@ -76,7 +77,7 @@ func (s *Store) buckets() []struct {
 	return []struct {
 		name string
 		kv   *jetstream.KeyValue
-	}{{ConnsBucket, &s.conns}, {LeasesBucket, &s.leases}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}, {RoomsBucket, &s.rooms}}
+	}{{ConnsBucket, &s.conns}, {LeasesBucket, &s.leases}, {StatusBucket, &s.status}, {GraphBucket, &s.graph}, {RoomsBucket, &s.rooms}, {TimersBucket, &s.timers}}
 }
 
 // Open ensures greendot's buckets exist with the configuration opts

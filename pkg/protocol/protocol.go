@@ -24,6 +24,7 @@ const (
 	TypeBackground  = "background"
 	TypeAuth        = "auth"
 	TypeSetStatus   = "set_status"
+	TypeSetCustom   = "set_custom_status"
 	TypeSubscribe   = "subscribe"
 	TypeUnsubscribe = "unsubscribe"
 	TypeJoin        = "join"
@@ -37,7 +38,7 @@ const (
 // protocol.
 func KnownClientType(t string) bool {
 	switch t {
-	case TypeHeartbeat, TypeActivity, TypeIdle, TypeBackground, TypeAuth, TypeSetStatus, TypeSubscribe, TypeUnsubscribe,
+	case TypeHeartbeat, TypeActivity, TypeIdle, TypeBackground, TypeAuth, TypeSetStatus, TypeSetCustom, TypeSubscribe, TypeUnsubscribe,
 		TypeJoin, TypeRoomUpdate, TypeLeave, TypeTyping, TypeSignal:
 		return true
 	}
@@ -63,6 +64,7 @@ const (
 	CodeBadRequest    = "bad_request"
 	CodeUnknownType   = "unknown_type"
 	CodeInvalidStatus = "invalid_status"
+	CodeInvalidCustom = "invalid_custom_status"
 	CodeRateLimited   = "rate_limited"
 	CodeUnauthorized  = "unauthorized"
 	CodeUnavailable   = "unavailable" // the gateway could not reach its state store; try again
@@ -115,6 +117,10 @@ type ClientMessage struct {
 	// GraceMS is background's grace, in milliseconds; nil for the
 	// gateway's.
 	GraceMS *int64 `json:"grace_ms,omitempty"`
+	// Text, Emoji and ExpiresAt are those of set_custom_status.
+	Text      string `json:"text,omitempty"`
+	Emoji     string `json:"emoji,omitempty"`
+	ExpiresAt int64  `json:"expires_at,omitempty"`
 }
 
 // heartbeatJSON is a heartbeat message in its usual form.
@@ -181,6 +187,8 @@ func jsonKind(field string) string {
 		return "JSON"
 	case "grace_ms":
 		return "a whole number of milliseconds"
+	case "expires_at":
+		return "a whole number of unix seconds"
 	default:
 		return "a string"
 	}
@@ -213,9 +221,10 @@ type PresenceBatch struct {
 
 // Self tells all of a user's connections their own true status.
 type Self struct {
-	Type    string          `json:"type"`
-	Status  presence.Status `json:"status"`
-	Devices int             `json:"devices"`
+	Type    string           `json:"type"`
+	Status  presence.Status  `json:"status"`
+	Devices int              `json:"devices"`
+	Custom  *presence.Custom `json:"custom_status,omitempty"`
 }
 
 // Denied refuses one subscription.
@@ -309,6 +318,7 @@ type ServerMessage struct {
 	TTLMS               int64               `json:"ttl_ms,omitempty"`
 	Status              presence.Status     `json:"status,omitempty"`
 	Devices             int                 `json:"devices,omitempty"`
+	Custom              *presence.Custom    `json:"custom_status,omitempty"`
 	Users               []presence.Presence `json:"users,omitempty"`
 	OnlineCount         *int                `json:"online_count,omitempty"`
 	Updates             []presence.Presence `json:"updates,omitempty"`
@@ -355,15 +365,32 @@ func AppendPresence(dst []byte, p *presence.Presence) []byte {
 		dst = append(dst, `,"platforms":`...)
 		dst = p.Platforms.AppendJSON(dst)
 	}
+	if p.Custom != nil {
+		dst = appendCustom(dst, p.Custom)
+	}
 	return append(dst, '}')
+}
+
+// appendCustom appends `,"custom_status":` and c's JSON, which needs
+// escaping: encoding/json writes it.
+func appendCustom(dst []byte, c *presence.Custom) []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return dst // a struct of strings and a number always encodes
+	}
+	dst = append(dst, `,"custom_status":`...)
+	return append(dst, b...)
 }
 
 // AppendSelf appends the JSON of a self frame to dst, as encoding/json
 // would write it.
-func AppendSelf(dst []byte, status presence.Status, devices int) []byte {
+func AppendSelf(dst []byte, status presence.Status, devices int, custom *presence.Custom) []byte {
 	dst = append(dst, `{"type":"self","status":"`...)
 	dst = append(dst, status...)
 	dst = append(dst, `","devices":`...)
 	dst = strconv.AppendInt(dst, int64(devices), 10)
+	if custom != nil {
+		dst = appendCustom(dst, custom)
+	}
 	return append(dst, '}')
 }

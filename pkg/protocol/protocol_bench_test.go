@@ -73,7 +73,7 @@ func BenchmarkAppendSelf(b *testing.B) {
 	buf := make([]byte, 0, 64)
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = protocol.AppendSelf(buf[:0], presence.Busy, 3)
+		buf = protocol.AppendSelf(buf[:0], presence.Busy, 3, nil)
 	}
 }
 
@@ -85,7 +85,7 @@ func TestAppendAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { buf = protocol.AppendBatch(buf[:0], u) }); n != 0 {
 		t.Errorf("AppendBatch: %v allocations, want 0", n)
 	}
-	if n := testing.AllocsPerRun(100, func() { buf = protocol.AppendSelf(buf[:0], presence.Away, 2) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { buf = protocol.AppendSelf(buf[:0], presence.Away, 2, nil) }); n != 0 {
 		t.Errorf("AppendSelf: %v allocations, want 0", n)
 	}
 	p := u[0]

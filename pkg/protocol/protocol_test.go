@@ -24,6 +24,8 @@ func TestAppendBatchIsJSON(t *testing.T) {
 		{UserID: "bob", Status: presence.Offline, LastSeen: 1765000000},
 		{UserID: "carol", Status: presence.Away, Platforms: web},
 		{UserID: "dave", Status: presence.Busy, LastSeen: 1765000001, Platforms: all},
+		{UserID: "erin", Status: presence.Offline, Custom: &presence.Custom{Text: `Out <"sick"> & \ back   soon`, Emoji: "🤒", ExpiresAt: 1765000002}},
+		{UserID: "frank", Status: presence.Online, Platforms: web, Custom: &presence.Custom{Emoji: ":palm_tree:"}},
 	}
 	want, err := json.Marshal(protocol.PresenceBatch{Type: protocol.TypePresenceBatch, Updates: updates})
 	if err != nil {
@@ -31,6 +33,10 @@ func TestAppendBatchIsJSON(t *testing.T) {
 	}
 	if got := protocol.AppendBatch(nil, updates); string(got) != string(want) {
 		t.Errorf("AppendBatch =\n%s\nencoding/json:\n%s", got, want)
+	}
+	self := protocol.Self{Type: protocol.TypeSelf, Status: presence.Busy, Devices: 2, Custom: updates[4].Custom}
+	if want, err := json.Marshal(self); err != nil || string(protocol.AppendSelf(nil, self.Status, self.Devices, self.Custom)) != string(want) {
+		t.Errorf("AppendSelf = %s, encoding/json: %s (%v)", protocol.AppendSelf(nil, self.Status, self.Devices, self.Custom), want, err)
 	}
 	if got := string(all.AppendJSON(nil)); got != `{"web":"idle","desktop":"active","mobile":"idle"}` {
 		t.Errorf("platforms = %s, want web, desktop, mobile in that order", got)

@@ -81,7 +81,7 @@ type target struct {
 // ms, 0 if unknown), as the newest known if it is newer.
 func (t *target) know(p presence.Presence, rev uint64, at int64) {
 	if rev > t.last.Rev {
-		t.last = presence.Event{UserID: p.UserID, Status: p.Status, LastSeen: p.LastSeen, Platforms: p.Platforms, Rev: rev, At: at}
+		t.last = presence.Event{UserID: p.UserID, Status: p.Status, LastSeen: p.LastSeen, Platforms: p.Platforms, Custom: p.Custom, Rev: rev, At: at}
 	}
 }
 

@@ -37,9 +37,13 @@ type Box struct {
 
 // Self is the socket's own user's state, as the socket last learnt it.
 type Self struct {
-	Rev     uint64
-	Status  presence.Status
-	Devices int
+	Rev    uint64
+	Status presence.Status
+	// Custom is the user's custom status, if any.
+	Custom *presence.Custom
+	// Devices is an int32, next to Pending, so that a Self (and with it a
+	// connection) takes no more memory for Custom.
+	Devices int32
 	// Pending reports that it changed since it was last taken.
 	Pending bool
 }
@@ -86,13 +90,13 @@ func (b *Box) Remove(user string) {
 // AddSelf records the socket's own user's state at status revision rev,
 // unless the box already has a newer one. It reports whether the caller
 // must hand the box to the scheduler.
-func (b *Box) AddSelf(rev uint64, status presence.Status, devices int) bool {
+func (b *Box) AddSelf(rev uint64, status presence.Status, devices int, custom *presence.Custom) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if rev <= b.self.Rev {
 		return false
 	}
-	b.self = Self{Rev: rev, Status: status, Devices: devices, Pending: true}
+	b.self = Self{Rev: rev, Status: status, Custom: custom, Devices: int32(min(devices, 1<<31-1)), Pending: true}
 	return b.queueLocked()
 }
 

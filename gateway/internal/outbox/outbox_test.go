@@ -25,10 +25,10 @@ func TestBoxKeepsTheNewestChangePerUser(t *testing.T) {
 	if b.Add(busy, 50) || b.Add(online("carol"), 0) {
 		t.Fatal("a queued box asked to be scheduled again")
 	}
-	if b.AddSelf(3, presence.Away, 2) {
+	if b.AddSelf(3, presence.Away, 2, nil) {
 		t.Fatal("a queued box asked to be scheduled for a self state")
 	}
-	if b.AddSelf(2, presence.Online, 1) {
+	if b.AddSelf(2, presence.Online, 1, nil) {
 		t.Fatal("an older self state asked to be scheduled")
 	}
 	updates, self, oldest, rooms := b.Take(7, 10)

@@ -2,7 +2,7 @@
 import {
   GreenDot, Throttle, STATUSES, STATES, DEFAULTS, MAX_SUBSCRIBE_IDS, MAX_MESSAGE_BYTES, MAX_META_BYTES,
   MAX_SIGNAL_BYTES, TYPING_INTERVAL_MS, SIGNAL_EXPIRES_MS, backoffDelay, validUserId, validRoomId, subscribeChunks,
-  type ChosenStatus, type Platform, type Presence, type Room, type RoomMember, type ServerError, type State,
+  type ChosenStatus, type CustomStatus, type Platform, type Presence, type Room, type RoomMember, type ServerError, type State,
 } from "../../greendot.js";
 
 // The page's own WebSocket may be passed as the constructor.
@@ -18,7 +18,12 @@ const conn = gd.hello?.conn_id;
 const watched: string[] = gd.subscriptions;
 const rooms: Room[] = gd.rooms;
 const all: Map<string, Presence> = gd.presences();
-const onPhone: "active" | "idle" | undefined = all.get("bob")?.platforms?.mobile;
+const onPhone: "active" | "idle" | "background" | undefined = all.get("bob")?.platforms?.mobile;
+const away: CustomStatus | undefined = all.get("bob")?.custom_status;
+const myText: string | undefined = gd.self?.custom_status?.text;
+gd.setCustomStatus("In a meeting", "📅", new Date(Date.now() + 3_600_000));
+gd.setCustomStatus("Lunch", "", Math.floor(Date.now() / 1000) + 1800);
+gd.setCustomStatus();
 const platform: Platform = "desktop";
 new GreenDot({ user: "alice", platform, connect: false });
 gd.subscribe("bob").then(({ users, denied }) => console.log(users.map((p) => p.status), denied.map((d) => d.reason)));
