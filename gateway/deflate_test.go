@@ -424,3 +424,46 @@ func TestClientCompression(t *testing.T) {
 		t.Errorf("compressed\n%s\nplain\n%s", z, plain)
 	}
 }
+
+// TestClientConfigCompression: a Client with Config.Compression gets its
+// Snapshot of 100 users through a compressed connection, counted by the
+// gateway, as a Client without it does through a plain one.
+func TestClientConfigCompression(t *testing.T) {
+	t.Parallel()
+	sys := deflateStart(t, gateway.Config{})
+	gw := sys.Gateway()
+	ids := make([]string, 100)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("deflate-peer-%03d", i)
+	}
+	for _, compression := range []bool{true, false} {
+		before := metricValue(t, gw, "greendot_gateway_upgrades_compressed_total", nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		c, err := client.Connect(ctx, gw.WS, client.Config{User: "watcher", Compression: compression})
+		if err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		if err := c.Subscribe(ids...); err != nil {
+			t.Fatal(err)
+		}
+		users := 0
+		for ev := range c.Events() {
+			if s, ok := ev.(client.Snapshot); ok {
+				users += len(s.Users)
+				if users == len(ids) {
+					break
+				}
+			}
+		}
+		_ = c.Close()
+		cancel()
+		if users != len(ids) {
+			t.Fatalf("compression %v: snapshots of %d users, want %d (%v)", compression, users, len(ids), c.Err())
+		}
+		counted := metricValue(t, gw, "greendot_gateway_upgrades_compressed_total", nil) - before
+		if want := map[bool]float64{true: 1, false: 0}[compression]; counted != want {
+			t.Errorf("compression %v: %v compressed upgrades counted, want %v", compression, counted, want)
+		}
+	}
+}
