@@ -10,12 +10,12 @@ import (
 // whatever the client offered (§7.1.1.1, §7.1.1.2). Each message is then
 // compressed and inflated on its own, with pooled flate state: an idle
 // connection holds none, where a context kept from message to message
-// costs a connection its compressor and its inflater's window (hundreds
-// of KiB, docs/BENCHMARKS.md), many times what the rest of it costs. An
-// offer the gateway cannot keep to (server_max_window_bits, a window under
-// the 32 KiB compress/flate always uses) and one with an unknown, repeated
-// or invalid parameter are declined (§5, §7): the connection goes on
-// uncompressed.
+// costs a connection its compressor and its inflater's window (about 1.2
+// MiB, docs/BENCHMARKS.md), 600 times what the rest of it costs. An
+// offer with server_max_window_bits (wsflate declines any, as the gateway
+// could not keep to a window under the 32 KiB compress/flate always uses)
+// and one with an unknown, repeated or invalid parameter are declined
+// (§5, §7): the connection goes on uncompressed.
 var deflateParams = wsflate.Parameters{ServerNoContextTakeover: true, ClientNoContextTakeover: true}
 
 // negotiateDeflate returns the upgrader's Negotiate for an upgrade, which

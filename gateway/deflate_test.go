@@ -290,9 +290,9 @@ func TestDeflateRefused(t *testing.T) {
 }
 
 // TestDeflateOffers: what the gateway answers offers with. Offers with a
-// parameter it does not know, a repeated one, a bad value, or a window it
-// cannot keep to (server_max_window_bits: compress/flate's is always 32
-// KiB) are declined, with the upgrade accepted uncompressed, as RFC 7692
+// parameter it does not know, a repeated one, a bad value, or
+// server_max_window_bits (compress/flate's window is always 32 KiB; any
+// value is declined) are declined, with the upgrade accepted uncompressed, as RFC 7692
 // §5 asks; the first acceptable offer of several is taken. A header that
 // cannot be parsed is a bad request.
 func TestDeflateOffers(t *testing.T) {
@@ -307,6 +307,7 @@ func TestDeflateOffers(t *testing.T) {
 		{"permessage-deflate; server_no_context_takeover; client_no_context_takeover", accepted},
 		{"x-webkit-deflate-frame", ""},
 		{"permessage-deflate; server_max_window_bits=10", ""},
+		{"permessage-deflate; server_max_window_bits=15", ""},
 		{"permessage-deflate; frobnicate", ""},
 		{"permessage-deflate; client_no_context_takeover=1", ""},
 		{"permessage-deflate; server_no_context_takeover; server_no_context_takeover", ""},
