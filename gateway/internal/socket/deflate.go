@@ -14,10 +14,10 @@ import (
 // server_no_context_takeover and client_no_context_takeover, so that each
 // message is compressed and inflated on its own, with a flate writer or
 // reader taken from a pool for that message and given back after it. An
-// idle connection holds no flate state at all: a writer that kept its
-// context would cost the connection its whole compressor (about 1.2 MiB at
-// level 1: BenchmarkContextTakeoverMemory),
-// a reader its 32 KiB window and tables.
+// idle connection holds no flate state at all: a writer and a reader that
+// kept their contexts would cost it about 1.2 MiB, the compressor most of
+// it, the reader its 32 KiB window and tables
+// (BenchmarkContextTakeoverMemory).
 
 // DeflateMin is the smallest message a socket with deflate compresses:
 // smaller ones (most presence updates, acks) gain nothing from a fresh
