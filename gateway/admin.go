@@ -43,6 +43,7 @@ func (s *Service) startAdmin(addr string) (*admin.Server, error) {
 			"max_conns_per_user": cfg.MaxConnsPerUser,
 			"max_subscriptions":  cfg.MaxSubscriptions,
 			"max_message_size":   cfg.MaxMessageSize,
+			"ws_compression":     !cfg.NoCompression,
 			"rate_limit":         cfg.RateLimit,
 			"drain_period":       cfg.DrainPeriod.String(),
 			"replicas":           max(cfg.Buckets.Replicas, 1),

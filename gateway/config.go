@@ -158,6 +158,12 @@ type Config struct {
 	// retries included; less than HandshakeTimeout. Zero means 2s.
 	ConnectProxyTimeout time.Duration
 
+	// NoCompression declines permessage-deflate (RFC 7692): a client that
+	// offers it gets no extension, and every frame goes uncompressed. By
+	// default a client that offers it (every browser) gets it, with no
+	// context takeover either way (see docs/protocol.md).
+	NoCompression bool
+
 	// MaxMessageSize is the largest client message, in bytes; zero means
 	// 4096.
 	MaxMessageSize int

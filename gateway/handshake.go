@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 	"github.com/nats-io/nuid"
 
 	"github.com/greendot/greendot/gateway/internal/socket"
@@ -80,6 +81,7 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		statusRev uint64
 		refused   bool // counted by refuse
 		head      = newUpgradeHead(br)
+		deflate   wsflate.Extension
 	)
 	cr.askProxy = s.proxy != nil
 	refuse := func(err error) error {
@@ -152,6 +154,9 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 			return nil, nil
 		},
 	}
+	if !s.cfg.NoCompression {
+		u.Negotiate = negotiateDeflate(&deflate)
+	}
 	if s.cfg.DevAuth {
 		u.OnHost = func(host []byte) error {
 			if err := s.checkHost(string(host)); err != nil {
@@ -209,10 +214,14 @@ func (s *Service) upgrade(nc net.Conn, br *bufio.Reader) {
 		s.proxy.track(c, cr.session, cr.lifetime, time.Unix(0, c.expires.Load()))
 	}
 	s.metrics.upgrades.WithLabelValues("accepted").Inc()
+	_, compressed := deflate.Accepted()
+	if compressed {
+		s.metrics.compressed.Inc()
+	}
 	if hook := s.hooks.afterRegister.Load(); hook != nil {
 		(*hook)(c.userID)
 	}
-	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices, custom: status.Custom}, answer.Bytes())
+	s.start(c, nc, selfState{rev: statusRev, status: status.Status, devices: status.Devices, custom: status.Custom}, answer.Bytes(), compressed)
 }
 
 // answerPool holds the buffers upgrade keeps its answers in.
@@ -242,8 +251,8 @@ func (s *Service) newConn(id identity) *conn {
 // start runs a registered, upgraded connection: it indexes it, writes
 // the answer to its upgrade, hello and the user's own state in one write,
 // and hands the socket to the poller. reg is the user's own state its
-// registration wrote.
-func (s *Service) start(c *conn, nc net.Conn, reg selfState, answer []byte) {
+// registration wrote; deflate says permessage-deflate was negotiated.
+func (s *Service) start(c *conn, nc net.Conn, reg selfState, answer []byte, deflate bool) {
 	// The TTL counts from hello, not from the start of registration: a
 	// slow upgrade must not eat into the client's first heartbeat interval.
 	c.lastFrame.Store(nowNano())
@@ -258,6 +267,9 @@ func (s *Service) start(c *conn, nc net.Conn, reg selfState, answer []byte) {
 		}
 	}
 	c.sock = socket.New(nc, s.cfg.WriteTimeout)
+	if deflate {
+		c.sock.Deflate()
+	}
 	// Hold the socket until hello is written: the scheduler must not
 	// write first.
 	c.sock.Lock()

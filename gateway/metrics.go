@@ -17,6 +17,7 @@ import (
 // standalone mode).
 type gatewayMetrics struct {
 	upgrades      *prometheus.CounterVec // by result: accepted, or the refusal reason
+	compressed    prometheus.Counter     // upgrades accepted with permessage-deflate
 	msgsIn        *prometheus.CounterVec // by type
 	msgsOut       *prometheus.CounterVec // by type
 	closed        *prometheus.CounterVec // by reason
@@ -72,6 +73,8 @@ func newGatewayMetrics(reg prometheus.Registerer, s *Service) *gatewayMetrics {
 	m := &gatewayMetrics{
 		upgrades: f.CounterVec("greendot_gateway_upgrades_total",
 			"WebSocket upgrade requests, by result: accepted, or the reason they were refused.", "result"),
+		compressed: f.Counter("greendot_gateway_upgrades_compressed_total",
+			"WebSocket upgrades accepted with permessage-deflate (RFC 7692) negotiated."),
 		msgsIn: f.CounterVec("greendot_gateway_messages_received_total",
 			"Client messages received, by type.", "type"),
 		msgsOut: f.CounterVec("greendot_gateway_messages_sent_total",

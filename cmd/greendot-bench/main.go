@@ -159,6 +159,8 @@ func flags() []cli.Flag {
 			Usage: "most new connections per second while connecting, over all workers; 0 for no limit"},
 		&cli.IntFlag{Category: catLoad, Name: "connect-concurrency", Value: 64, EnvVars: env("connect-concurrency"),
 			Usage: "dials in progress at once per worker"},
+		&cli.BoolFlag{Category: catLoad, Name: "ws-compression", EnvVars: env("ws-compression"),
+			Usage: "connections offer permessage-deflate, which the gateways accept unless started with --gateway-arg=--ws-compression=false"},
 		&cli.DurationFlag{Category: catLoad, Name: "dial-timeout", Value: 30 * time.Second, EnvVars: env("dial-timeout"),
 			Usage: "time one dial, upgrade and hello may take"},
 
@@ -245,6 +247,7 @@ func config(c *cli.Context) (bench.Config, error) {
 		ConnectRate:        c.Float64("connect-rate"),
 		ConnectConcurrency: c.Int("connect-concurrency"),
 		DialTimeout:        c.Duration("dial-timeout"),
+		WSCompression:      c.Bool("ws-compression"),
 		Greendot:           c.String("greendot"),
 		NATSURL:            c.String("nats-url"),
 		GatewayURLs:        c.StringSlice("gateway-url"),

@@ -231,6 +231,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	cfg.DevAuthHosts = devHosts
 	cfg.Policy = policy
 	cfg.AuthzCacheTTL = c.Duration("authz-cache-ttl")
+	cfg.NoCompression = !c.Bool("ws-compression")
 	cfg.MaxMessageSize = c.Int("max-message-size")
 	cfg.MaxSubscriptions = c.Int("max-subscriptions")
 	cfg.MaxSubscribeIDs = c.Int("max-subscribe-ids")

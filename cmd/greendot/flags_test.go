@@ -432,3 +432,25 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestWSCompressionFlag: --ws-compression is on by default and
+// --ws-compression=false (or GREENDOT_WS_COMPRESSION=false) turns
+// permessage-deflate off, on a gateway and in standalone mode.
+func TestWSCompressionFlag(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.DiscardHandler)
+	for _, cmd := range []*cli.Command{gatewayCommand(), standaloneCommand()} {
+		for _, tc := range []struct {
+			args []string
+			off  bool
+		}{{nil, false}, {[]string{"--ws-compression=false"}, true}, {[]string{"--ws-compression"}, false}} {
+			parseFlags(t, cmd.Flags, tc.args, func(c *cli.Context) error {
+				cfg, err := gatewayConfig(c, log, presence.BucketOptions{})
+				if err == nil && cfg.NoCompression != tc.off {
+					t.Errorf("%s %q: NoCompression %v, want %v", cmd.Name, tc.args, cfg.NoCompression, tc.off)
+				}
+				return err
+			})
+		}
+	}
+}

@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"bytes"
+	"compress/flate"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -14,8 +15,11 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/gobwas/httphead"
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 	"github.com/gobwas/ws/wsutil"
 
 	"github.com/greendot/greendot/pkg/protocol"
@@ -55,16 +59,27 @@ type Options struct {
 	// gateway's certificate is checked against, say); nil means the
 	// system's.
 	TLSConfig *tls.Config
+	// Compression offers permessage-deflate (RFC 7692), with no context
+	// takeover either way, as a gateway answers it: the gateway's
+	// compressed messages are then inflated by Read, transparently.
+	// Messages the client sends go uncompressed. Compressed says whether
+	// the gateway accepted.
+	Compression bool
 }
 
 // Conn is a client WebSocket to a gateway. Send may be called
 // concurrently with Read; Read must be called from one goroutine at a time.
 type Conn struct {
-	nc  net.Conn
-	rd  *wsutil.Reader // nil after TakeReading
-	br  *bufio.Reader  // what the handshake read past its response; may be nil
-	ctl wsutil.ControlHandler
-	wmu sync.Mutex
+	nc net.Conn
+	rd *wsutil.Reader // nil after TakeReading
+	// deflate says permessage-deflate was negotiated; msg says whether
+	// the message being read came compressed, and inflater inflates it.
+	deflate  bool
+	msg      wsflate.MessageState
+	inflater *wsflate.Reader
+	br       *bufio.Reader // what the handshake read past its response; may be nil
+	ctl      wsutil.ControlHandler
+	wmu      sync.Mutex
 
 	// onFrame, when set, is called for every frame Read reads, control
 	// frames included: Client uses it to see that the gateway is alive.
@@ -111,7 +126,10 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 		nd := net.Dialer{LocalAddr: o.LocalAddr, Control: bindNoPort}
 		d.NetDial = nd.DialContext
 	}
-	nc, br, _, err := d.Dial(ctx, url)
+	if o.Compression {
+		d.Extensions = []httphead.Option{wsflate.Parameters{ServerNoContextTakeover: true, ClientNoContextTakeover: true}.Option()}
+	}
+	nc, br, hs, err := d.Dial(ctx, url)
 	if err != nil {
 		if refused != nil {
 			return nil, refused
@@ -125,6 +143,15 @@ func Dial(ctx context.Context, url string, o Options) (*Conn, error) {
 	c := &Conn{nc: nc, br: br}
 	c.ctl = wsutil.ControlHandler{Src: nil, Dst: writerFunc(c.writeLocked), State: ws.StateClientSide}
 	c.rd = &wsutil.Reader{Source: src, State: ws.StateClientSide, CheckUTF8: true}
+	for _, x := range hs.Extensions {
+		if o.Compression && bytes.Equal(x.Name, wsflate.ExtensionNameBytes) {
+			// A compressed message is checked for UTF-8 once inflated.
+			c.deflate = true
+			c.rd.State |= ws.StateExtended
+			c.rd.Extensions = []wsutil.RecvExtension{&c.msg}
+			c.rd.CheckUTF8 = false
+		}
+	}
 	c.ctl.Src = c.rd
 	c.rd.OnIntermediate = func(h ws.Header, src io.Reader) error {
 		ctl := c.ctl
@@ -282,7 +309,7 @@ func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
 			}
 			continue
 		}
-		data, err := io.ReadAll(c.rd)
+		data, err := c.readMessage()
 		if err != nil {
 			return protocol.ServerMessage{}, nil, err
 		}
@@ -296,6 +323,36 @@ func (c *Conn) Read() (protocol.ServerMessage, []byte, error) {
 		return m, data, nil
 	}
 }
+
+// readMessage reads the message whose first frame Read found, inflated
+// if it came compressed.
+func (c *Conn) readMessage() ([]byte, error) {
+	if !c.deflate {
+		return io.ReadAll(c.rd)
+	}
+	var r io.Reader = c.rd
+	if c.msg.IsCompressed() {
+		if c.inflater == nil {
+			c.inflater = wsflate.NewReader(c.rd, func(r io.Reader) wsflate.Decompressor { return flate.NewReader(r) })
+		} else {
+			c.inflater.Reset(c.rd)
+		}
+		r = c.inflater
+	}
+	data, err := io.ReadAll(r)
+	if errors.Is(err, io.ErrUnexpectedEOF) && c.msg.IsCompressed() {
+		// A message compressed with a sync flush has no final block: it
+		// ends where its frames end.
+		err = nil
+	}
+	if err == nil && !utf8.Valid(data) {
+		err = errors.New("text message is not valid UTF-8")
+	}
+	return data, err
+}
+
+// Compressed reports whether permessage-deflate was negotiated.
+func (c *Conn) Compressed() bool { return c.deflate }
 
 // SetReadDeadline sets the deadline of Read.
 func (c *Conn) SetReadDeadline(t time.Time) error { return c.nc.SetReadDeadline(t) }

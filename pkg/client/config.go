@@ -56,6 +56,10 @@ type Config struct {
 	Header http.Header
 	// LocalAddr is the local address to dial from.
 	LocalAddr net.Addr
+	// Compression offers permessage-deflate on every connection (see
+	// Options.Compression): the gateway's large frames (presence_init,
+	// room_state) then come compressed, inflated transparently.
+	Compression bool
 	// DialTimeout bounds one connection attempt: dial, upgrade and hello.
 	// Zero means 10s.
 	DialTimeout time.Duration

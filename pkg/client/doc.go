@@ -9,7 +9,9 @@
 //   - It authenticates with a JWT (Config.Token, sent as Authorization:
 //     Bearer, or Config.TokenFunc for a fresh one per connection), or with
 //     ?user= on a gateway with dev auth (Config.User), and names the
-//     device (Config.Device) and its platform (Config.Platform).
+//     device (Config.Device) and its platform (Config.Platform). With
+//     Config.Compression it offers permessage-deflate, and inflates the
+//     gateway's compressed frames transparently.
 //   - With TokenFunc, it renews the token of the open connection in
 //     place, so that the connection, its subscriptions and its rooms
 //     outlive the token: when a third of the token's life is left (up to

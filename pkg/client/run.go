@@ -20,7 +20,7 @@ import (
 
 // dial makes one connection attempt.
 func (c *Client) dial(ctx context.Context) (*Conn, error) {
-	o := Options{Header: c.cfg.Header.Clone(), LocalAddr: c.cfg.LocalAddr, Timeout: c.cfg.DialTimeout}
+	o := Options{Header: c.cfg.Header.Clone(), LocalAddr: c.cfg.LocalAddr, Timeout: c.cfg.DialTimeout, Compression: c.cfg.Compression}
 	c.mu.Lock()
 	token := c.token
 	c.mu.Unlock()

@@ -40,6 +40,9 @@ type Conn struct {
 
 	wmu    sync.Mutex
 	closed atomic.Bool
+	// deflate says permessage-deflate was negotiated (Deflate); set
+	// before the socket is used.
+	deflate bool
 	// cork holds what the writes made while the socket is corked wrote,
 	// to be written at once when it is uncorked; corks counts the corks
 	// not yet undone. Both are guarded by wmu.
@@ -95,6 +98,16 @@ func New(nc net.Conn, writeTimeout time.Duration) *Conn {
 		c.raw, _ = sc.SyscallConn()
 	}
 	return c
+}
+
+// Deflate has the socket speak permessage-deflate (RFC 7692), negotiated
+// with no context takeover either way: text messages of DeflateMin bytes
+// or more are written compressed (RSV1 set) when that makes them smaller,
+// and the client's compressed messages are inflated (Decoder.Deflate). It
+// is called before the socket is first written or read.
+func (c *Conn) Deflate() {
+	c.deflate = true
+	c.dec.Deflate()
 }
 
 // Fd returns the socket's file descriptor, for a poller; false when it
@@ -241,11 +254,25 @@ func (c *Conn) WriteTextLocked(payload []byte) (stalled bool, err error) {
 	}
 	fb := framePool.Get().(*bytes.Buffer)
 	fb.Reset()
-	_ = ws.WriteHeader(fb, ws.Header{Fin: true, OpCode: ws.OpText, Length: int64(len(payload))})
+	h := ws.Header{Fin: true, OpCode: ws.OpText, Length: int64(len(payload))}
+	var zb *bytes.Buffer
+	if c.deflate && len(payload) >= DeflateMin {
+		zb = framePool.Get().(*bytes.Buffer)
+		zb.Reset()
+		if z := Compress(zb, payload); len(z) < len(payload) {
+			payload = z
+			h.Length = int64(len(z))
+			h.Rsv = ws.Rsv(true, false, false)
+		}
+	}
+	_ = ws.WriteHeader(fb, h)
 	fb.Write(payload)
 	stalled, err = c.writeLocked(fb.Bytes())
 	if fb.Cap() <= 64<<10 {
 		framePool.Put(fb)
+	}
+	if zb != nil && zb.Cap() <= 64<<10 {
+		framePool.Put(zb)
 	}
 	return stalled, err
 }

@@ -4,6 +4,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 
 	"github.com/greendot/greendot/internal/wsframe"
 )
@@ -40,7 +41,18 @@ type Decoder struct {
 	frag []byte
 	// fragmented reports that a text message is in progress.
 	fragmented bool
+	// deflate says permessage-deflate was negotiated (Deflate): a data
+	// message may come compressed, RSV1 set on its first frame.
+	deflate bool
+	// compressed says the message in progress came compressed.
+	compressed bool
 }
+
+// Deflate has the decoder take messages compressed with permessage-deflate
+// (RFC 7692), negotiated with client_no_context_takeover: each is
+// inflated on its own, to at most the message size limit. Without it a
+// frame with RSV1 set is a protocol error.
+func (d *Decoder) Deflate() { d.deflate = true }
 
 // Sink receives what a Decoder finds, one call for each frame: Message
 // with a whole text message (for one in fragments, at its last frame),
@@ -82,6 +94,20 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 		if d.fragmented {
 			state = state.Set(ws.StateFragmented)
 		}
+		compressed := false
+		if d.deflate {
+			// RSV1 is the extension's, on the first frame of a data
+			// message only (RFC 7692 §6); RSV2 and RSV3 stay errors.
+			state = state.Set(ws.StateExtended)
+			var ms wsflate.MessageState
+			if h, err = ms.UnsetBits(h); err != nil {
+				return errProtocol(err)
+			}
+			if h.Rsv != 0 {
+				return errProtocol(ws.ErrProtocolNonZeroRsv)
+			}
+			compressed = ms.IsCompressed()
+		}
 		if err := ws.CheckHeader(h, state); err != nil {
 			return errProtocol(err)
 		}
@@ -112,15 +138,19 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 				return nil
 			}
 		case h.OpCode == ws.OpText && h.Fin:
-			if !utf8.Valid(payload) {
-				return errBadUTF8
+			ok, err := message(payload, compressed, maxMsg, sink)
+			if err != nil {
+				return err
 			}
-			if !sink.Message(payload) {
+			if !ok {
 				d.stopped(data)
 				return nil
 			}
 		default: // the start or a continuation of a fragmented message
 			d.frag = append(d.frag, payload...)
+			if h.OpCode == ws.OpText {
+				d.compressed = compressed
+			}
 			d.fragmented = true
 			if !h.Fin {
 				if !sink.Fragment(payload) {
@@ -129,18 +159,39 @@ func (d *Decoder) Decode(data []byte, maxMsg int, sink Sink) error {
 				}
 				continue
 			}
-			msg := d.frag
-			d.frag, d.fragmented = nil, false
-			if !utf8.Valid(msg) {
-				return errBadUTF8
+			msg, compressed := d.frag, d.compressed
+			d.frag, d.fragmented, d.compressed = nil, false, false
+			ok, err := message(msg, compressed, maxMsg, sink)
+			if err != nil {
+				return err
 			}
-			if !sink.Message(msg) {
+			if !ok {
 				d.stopped(data)
 				return nil
 			}
 		}
 	}
 	return nil
+}
+
+// message hands the whole message msg to sink, inflated first if it came
+// compressed, and reports what the sink said.
+func message(msg []byte, compressed bool, maxMsg int, sink Sink) (bool, error) {
+	if !compressed {
+		if !utf8.Valid(msg) {
+			return false, errBadUTF8
+		}
+		return sink.Message(msg), nil
+	}
+	f, err := inflate(msg, maxMsg)
+	if err != nil {
+		return false, err
+	}
+	defer f.release()
+	if !utf8.Valid(f.out.Bytes()) {
+		return false, errBadUTF8
+	}
+	return sink.Message(f.out.Bytes()), nil
 }
 
 // stopped keeps what follows the frame at which the sink asked to stop, so

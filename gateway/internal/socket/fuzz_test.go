@@ -83,52 +83,63 @@ func FuzzFrameDecoder(f *testing.F) {
 		f.Add(s, []byte{0})
 		f.Add(s, []byte{2, 5, 0, 200})
 	}
-	f.Fuzz(func(t *testing.T, data, cuts []byte) {
-		var whole Decoder
-		wr := &recorder{}
-		werr := whole.Decode(bytes.Clone(data), fuzzMaxMsg, wr)
-		checkDecoded(t, wr.got)
+	f.Fuzz(func(t *testing.T, data, cuts []byte) { fuzzDecode(t, data, cuts, false) })
+}
 
-		var pieces Decoder
-		pr := &recorder{}
-		var perr error
-		rest := data
-		for i := 0; len(rest) > 0; i++ {
-			n := len(rest)
-			if len(cuts) > 0 {
-				n = min(n, int(cuts[i%len(cuts)])+1)
-			}
-			// A fresh slice each time: the decoder must not keep what it
-			// is given.
-			chunk := bytes.Clone(rest[:n])
-			rest = rest[n:]
-			perr = pieces.Decode(chunk, fuzzMaxMsg, pr)
-			clear(chunk)
-			if perr != nil {
-				break
-			}
-			if held := pieces.Buffered(); held > fuzzMaxMsg+ws.MaxHeaderSize {
-				t.Fatalf("decoder holds %d bytes, more than %d+%d", held, fuzzMaxMsg, ws.MaxHeaderSize)
-			}
+// fuzzDecode decodes data whole and cut into pieces by cuts, with a
+// decoder that takes compressed messages or not, and fails t unless both
+// hand over the same valid frames and end the same way.
+func fuzzDecode(t *testing.T, data, cuts []byte, deflate bool) {
+	var whole Decoder
+	if deflate {
+		whole.Deflate()
+	}
+	wr := &recorder{}
+	werr := whole.Decode(bytes.Clone(data), fuzzMaxMsg, wr)
+	checkDecoded(t, wr.got)
+
+	var pieces Decoder
+	if deflate {
+		pieces.Deflate()
+	}
+	pr := &recorder{}
+	var perr error
+	rest := data
+	for i := 0; len(rest) > 0; i++ {
+		n := len(rest)
+		if len(cuts) > 0 {
+			n = min(n, int(cuts[i%len(cuts)])+1)
 		}
-		if !reflect.DeepEqual(wr.got, pr.got) {
-			t.Fatalf("whole: %q; in pieces: %q", wr.got, pr.got)
+		// A fresh slice each time: the decoder must not keep what it
+		// is given.
+		chunk := bytes.Clone(rest[:n])
+		rest = rest[n:]
+		perr = pieces.Decode(chunk, fuzzMaxMsg, pr)
+		clear(chunk)
+		if perr != nil {
+			break
 		}
-		var wf, pf *FrameError
-		switch {
-		case (werr == nil) != (perr == nil):
-			t.Fatalf("whole: %v; in pieces: %v", werr, perr)
-		case werr != nil && (!errors.As(werr, &wf) || !errors.As(perr, &pf)):
-			t.Fatalf("errors are not protocol violations: %v, %v", werr, perr)
-		case werr != nil && (wf.Code != pf.Code || wf.Reason != pf.Reason):
-			t.Fatalf("whole: %d %s; in pieces: %d %s", wf.Code, wf.Reason, pf.Code, pf.Reason)
-		case werr == nil && whole.Buffered() != pieces.Buffered():
-			t.Fatalf("whole holds %d bytes, in pieces %d", whole.Buffered(), pieces.Buffered())
+		if held := pieces.Buffered(); held > fuzzMaxMsg+ws.MaxHeaderSize {
+			t.Fatalf("decoder holds %d bytes, more than %d+%d", held, fuzzMaxMsg, ws.MaxHeaderSize)
 		}
-		if werr == nil && whole.Buffered() > fuzzMaxMsg+ws.MaxHeaderSize {
-			t.Fatalf("decoder holds %d bytes", whole.Buffered())
-		}
-	})
+	}
+	if !reflect.DeepEqual(wr.got, pr.got) {
+		t.Fatalf("whole: %q; in pieces: %q", wr.got, pr.got)
+	}
+	var wf, pf *FrameError
+	switch {
+	case (werr == nil) != (perr == nil):
+		t.Fatalf("whole: %v; in pieces: %v", werr, perr)
+	case werr != nil && (!errors.As(werr, &wf) || !errors.As(perr, &pf)):
+		t.Fatalf("errors are not protocol violations: %v, %v", werr, perr)
+	case werr != nil && (wf.Code != pf.Code || wf.Reason != pf.Reason):
+		t.Fatalf("whole: %d %s; in pieces: %d %s", wf.Code, wf.Reason, pf.Code, pf.Reason)
+	case werr == nil && whole.Buffered() != pieces.Buffered():
+		t.Fatalf("whole holds %d bytes, in pieces %d", whole.Buffered(), pieces.Buffered())
+	}
+	if werr == nil && whole.Buffered() > fuzzMaxMsg+ws.MaxHeaderSize {
+		t.Fatalf("decoder holds %d bytes", whole.Buffered())
+	}
 }
 
 // checkDecoded checks what a decoder handed over.

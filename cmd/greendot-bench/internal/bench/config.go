@@ -114,6 +114,9 @@ type Config struct {
 	ConnectConcurrency int     `json:"connect_concurrency"`
 	// DialTimeout bounds one dial, handshake and hello; zero means 30s.
 	DialTimeout time.Duration `json:"dial_timeout"`
+	// WSCompression has the connections offer permessage-deflate, which
+	// the gateways (on by default) then accept.
+	WSCompression bool `json:"ws_compression,omitempty"`
 
 	// Duration is the measurement window (idle) or how long changes
 	// (propagation), replacements (churn), leaves and joins (room) or

@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 
 	"github.com/greendot/greendot/internal/wsframe"
 )
@@ -42,6 +43,9 @@ type frameDecoder struct {
 	frag       []byte
 	fragOp     ws.OpCode
 	fragmented bool
+	// deflate says permessage-deflate was negotiated; fragZ that the
+	// message in fragments came compressed.
+	deflate, fragZ bool
 }
 
 // decode decodes data, which follows what earlier calls left, and passes
@@ -67,6 +71,15 @@ func (d *frameDecoder) decode(data []byte, sink frameSink) error {
 		if d.fragmented {
 			state = state.Set(ws.StateFragmented)
 		}
+		compressed := false
+		if d.deflate {
+			state = state.Set(ws.StateExtended)
+			var ms wsflate.MessageState
+			if h, err = ms.UnsetBits(h); err != nil {
+				return err
+			}
+			compressed = ms.IsCompressed()
+		}
 		if err := ws.CheckHeader(h, state); err != nil {
 			return err
 		}
@@ -83,17 +96,17 @@ func (d *frameDecoder) decode(data []byte, sink frameSink) error {
 		case h.OpCode.IsControl():
 			err = sink.frame(h.OpCode, payload)
 		case h.OpCode != ws.OpContinuation && h.Fin:
-			err = d.message(h.OpCode, payload, sink)
+			err = d.message(h.OpCode, payload, compressed, sink)
 		default: // the start or a continuation of a fragmented message
 			if h.OpCode != ws.OpContinuation {
-				d.fragOp = h.OpCode
+				d.fragOp, d.fragZ = h.OpCode, compressed
 			}
 			d.frag = append(d.frag, payload...)
 			d.fragmented = true
 			if h.Fin {
-				msg, op := d.frag, d.fragOp
-				d.frag, d.fragmented = nil, false
-				err = d.message(op, msg, sink)
+				msg, op, z := d.frag, d.fragOp, d.fragZ
+				d.frag, d.fragmented, d.fragZ = nil, false, false
+				err = d.message(op, msg, z, sink)
 			}
 		}
 		if err != nil {
@@ -103,9 +116,16 @@ func (d *frameDecoder) decode(data []byte, sink frameSink) error {
 	return nil
 }
 
-// message passes a whole message to sink, checking that text is UTF-8 as
-// the client's reader does.
-func (d *frameDecoder) message(op ws.OpCode, payload []byte, sink frameSink) error {
+// message passes a whole message to sink, inflated if it came compressed,
+// checking that text is UTF-8 as the client's reader does.
+func (d *frameDecoder) message(op ws.OpCode, payload []byte, compressed bool, sink frameSink) error {
+	if compressed {
+		f, err := wsflate.DecompressFrame(ws.Frame{Header: ws.Header{Fin: true, OpCode: op, Rsv: ws.Rsv(true, false, false), Length: int64(len(payload))}, Payload: payload})
+		if err != nil {
+			return err
+		}
+		payload = f.Payload
+	}
 	if op == ws.OpText && !utf8.Valid(payload) {
 		return errBadUTF8
 	}

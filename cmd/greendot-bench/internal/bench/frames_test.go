@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/gobwas/ws"
+	"github.com/gobwas/ws/wsflate"
 )
 
 // recorder keeps what a decoder finds.
@@ -168,3 +169,44 @@ func TestFrameDecoderErrors(t *testing.T) {
 type sinkFunc func(ws.OpCode, []byte) error
 
 func (f sinkFunc) frame(op ws.OpCode, p []byte) error { return f(op, p) }
+
+// TestFrameDecoderDeflate: with permessage-deflate a compressed message,
+// whole or in fragments around a ping, is inflated; without it, RSV1 is a
+// protocol error.
+func TestFrameDecoderDeflate(t *testing.T) {
+	msg := `{"type":"presence_init","users":[` + strings.Repeat(`{"user_id":"u","status":"online"},`, 50) + `{}]}`
+	zf, err := wsflate.CompressFrame(ws.NewTextFrame([]byte(msg)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	z := zf.Payload
+	frame := func(op ws.OpCode, fin, rsv1 bool, p []byte) []byte {
+		f := ws.NewFrame(op, fin, p)
+		f.Header.Rsv = ws.Rsv(rsv1, false, false)
+		var b bytes.Buffer
+		if err := ws.WriteFrame(&b, f); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	stream := bytes.Join([][]byte{
+		frame(ws.OpText, true, true, z),
+		frame(ws.OpText, false, true, z[:10]),
+		frame(ws.OpPing, true, false, []byte("p")),
+		frame(ws.OpContinuation, true, false, z[10:]),
+		frame(ws.OpText, true, false, []byte("{}")),
+	}, nil)
+	d := frameDecoder{deflate: true}
+	r := &recorder{}
+	if err := d.decode(stream, r); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"text:" + msg, "ping:p", "text:" + msg, "text:{}"}
+	if fmt.Sprint(r.got) != fmt.Sprint(want) {
+		t.Errorf("got %q, want %q", r.got, want)
+	}
+	var plain frameDecoder
+	if err := plain.decode(frame(ws.OpText, true, true, z), &recorder{}); err == nil {
+		t.Error("RSV1 without deflate decoded")
+	}
+}

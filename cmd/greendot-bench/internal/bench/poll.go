@@ -125,6 +125,7 @@ func (p *poller) takeSocket(l *live, v *vconn) ([]byte, bool) {
 		return nil, false
 	}
 	l.p, l.v, l.fd, l.reading = p, v, -1, true
+	l.dec.deflate = l.c.Compressed()
 	if sc, ok := l.c.NetConn().(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			_ = raw.Control(func(fd uintptr) { l.fd = int(fd) })

@@ -132,6 +132,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	if len(c.GatewayArgs)+len(c.GatewayEnv) > 0 {
 		fmt.Fprintf(bw, "Gateways started with: %s.\n", strings.Join(append(slices.Clone(c.GatewayEnv), c.GatewayArgs...), " "))
 	}
+	if c.WSCompression {
+		fmt.Fprintf(bw, "Connections offer permessage-deflate (--ws-compression).\n")
+	}
 	var loads []string
 	for _, run := range r.Runs {
 		loads = append(loads, fmt.Sprintf("%.2f→%.2f", run.LoadBefore[0], run.LoadAfter[0]))

@@ -161,6 +161,7 @@ func runOnce(ctx context.Context, cfg *Config, dir string) (res *RunResult, err 
 			ConnectConcurrency: cfg.ConnectConcurrency,
 			ConnectRate:        cfg.ConnectRate * float64(r.l.WorkerConns(k)) / float64(r.l.Total()),
 			DialTimeout:        cfg.DialTimeout,
+			Compression:        cfg.WSCompression,
 		}}
 	}); err != nil {
 		return r.res, err

@@ -81,6 +81,8 @@ type Setup struct {
 	ConnectRate float64 `json:"connect_rate,omitempty"`
 	// DialTimeout bounds one dial, handshake and hello.
 	DialTimeout time.Duration `json:"dial_timeout"`
+	// Compression has the connections offer permessage-deflate.
+	Compression bool `json:"compression,omitempty"`
 }
 
 // Reply answers one Command.

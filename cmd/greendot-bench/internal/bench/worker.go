@@ -439,7 +439,7 @@ func (w *worker) target(t int) *vconn {
 // dial opens a new WebSocket for v, not yet attached.
 func (w *worker) dial(v *vconn) (*client.Conn, error) {
 	u := w.setup.URLs[v.gw] + "?user=" + v.user + "&device=bench"
-	o := client.Options{Timeout: w.setup.DialTimeout}
+	o := client.Options{Timeout: w.setup.DialTimeout, Compression: w.setup.Compression}
 	if src := w.l.Source(v.idx); src != nil {
 		o.LocalAddr = src
 	}
