@@ -153,7 +153,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 	if err := notNegative(c, "offline-grace", "drain-period", "jwt-leeway", "memory-trim-interval"); err != nil {
 		return cfg, err
 	}
-	if err := positive(c, "api-keys-refresh"); err != nil {
+	if err := positive(c, "api-keys-refresh", "tls-reload"); err != nil {
 		return cfg, err
 	}
 	if err := atLeast(c, 1, "max-message-size", "max-subscriptions", "max-subscribe-ids", "max-query-ids", "online-limit",
@@ -184,7 +184,7 @@ func gatewayConfig(c *cli.Context, log *slog.Logger, buckets presence.BucketOpti
 		trusted = append(trusted, p)
 	}
 	cfg.TrustedProxies = trusted
-	cfg.TLSCertFile, cfg.TLSKeyFile = c.String("tls-cert"), c.String("tls-key")
+	cfg.TLSCertFile, cfg.TLSKeyFile, cfg.TLSReload = c.String("tls-cert"), c.String("tls-key"), c.Duration("tls-reload")
 	if (cfg.TLSCertFile == "") != (cfg.TLSKeyFile == "") {
 		return cfg, errors.New("--tls-cert and --tls-key go together")
 	}

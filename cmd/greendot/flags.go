@@ -149,6 +149,7 @@ func gatewayFlags(standalone bool) []cli.Flag {
 		durationFlag(catGateway, "drain-period", d.DrainPeriod, "on shutdown, how long to spread the closing of sockets (1001) over, so clients reconnect elsewhere gradually; 0 closes all at once"),
 		stringFlag(catGateway, "tls-cert", "", "PEM file of the certificate (and its chain) to serve TLS with, wss:// and https:// on --listen, with no proxy in front; read again when it changes, so a renewal needs no restart (needs --tls-key)"),
 		stringFlag(catGateway, "tls-key", "", "PEM file of the key of --tls-cert"),
+		durationFlag(catGateway, "tls-reload", d.TLSReload, "how often --tls-cert and --tls-key are looked at for changes, at most (on the next TLS handshake)"),
 		stringFlag(catGateway, "trusted-proxies", "", "comma-separated addresses or prefixes (10.0.0.0/8) of the load balancers and proxies in front of the gateway: a request from one is taken to come from the address its Forwarded or X-Forwarded-For header names, for per-address limits and logs; empty trusts none"),
 		&cli.BoolFlag{Category: catGateway, Name: "ws-compression", Value: true, EnvVars: []string{envVar("ws-compression")},
 			Usage: "accept permessage-deflate (RFC 7692) from clients that offer it (every browser), with no context takeover: frames of 512 bytes or more go compressed; --ws-compression=false declines it"},

@@ -309,7 +309,7 @@ func (r *runner) nats(words []string) (output, error) {
 	return output{}, fmt.Errorf("nats %s is not run by this test", words[0])
 }
 
-var buckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket}
+var buckets = []string{presence.LeasesBucket, presence.ConnsBucket, presence.StatusBucket, presence.GraphBucket, presence.RoomsBucket, presence.TimersBucket}
 
 // checkKey checks a key (or, with filter, a key filter) of a bucket has
 // the shape greendot gives it.
@@ -349,6 +349,11 @@ func checkKey(bucket, key string, filter bool) error {
 			return bad
 		}
 		if _, ok := presence.ParseRoomKey(key); !ok {
+			return bad
+		}
+	case presence.TimersBucket:
+		user, ok := strings.CutPrefix(key, presence.CustomTimerKey(""))
+		if filter || !ok || !presence.ValidUserID(user) {
 			return bad
 		}
 	case presence.GraphBucket:

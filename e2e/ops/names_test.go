@@ -43,7 +43,8 @@ func TestOperationsPageNames(t *testing.T) {
 		}
 	}
 	for _, s := range find(`\bKV_[a-z_]+`) {
-		if s != presence.StreamName(presence.LeasesBucket) && s != presence.StreamName(presence.ConnsBucket) && s != presence.StreamName(presence.StatusBucket) {
+		if s != presence.StreamName(presence.LeasesBucket) && s != presence.StreamName(presence.ConnsBucket) && s != presence.StreamName(presence.StatusBucket) &&
+			s != presence.StreamName(presence.TimersBucket) {
 			t.Errorf("stream %s: not the stream of a greendot bucket", s)
 		}
 	}
