@@ -108,19 +108,7 @@ func (s *Service) setCustom(c *conn, m *protocol.ClientMessage) {
 		s.sendError(c, m.ID, protocol.CodeInvalidCustom, err.Error())
 		return
 	}
-	written := s.keys.setCustom(c, custom)
-	id := m.ID
-	s.enqueue(c, func(ctx context.Context) {
-		select {
-		case <-written:
-		case <-ctx.Done():
-			if !c.open() {
-				return
-			}
-			s.log.Warn("custom status not written in time", "user_id", c.userID, "conn_id", c.connID, "err", ctx.Err())
-			s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now: the custom status is kept, and written once it is back")
-		}
-	})
+	s.awaitWritten(c, m.ID, "custom status", s.keys.setCustom(c, custom))
 }
 
 // setStatus takes the status the user of c chose. The choice counts at
@@ -135,8 +123,14 @@ func (s *Service) setStatus(c *conn, m *protocol.ClientMessage) {
 		s.sendError(c, m.ID, protocol.CodeInvalidStatus, err.Error())
 		return
 	}
-	written := s.keys.choose(c, st)
-	id := m.ID
+	s.awaitWritten(c, m.ID, "status", s.keys.choose(c, st))
+}
+
+// awaitWritten waits, among c's requests, for the write of a choice
+// (what names it), and tells the client unavailable, with id, if it was
+// not written within requestTimeout: the choice stays, and is written
+// once NATS answers. With too many requests waiting it is not waited for.
+func (s *Service) awaitWritten(c *conn, id, what string, written <-chan presence.Write) {
 	s.enqueue(c, func(ctx context.Context) {
 		select {
 		case <-written:
@@ -144,8 +138,8 @@ func (s *Service) setStatus(c *conn, m *protocol.ClientMessage) {
 			if !c.open() {
 				return
 			}
-			s.log.Warn("chosen status not written in time", "user_id", c.userID, "conn_id", c.connID, "err", ctx.Err())
-			s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now: the status is kept, and written once it is back")
+			s.log.Warn(what+" not written in time", "user_id", c.userID, "conn_id", c.connID, "err", ctx.Err())
+			s.sendError(c, id, protocol.CodeUnavailable, "presence state is unavailable right now: the "+what+" is kept, and written once it is back")
 		}
 	})
 }
