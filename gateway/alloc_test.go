@@ -51,3 +51,12 @@ func TestConnFitsItsSizeClass(t *testing.T) {
 		t.Errorf("a connection takes %d bytes, more than the 448 of its size class", n)
 	}
 }
+
+// TestUserStateFitsItsSizeClass: a user with connections here costs the
+// registrar one userState, which fits the 240-byte size class (the next
+// is 256).
+func TestUserStateFitsItsSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(userState{}); n > 240 {
+		t.Errorf("a user's state takes %d bytes, more than the 240 of its size class", n)
+	}
+}

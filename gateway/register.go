@@ -325,9 +325,15 @@ func (r *registrar) setCustom(c *conn, custom *presence.Custom) <-chan presence.
 	us := c.us
 	us.mu.Lock()
 	defer us.mu.Unlock()
-	us.custom, us.customSet = custom, true
+	if custom == nil {
+		custom = noCustom
+	}
+	us.custom = custom
 	return r.askLocked(us)
 }
+
+// noCustom is the custom status of a userState's that says to clear it.
+var noCustom = new(presence.Custom)
 
 // setBackground marks a connection whose app went to the background:
 // idle, and living out grace when its socket closes or dies. It reports

@@ -16,7 +16,11 @@ type userState struct {
 	id string
 	// at is the state's index in the registrar's all; guarded by the
 	// registrar's mutex.
-	at int
+	at int32
+	// running says the user's writer runs; guarded by mu. (Beside at, in
+	// what would be its padding: a userState keeps to its 240-byte size
+	// class.)
+	running bool
 
 	mu sync.Mutex
 	// conns are the user's connections here that the record must name:
@@ -28,15 +32,14 @@ type userState struct {
 	gone map[string]goneConn
 	// chosen is a status chosen here and not yet written; empty if none.
 	chosen presence.Status
-	// custom is a custom status set here (nil: cleared) and not yet
-	// written, when customSet.
-	custom    *presence.Custom
-	customSet bool
+	// custom is a custom status set here and not yet written: nil if
+	// none, noCustom for a clearing. (One pointer, not a pointer and a
+	// flag: a userState then keeps to its 240-byte size class.)
+	custom *presence.Custom
 	// gen counts changes asked for; written is the gen of the newest state
 	// written.
 	gen, written uint64
 	waiters      []waiter
-	running      bool
 	// cache is the writer's copy of the record; only the running writer
 	// touches it, and dropCaches while no writer runs.
 	cache presence.Cached
@@ -91,7 +94,7 @@ func (r *registrar) lockUser(id string) *userState {
 	defer r.mu.Unlock()
 	us := r.users[id]
 	if us == nil {
-		us = &userState{id: id, at: len(r.all)}
+		us = &userState{id: id, at: int32(len(r.all))}
 		r.users[id] = us
 		r.all = append(r.all, us)
 	}
@@ -105,7 +108,7 @@ func (r *registrar) forget(us *userState) {
 	defer r.mu.Unlock()
 	us.mu.Lock()
 	defer us.mu.Unlock()
-	if us.running || us.written != us.gen || len(us.conns) > 0 || len(us.gone) > 0 || us.chosen != "" || us.customSet || len(us.waiters) > 0 {
+	if us.running || us.written != us.gen || len(us.conns) > 0 || len(us.gone) > 0 || us.chosen != "" || us.custom != nil || len(us.waiters) > 0 {
 		return
 	}
 	if r.users[us.id] == us {
@@ -173,10 +176,10 @@ func (r *registrar) write(us *userState) {
 		}
 		gen := us.gen
 		entries, gone, chosen, epoch := r.desiredLocked(us)
-		custom, customSet := us.custom, us.customSet
+		custom := us.custom
 		us.mu.Unlock()
 
-		w, err := r.writeOnce(us, entries, gone, chosen, epoch, custom, customSet)
+		w, err := r.writeOnce(us, entries, gone, chosen, epoch, custom)
 		if err != nil {
 			if r.ctx.Err() != nil || r.nc.IsClosed() {
 				// Stopping, or the connection is gone for good: the end
@@ -219,8 +222,8 @@ func (r *registrar) write(us *userState) {
 		if chosen != "" && us.chosen == chosen {
 			us.chosen = ""
 		}
-		if customSet && us.customSet && us.custom == custom {
-			us.custom, us.customSet = nil, false
+		if custom != nil && us.custom == custom {
+			us.custom = nil
 		}
 		kept := us.waiters[:0]
 		for _, wt := range us.waiters {
@@ -288,11 +291,12 @@ func (r *registrar) desiredLocked(us *userState) (map[string]presence.ConnInfo, 
 
 // writeOnce makes one compare-and-set write of the user's record, from
 // the writer's cache; entries are held under the lease epoch. When
-// customSet, custom is the custom status to write; the timer of its
-// expiry is written first, so that a custom status written always has
-// one (a timer left by a write that failed ends to no effect).
+// custom is not nil, it is the custom status to write (noCustom: none);
+// the timer of its expiry is written first, so that a custom status
+// written always has one (a timer left by a write that failed ends to no
+// effect).
 func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInfo, gone map[string]goneConn, chosen presence.Status, epoch string,
-	custom *presence.Custom, customSet bool) (presence.Write, error) {
+	custom *presence.Custom) (presence.Write, error) {
 	if len(entries) > 0 {
 		// No entry is written unless the lease it is held under is
 		// certainly alive: a write after it ended would name a
@@ -305,7 +309,7 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, requestTimeout)
 	defer cancel()
-	if customSet && custom != nil && custom.ExpiresAt != 0 {
+	if custom != nil && custom != noCustom && custom.ExpiresAt != 0 {
 		if err := r.store.SetCustomTimer(ctx, us.id, custom.ExpiresAt); err != nil {
 			r.metrics.kvErrors.WithLabelValues("timer").Inc()
 			return presence.Write{}, err
@@ -331,9 +335,15 @@ func (r *registrar) writeOnce(us *userState, entries map[string]presence.ConnInf
 			rec.Chosen = chosen
 			changed = true
 		}
-		if customSet && !rec.Custom.Equal(custom) {
-			rec.Custom = custom
-			changed = true
+		if custom != nil {
+			next := custom
+			if next == noCustom {
+				next = nil
+			}
+			if !rec.Custom.Equal(next) {
+				rec.Custom = next
+				changed = true
+			}
 		}
 		if !changed {
 			return presence.ErrNoChange
