@@ -180,15 +180,26 @@ func (a *api) authed(h func(http.ResponseWriter, *http.Request, identity)) http.
 // limit, "identity" (key is a user id) or "address", in the metrics and
 // the message.
 func (a *api) allowAPI(w http.ResponseWriter, l *keyrate.Limiter, by, key string) bool {
+	return allowRate(w, l, a.metrics, by, key)
+}
+
+// allowRate takes a token of key's bucket in l, or answers 429 with
+// Retry-After (whole seconds, at least 1) and reports false. by names the
+// limit in the metrics and the message: "identity" (key is a user id),
+// "key" (an API key's name) or "address".
+func allowRate(w http.ResponseWriter, l *keyrate.Limiter, m *gatewayMetrics, by, key string) bool {
 	ok, wait := l.Allow(key, time.Now())
 	if ok {
 		return true
 	}
 	who := "this address"
-	if by == "identity" {
+	switch by {
+	case "identity":
 		who = "user " + key
+	case "key":
+		who = "key " + key
 	}
-	a.metrics.apiLimited.WithLabelValues(by).Inc()
+	m.apiLimited.WithLabelValues(by).Inc()
 	secs := max(1, int((wait+time.Second-1)/time.Second))
 	w.Header().Set("Retry-After", strconv.Itoa(secs))
 	writeError(w, http.StatusTooManyRequests, protocol.CodeRateLimited,
@@ -265,12 +276,19 @@ func (a *api) visiblePresence(ctx context.Context, watcher, target string) (pres
 // readPresence reads the presence of the granted users in parallel, as
 // their grants let the caller see it.
 func (a *api) readPresence(ctx context.Context, grants []hub.Grant) ([]presence.Presence, error) {
+	return readPresences(ctx, a.presenceOf, grants)
+}
+
+// readPresences reads the presence of each grant's user with presenceOf,
+// readConcurrency at once, its last_seen only where the grant lets it be
+// seen.
+func readPresences(ctx context.Context, presenceOf func(context.Context, string) (presence.Presence, uint64, int64, error), grants []hub.Grant) ([]presence.Presence, error) {
 	out := make([]presence.Presence, len(grants))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(readConcurrency)
 	for i, gr := range grants {
 		g.Go(func() error {
-			p, _, _, err := a.presenceOf(gctx, gr.User)
+			p, _, _, err := presenceOf(gctx, gr.User)
 			if !gr.LastSeen {
 				p.LastSeen = 0
 			}

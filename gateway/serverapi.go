@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/greendot/greendot/gateway/internal/apikeys"
+	"github.com/greendot/greendot/gateway/internal/hub"
 	"github.com/greendot/greendot/gateway/internal/keyrate"
 	"github.com/greendot/greendot/pkg/presence"
 	"github.com/greendot/greendot/pkg/protocol"
@@ -31,8 +32,11 @@ type serverAPI struct {
 	metrics *gatewayMetrics
 	store   *presence.Store
 	events  *presence.Publisher
-	cfg     *Config
-	ready   func() bool
+	// presenceOf reads a user's presence, last_seen included
+	// (Service.presenceOf): a backend is not a watcher.
+	presenceOf func(ctx context.Context, userID string) (presence.Presence, uint64, int64, error)
+	cfg        *Config
+	ready      func() bool
 }
 
 // ServerAPIPrefix is where the server API's paths are.
@@ -54,7 +58,7 @@ func (a *serverAPI) routes(mux *http.ServeMux, route func(mux *http.ServeMux, me
 func (a *serverAPI) keyed(scope apikeys.Scope, h func(http.ResponseWriter, *http.Request, *apikeys.Key)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		if !allowKeyed(w, a.byAddr, a.metrics, "address", clientAddress(r, a.cfg.TrustedProxies)) {
+		if !allowRate(w, a.byAddr, a.metrics, "address", clientAddress(r, a.cfg.TrustedProxies)) {
 			return
 		}
 		key, ok := a.key(r)
@@ -72,7 +76,7 @@ func (a *serverAPI) keyed(scope apikeys.Scope, h func(http.ResponseWriter, *http
 		switch {
 		case !key.Allows(scope):
 			writeError(sw, http.StatusForbidden, protocol.ReasonNotAllowed, fmt.Sprintf("key %q has no scope %s", key.Name, scope))
-		case !allowKeyed(sw, a.byKey, a.metrics, "key", key.Name):
+		case !allowRate(sw, a.byKey, a.metrics, "key", key.Name):
 		case !a.ready():
 			writeError(sw, http.StatusServiceUnavailable, "unavailable", "the gateway is not ready")
 		default:
@@ -94,24 +98,6 @@ func (a *serverAPI) key(r *http.Request) (*apikeys.Key, bool) {
 	return a.keys.Lookup(secret)
 }
 
-// allowKeyed takes a token of key's bucket in l, or answers 429 with
-// Retry-After and reports false; by names the limit in the metrics.
-func allowKeyed(w http.ResponseWriter, l *keyrate.Limiter, m *gatewayMetrics, by, key string) bool {
-	ok, wait := l.Allow(key, time.Now())
-	if ok {
-		return true
-	}
-	m.apiLimited.WithLabelValues(by).Inc()
-	secs := max(1, int((wait+time.Second-1)/time.Second))
-	w.Header().Set("Retry-After", strconv.Itoa(secs))
-	who := "this address"
-	if by == "key" {
-		who = "key " + key
-	}
-	writeError(w, http.StatusTooManyRequests, protocol.CodeRateLimited, fmt.Sprintf("too many server API requests from %s; retry after %ds", who, secs))
-	return false
-}
-
 // statusWriter notes the status of an answer, for the log.
 type statusWriter struct {
 	http.ResponseWriter
@@ -127,19 +113,6 @@ func badUserID(w http.ResponseWriter) {
 	writeError(w, http.StatusBadRequest, protocol.ReasonInvalidUserID, fmt.Sprintf("user ids are 1 to %d characters of A-Z a-z 0-9 _ -", presence.MaxUserIDLen))
 }
 
-// presenceOf reads what watchers see of a user, last_seen included
-// whatever the user's privacy setting: a backend is not a watcher.
-func (a *serverAPI) presenceOf(ctx context.Context, userID string) (presence.Presence, error) {
-	rec, _, err := a.store.Status(ctx, userID)
-	switch {
-	case errors.Is(err, presence.ErrNotFound):
-		return presence.Presence{UserID: userID, Status: presence.Offline}, nil
-	case err != nil:
-		return presence.Presence{}, err
-	}
-	return rec.Presence(userID), nil
-}
-
 // getUser answers GET /api/server/users/{id}.
 func (a *serverAPI) getUser(w http.ResponseWriter, r *http.Request, _ *apikeys.Key) {
 	user := r.PathValue("id")
@@ -147,7 +120,7 @@ func (a *serverAPI) getUser(w http.ResponseWriter, r *http.Request, _ *apikeys.K
 		badUserID(w)
 		return
 	}
-	p, err := a.presenceOf(r.Context(), user)
+	p, _, _, err := a.presenceOf(r.Context(), user)
 	if err != nil {
 		unavailableHTTP(w, err)
 		return
@@ -169,20 +142,19 @@ func (a *serverAPI) query(w http.ResponseWriter, r *http.Request, _ *apikeys.Key
 		writeError(w, http.StatusBadRequest, protocol.CodeBadRequest, fmt.Sprintf("%d user ids: at most %d", len(ids), maxServerQuery))
 		return
 	}
-	users := make([]presence.Presence, 0, len(ids))
-	for _, id := range ids {
+	grants := make([]hub.Grant, len(ids))
+	for i, id := range ids {
 		if !presence.ValidUserID(id) {
 			badUserID(w)
 			return
 		}
+		// A backend is not a watcher: last_seen whatever the privacy.
+		grants[i] = hub.Grant{User: id, LastSeen: true}
 	}
-	for _, id := range ids {
-		p, err := a.presenceOf(r.Context(), id)
-		if err != nil {
-			unavailableHTTP(w, err)
-			return
-		}
-		users = append(users, p)
+	users, err := readPresences(r.Context(), a.presenceOf, grants)
+	if err != nil {
+		unavailableHTTP(w, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"users": users})
 }

@@ -720,7 +720,7 @@ func (s *Service) httpHandler() http.Handler {
 	if s.apiKeys != nil {
 		sa := &serverAPI{
 			keys: s.apiKeys, byKey: s.apiByKey, byAddr: s.apiByAddr, log: s.log, metrics: s.metrics,
-			store: s.store, events: s.keys.events, cfg: &s.cfg, ready: s.ready.Load,
+			store: s.store, events: s.keys.events, presenceOf: s.presenceOf, cfg: &s.cfg, ready: s.ready.Load,
 		}
 		sa.routes(mux, a.route)
 	}
